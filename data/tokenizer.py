@@ -1,0 +1,96 @@
+"""Tokenizers as tiktoken Encodings: a BPE trained here with rustbpe (default), or tiktoken's gpt2.
+
+python train.py tokenizer=bpe tokenizer.vocab_size=4096     (trained on the train split on first use)
+python train.py tokenizer=gpt2                             (needs tiktoken's files: network or a cache)
+A tokenizer is a small dict (pattern, merges, special tokens) saved beside the data and inside every
+checkpoint, so eval.py and sample.py rebuild the exact same Encoding from a checkpoint alone.
+Every document starts with the BOS token.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import tiktoken
+
+from utils.errors import UserError
+
+BOS = "<|bos|>"
+
+
+def train_bpe(texts, vocab_size: int, max_chars: int) -> dict:
+    import rustbpe
+
+    if vocab_size < 256 + 1:
+        raise UserError(f"tokenizer.vocab_size={vocab_size} must be at least 257 (256 bytes + BOS)")
+    tok = rustbpe.Tokenizer()
+    tok.train_from_iterator(_limit(texts, max_chars), vocab_size - 1)  # one id left for BOS
+    ranks = {bytes(piece): rank for piece, rank in tok.get_mergeable_ranks()}
+    return {
+        "kind": "bpe",
+        "pattern": tok.get_pattern(),
+        "ranks": {base64.b64encode(k).decode(): v for k, v in ranks.items()},
+        "special": {BOS: len(ranks)},
+    }
+
+
+def _limit(texts, max_chars):
+    used = 0
+    for t in texts:
+        if used >= max_chars:
+            return
+        yield t[: max_chars - used]
+        used += len(t)
+
+
+def tiktoken_spec(name: str) -> dict:
+    """tiktoken's own encoding; its <|endoftext|> serves as BOS."""
+    _check_tiktoken_files(name)
+    enc = tiktoken.get_encoding(name)
+    return {"kind": "tiktoken", "name": name, "bos": "<|endoftext|>", "n_vocab": enc.n_vocab}
+
+
+def _check_tiktoken_files(name: str):
+    """Fail fast offline: tiktoken would otherwise wait on a download with no timeout."""
+    cache = (
+        os.environ.get("TIKTOKEN_CACHE_DIR")
+        or os.environ.get("DATA_GYM_CACHE_DIR")
+        or os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    )  # where tiktoken keeps its downloads
+    urls = {
+        "gpt2": [
+            "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+            "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+        ]
+    }
+    files = [os.path.join(cache, hashlib.sha1(u.encode()).hexdigest()) for u in urls.get(name, [])]
+    if files and all(os.path.exists(f) for f in files):
+        return
+    try:
+        socket.create_connection(("openaipublic.blob.core.windows.net", 443), timeout=5).close()
+    except OSError:
+        raise UserError(
+            f"tokenizer={name} needs tiktoken's files, which are not cached ({cache}) and cannot be downloaded "
+            f"(no network); use the default tokenizer=bpe, or copy the cache there from a machine online"
+        ) from None
+
+
+def read_spec(folder) -> dict:
+    return json.loads((Path(folder) / "tokenizer.json").read_text())
+
+
+def load(spec: dict) -> tiktoken.Encoding:
+    if spec["kind"] == "tiktoken":
+        return tiktoken.get_encoding(spec["name"])
+    ranks = {base64.b64decode(k): v for k, v in spec["ranks"].items()}
+    return tiktoken.Encoding(
+        name="nanopos-bpe", pat_str=spec["pattern"], mergeable_ranks=ranks, special_tokens=spec["special"]
+    )
+
+
+def bos_id(spec: dict, enc: tiktoken.Encoding) -> int:
+    return enc.encode_single_token(spec.get("bos", BOS))

@@ -1,0 +1,223 @@
+"""Perplexity at and far beyond the training length, as a table, a JSON file and a plot.
+
+python eval.py checkpoint=out/rope                            lengths 0.5..16 x training length, two modes
+python eval.py checkpoint=out/rope eval.rope_scaling=all      + linear, ntk, dynamic_ntk and yarn extension
+python eval.py sweep_dir=multirun/2026-11-22_10-00-00         every run of a training sweep, one table
+python eval.py -m checkpoint=out/rope,out/alibi,out/learned   likewise, as a Hydra multirun
+python eval.py checkpoint=out/sink eval.mode=stream           streaming perplexity through sink caches
+Writes <run>/eval/length.{json,png} (or stream.{json,png}) and logs them to the run's wandb project.
+"""
+
+import json
+import resource
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from evaluation import report
+from evaluation.heldout import held_out_documents
+from evaluation.length import score, scoring_regions
+from positional.rope_scaling import KINDS
+from utils import checkpoint, runtime
+from utils.errors import UserError, cli
+from utils.logger import start_wandb
+
+DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)
+
+
+def resolve_lengths(lengths, train_length: int) -> list[int]:
+    if lengths is None:
+        return [max(1, int(m * train_length)) for m in DEFAULT_MULTIPLES]
+    lengths = sorted({int(n) for n in lengths})
+    if not lengths or lengths[0] < 1:
+        raise UserError(f"eval.lengths must be positive token counts, got {lengths}")
+    return lengths
+
+
+def resolve_variants(requested: str, pe) -> list[str]:
+    rotary = getattr(pe, "rotary", False)
+    if requested == "all":
+        return list(KINDS) if rotary else ["none"]
+    if requested not in KINDS:
+        raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(KINDS)}, all")
+    if requested != "none" and not rotary:
+        raise UserError(f"eval.rope_scaling applies to rotary schemes (rope, sink over rope), not {pe.name}")
+    return [requested]
+
+
+def peak_memory_mb(rt) -> float:
+    if rt.device.type == "cuda":
+        return torch.cuda.max_memory_allocated(rt.device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's peak so far (Linux: KiB)
+
+
+def evaluate_lengths(path, cfg, rt) -> dict:
+    model, ckpt = checkpoint.load_model(path, rt.device)
+    pe, train_length = model.pe, ckpt["seq_len"]
+    ev = cfg.eval
+    lengths = resolve_lengths(ev.lengths, train_length)
+    stride = ev.stride or max(1, train_length // 2)
+    if stride > lengths[0]:
+        raise UserError(
+            f"eval.stride={stride} is larger than the eval length {lengths[0]}; pass eval.stride<={lengths[0]}"
+        )
+    variants = resolve_variants(ev.rope_scaling, pe)
+    docs = held_out_documents(ckpt, ev.prepare)
+    regions = scoring_regions(docs, lengths[-1], ev.tokens)
+    if not regions:
+        longest = max(len(d) - 1 for d in docs)
+        raise UserError(
+            f"eval length {lengths[-1]} is longer than every held-out document (the longest has "
+            f"{longest} tokens); ask for shorter eval.lengths"
+        )
+    rows, by_position, t0 = [], {}, time.time()
+    for variant in variants:
+        for length in lengths:
+            for mode in ("nonoverlap", "sliding"):
+                row = {"scheme": pe.name, "variant": variant, "length": length, "mode": mode}
+                if pe.max_positions is not None and length > pe.max_positions:
+                    rows.append(
+                        {
+                            **row,
+                            "ppl": None,
+                            "nll": None,
+                            "tokens": 0,
+                            "note": f"n/a: learned table covers {pe.max_positions} positions",
+                        }
+                    )
+                    continue
+                if variant != "none":
+                    factor = length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
+                    pe.set_scaling(variant, factor, train_length)
+                t = time.time()
+                cell = score(model, regions, length, mode, stride, ev.batch_tokens, rt)
+                rows.append(
+                    {
+                        **row,
+                        "ppl": cell.ppl,
+                        "nll": cell.nll,
+                        "tokens": cell.tokens,
+                        "seconds": round(time.time() - t, 2),
+                        "peak_memory_mb": round(peak_memory_mb(rt), 1),
+                    }
+                )
+                if mode == "nonoverlap":
+                    by_position.setdefault(variant, {})[str(length)] = report.binned(
+                        cell.by_position, cell.position_count
+                    )
+                print(
+                    f"  {variant:>11} {mode:>10} {length:>6}: ppl {cell.ppl:9.2f} on {cell.tokens:,} tokens "
+                    f"({time.time() - t:.1f} s)",
+                    flush=True,
+                )
+    if variants != ["none"]:
+        pe.set_scaling("none")
+    return {
+        "checkpoint": str(checkpoint.checkpoint_path(path)),
+        "scheme": pe.name,
+        "positional": ckpt["model_config"]["positional"],
+        "train_length": train_length,
+        "step": ckpt["step"],
+        "stride": stride,
+        "lengths": lengths,
+        "documents": len(regions),
+        "device": str(rt.device),
+        "dtype": str(rt.dtype),
+        "seconds": round(time.time() - t0, 1),
+        "results": rows,
+        "nll_by_position": by_position,
+    }
+
+
+def write_length_report(result: dict, out_dir: Path) -> str:
+    title = (
+        f"{result['scheme']} @ step {result['step']}, trained at {result['train_length']} tokens "
+        f"(sliding stride {result['stride']}): perplexity by evaluation length"
+    )
+    text = report.table(result["results"], result["lengths"], title)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "length.json").write_text(json.dumps(result, indent=1))
+    first = next(iter(result["nll_by_position"].values()), None)
+    report.plot(result["results"], result["train_length"], out_dir / "length.png", result["scheme"], first)
+    return text
+
+
+def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict, image: Path, kind: str):
+    if not cfg.logger.wandb:
+        return
+    import wandb
+
+    run = start_wandb(
+        ckpt_config["logger"]["project"],
+        out_dir,
+        {"eval": OmegaConf.to_container(cfg.eval), "train": ckpt_config},
+        cfg.logger.mode,
+        name=f"eval-{kind}-{run_dir.name}",
+        job_type="eval",
+    )
+    if run is None:
+        return
+    rows = result["results"]
+    columns = sorted({k for r in rows for k in r})
+    run.log(
+        {
+            f"{kind}/table": wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows]),
+            f"{kind}/plot": wandb.Image(str(image)),
+        }
+    )
+    run.summary.update({f"{kind}/{r.get('variant', '')}/{r['mode']}/{r.get('length', '')}": r.get("ppl") for r in rows})
+    run.finish()
+
+
+def evaluate_one(path, cfg, rt) -> dict:
+    run_dir = checkpoint.checkpoint_path(path).parent
+    out_dir = run_dir / "eval"
+    print(f"evaluating {run_dir}", flush=True)
+    if cfg.eval.mode == "stream":
+        from evaluation.stream import run_stream
+
+        return run_stream(path, cfg, rt, out_dir)
+    if cfg.eval.mode != "length":
+        raise UserError(f"eval.mode={cfg.eval.mode} is not one of length, stream")
+    result = evaluate_lengths(path, cfg, rt)
+    print(write_length_report(result, out_dir))
+    print(f"written {out_dir}/length.json and length.png ({result['seconds']} s)")
+    ckpt_config = checkpoint.load(path)["config"]
+    log_wandb(cfg, ckpt_config, run_dir, out_dir, result, out_dir / "length.png", "length")
+    return result
+
+
+def run(cfg: DictConfig, job_dir: Path | None = None):
+    rt = runtime.setup(cfg.device, cfg.dtype, 0)
+    if cfg.sweep_dir:
+        found = sorted(Path(cfg.sweep_dir).glob("*/" + checkpoint.NAME))
+        if not found:
+            raise UserError(
+                f"no */{checkpoint.NAME} under sweep_dir={cfg.sweep_dir}; point it at a training sweep folder"
+            )
+        results = [evaluate_one(p, cfg, rt) for p in found]
+        if cfg.eval.mode == "length":
+            print(report.compare(results, Path(cfg.sweep_dir) / "eval"))
+        return results
+    if not cfg.checkpoint:
+        raise UserError("pass checkpoint=<run folder or ckpt.pt> (or sweep_dir=<training sweep folder>)")
+    result = evaluate_one(cfg.checkpoint, cfg, rt)
+    if job_dir is not None and cfg.eval.mode == "length":  # a -m job: leave a copy for the comparison callback
+        (job_dir / "length.json").write_text(json.dumps(result))
+    return result
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="eval")
+def main(cfg: DictConfig):
+    hc = HydraConfig.get()
+    job_dir = Path(hc.runtime.output_dir) if hc.mode == RunMode.MULTIRUN else None
+    cli(lambda: run(cfg, job_dir))
+
+
+if __name__ == "__main__":
+    main()

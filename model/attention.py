@@ -1,0 +1,117 @@
+"""Attention backends behind one plan, built once per forward and shared by every layer.
+
+make_plan picks the backend from the scheme and the positions:
+  sdpa       scaled_dot_product_attention: is_causal when the mask is plain causal and there is no bias (flash
+             on CUDA); otherwise with a dense (H, Tq, Tk) float bias that carries the mask as -inf (CPU, decode)
+  flex       compiled flex_attention with the scheme's score_bias as score_mod and a block mask from positions
+             (CUDA, bias or non-trivial mask, Tq >= 128): no dense H x T x T tensor is ever built
+  reference  explicit softmax in fp32 over the dense bias, for tests
+A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("auto", "sdpa", "flex", "reference")
+FLEX_MIN_QUERIES = 128  # below this (decoding) a dense bias is small and flex's block machinery is not worth it
+
+
+@dataclass
+class AttnPlan:
+    pe: torch.nn.Module
+    q_pos: torch.Tensor
+    k_pos: torch.Tensor
+    backend: str
+    is_causal: bool = False
+    bias: torch.Tensor | None = None  # (H or 1, Tq, Tk) float32, -inf where masked
+    score_mod: object = None
+    block_mask: object = None
+
+
+def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int) -> torch.Tensor | None:
+    qp, kp = q_pos[None, :, None], k_pos[None, None, :]
+    bias = None
+    if pe.score_bias is not None:
+        h = torch.arange(n_head, device=q_pos.device)[:, None, None]
+        bias = pe.score_bias(h, qp, kp).float().expand(n_head, len(q_pos), len(k_pos))
+    if causal:
+        hidden = kp > qp
+        if bias is None:
+            bias = torch.zeros(hidden.shape, device=q_pos.device)
+        bias = bias.masked_fill(hidden, float("-inf"))
+    return bias
+
+
+def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto") -> AttnPlan:
+    """q_pos is k_pos (the same tensor) marks the plain causal case of a full forward."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
+    plain = pe.score_bias is None and (not causal or q_pos is k_pos)
+    if backend == "auto":
+        use_flex = q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES
+        backend = "flex" if use_flex else "sdpa"
+    plan = AttnPlan(pe, q_pos, k_pos, backend)
+    if backend == "flex":
+        plan.score_mod, plan.block_mask = _flex_mods(pe, q_pos, k_pos, causal)
+    elif backend == "sdpa" and plain:
+        plan.is_causal = causal
+    else:
+        plan.bias = dense_bias(pe, q_pos, k_pos, causal, n_head)
+    return plan
+
+
+def attend(q, k, v, plan: AttnPlan) -> torch.Tensor:
+    """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh)."""
+    gqa = q.size(1) != k.size(1)
+    if plan.backend == "flex":
+        return _flex(q.is_cuda)(q, k, v, score_mod=plan.score_mod, block_mask=plan.block_mask, enable_gqa=gqa)
+    if plan.backend == "reference":
+        return reference_attention(q, k, v, plan.bias)
+    mask = None if plan.bias is None else plan.bias.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan.is_causal, enable_gqa=gqa)
+
+
+def reference_attention(q, k, v, bias):
+    rep = q.size(1) // k.size(1)
+    k, v = k.repeat_interleave(rep, dim=1).float(), v.repeat_interleave(rep, dim=1).float()
+    scores = q.float() @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if bias is not None:
+        scores = scores + bias
+    return (scores.softmax(dim=-1) @ v).to(q.dtype)
+
+
+def _flex_mods(pe, q_pos, k_pos, causal):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    score_mod = None
+    if pe.score_bias is not None:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + pe.score_bias(h, q_pos[q_idx], k_pos[kv_idx])
+
+    block_mask = None
+    if causal:
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return k_pos[kv_idx] <= q_pos[q_idx]
+
+        block_mask = create_block_mask(mask_mod, None, None, len(q_pos), len(k_pos), device=q_pos.device)
+    return score_mod, block_mask
+
+
+_compiled_flex = None
+
+
+def _flex(cuda: bool):
+    """flex_attention compiled once for CUDA (eager flex materializes the scores); eager on CPU, the test path."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not cuda:
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex

@@ -1,0 +1,41 @@
+"""Token sampling through a KV cache.
+
+python sample.py checkpoint=out/rope temperature=0.8 top_k=50      (train.py also prints a sample at the end)
+"""
+
+import torch
+
+
+def sample_next(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """logits (B, V) -> token ids (B,). temperature 0 is argmax; top_k keeps only the k most likely tokens."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and 0 < top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompt: torch.Tensor,
+    cache,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+):
+    """Yield (B,) new token ids one step at a time; max_new_tokens < 0 means without end."""
+    logits = model.decode(prompt, cache)[:, -1]
+    n = 0
+    while max_new_tokens < 0 or n < max_new_tokens:
+        tok = sample_next(logits, temperature, top_k, generator)
+        yield tok
+        n += 1
+        if max_new_tokens < 0 or n < max_new_tokens:
+            logits = model.decode(tok[:, None], cache)[:, -1]

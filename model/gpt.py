@@ -1,0 +1,167 @@
+"""A nanochat-style decoder whose positional scheme is one swappable module.
+
+python train.py model=tiny positional=alibi
+Functional RMSNorm (no weights), QK-norm, ReLU^2 MLP, untied embeddings, grouped-query attention, logit
+softcap, no biases, zero-initialised output projections. The scheme (positional/) acts on the embeddings,
+on queries and keys, and/or on the attention scores; this file never asks which scheme it is.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import positional
+
+from .attention import BACKENDS, attend, make_plan
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int = 4
+    d_model: int = 128
+    mlp_ratio: int = 4
+    softcap: float = 15.0
+    positional: dict = field(default_factory=lambda: {"name": "rope"})
+    attn_backend: str = "auto"
+
+    def __post_init__(self):
+        if self.d_model % self.n_head:
+            raise ValueError(f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(
+                f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head} (GQA groups)"
+            )
+        if self.attn_backend not in BACKENDS:
+            raise ValueError(f"model.attn_backend={self.attn_backend} is not one of {', '.join(BACKENDS)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+def norm(x):
+    return F.rms_norm(x, (x.size(-1),))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx, self.n_head, self.n_kv_head, self.head_dim = layer_idx, cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.c_q = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=False)
+        self.c_k = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.c_v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x, plan, cache=None):
+        B, T, _ = x.shape
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = norm(q), norm(k)  # QK-norm
+        q = plan.pe.rotate(q, plan.q_pos)
+        if cache is None:
+            k = plan.pe.rotate(k, plan.k_pos)
+        else:  # the cache rotates keys at the positions it gives them and returns all it holds
+            k, v = cache.update(self.layer_idx, k, v)
+        y = attend(q, k, v, plan)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=False)
+        self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.attn, self.mlp = Attention(cfg, layer_idx), MLP(cfg)
+
+    def forward(self, x, plan, cache=None):
+        x = x + self.attn(norm(x), plan, cache)
+        return x + self.mlp(norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.pe = positional.build(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model)
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self):
+        nn.init.normal_(self.wte.weight, std=1.0)
+        nn.init.normal_(self.lm_head.weight, std=0.001)
+        for block in self.blocks:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+                bound = 3**0.5 * lin.in_features**-0.5  # uniform with std 1/sqrt(fan_in)
+                nn.init.uniform_(lin.weight, -bound, bound)
+            nn.init.zeros_(block.attn.c_proj.weight)
+            nn.init.zeros_(block.mlp.c_proj.weight)
+
+    def forward(self, idx, targets=None, pos=None, reduction: str = "mean"):
+        """idx (B, T) at positions pos (T,), default 0..T-1 -> logits (B, T, V), or the loss if targets given."""
+        if pos is None:
+            pos = torch.arange(idx.size(1), device=idx.device)
+        x = self.wte(idx)
+        n_prefix = self.pe.n_prefix
+        if n_prefix:  # learned sink tokens sit just before the first position
+            x = torch.cat((self.pe.prefix().to(x.dtype).expand(x.size(0), -1, -1), x), dim=1)
+            pos = torch.cat((pos[:1] - n_prefix + torch.arange(n_prefix, device=pos.device), pos))
+        x = self.pe.embed(x, pos)
+        plan = make_plan(self.pe, pos, pos, True, self.cfg.n_head, self.cfg.attn_backend)
+        for block in self.blocks:
+            x = block(x, plan)
+        return self._head(x[:, n_prefix:], targets, reduction)
+
+    def decode(self, idx, cache):
+        """Feed idx (B, T) through a KV cache and return logits (B, T, V) for these tokens.
+
+        The cache says how many tokens each exact step may take (a sink cache past its capacity takes one at a
+        time, since every new token re-indexes the window), so a long prompt is prefilled in as few steps as
+        exactness allows.
+        """
+        x = self.wte(idx)
+        skip = 0
+        if cache.length == 0 and self.pe.n_prefix:  # a stream starts with the learned sink tokens
+            skip = self.pe.n_prefix
+            x = torch.cat((self.pe.prefix().to(x.dtype).expand(x.size(0), -1, -1), x), dim=1)
+        outs, start = [], 0
+        while start < x.size(1):
+            n = min(cache.room(), x.size(1) - start)
+            q_pos, k_pos = cache.advance(n)
+            h = self.pe.embed(x[:, start : start + n], q_pos)
+            plan = make_plan(self.pe, q_pos, k_pos, n > 1, self.cfg.n_head, self.cfg.attn_backend)
+            for block in self.blocks:
+                h = block(h, plan, cache)
+            outs.append(h)
+            start += n
+        return self._head(torch.cat(outs, dim=1)[:, skip:])
+
+    def _head(self, x, targets=None, reduction="mean"):
+        logits = self.lm_head(norm(x)).float()
+        logits = self.cfg.softcap * torch.tanh(logits / self.cfg.softcap)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1, reduction=reduction)
+
+    def num_params(self, matmul_only: bool = False) -> int:
+        """All parameters, or only those in matrix multiplies (for FLOPs: no embedding lookups)."""
+        skip = {id(self.wte.weight)} if matmul_only else set()
+        if matmul_only:
+            skip |= {id(p) for p in self.pe.parameters()}
+        return sum(p.numel() for p in self.parameters() if id(p) not in skip)

@@ -1,0 +1,135 @@
+"""KV caches for decoding: a dense cache, and a fixed-size sink cache that streams without end (StreamingLLM).
+
+python sample.py checkpoint=out/rope cache=dense            (DenseCache)
+python sample.py checkpoint=out/rope cache=sink cache.window=252   (SinkCache: 4 sinks + 252 recent tokens)
+Both preallocate (layers, batch, kv heads, capacity, head dim) and never reallocate while decoding. The model
+drives a cache through three calls: room() (how many tokens the next exact step may append), advance(n)
+(reserve slots, return the new tokens' positions and every cached key's position) and update(layer, k, v)
+(store this step's keys and values, return all cached keys, rotated, and values). A slot's position is
+its index in the cache minus the scheme's prefix length, so a full forward and a cache agree on positions.
+"""
+
+import torch
+
+
+class CacheError(ValueError):
+    pass
+
+
+class _Cache:
+    def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None):
+        cfg = model.cfg
+        device = device or model.lm_head.weight.device
+        dtype = dtype or model.lm_head.weight.dtype
+        shape = (cfg.n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.pe, self.capacity, self.length = model.pe, capacity, 0
+        self.offset = model.pe.n_prefix  # prefix tokens sit at negative positions, the text starts at 0
+        self.slot_pos = torch.arange(capacity, device=device) - self.offset
+
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class DenseCache(_Cache):
+    """Every token kept; keys stored already rotated, since their positions never change."""
+
+    def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None):
+        if model.pe.max_positions is not None and capacity > model.pe.max_positions + model.pe.n_prefix:
+            capacity = model.pe.max_positions + model.pe.n_prefix  # the scheme cannot go further anyway
+        super().__init__(model, batch_size, capacity, dtype, device)
+
+    def room(self) -> int:
+        if self.length >= self.capacity:
+            limit = self.pe.max_positions
+            why = f"positional={self.pe.name} covers {limit} positions" if limit else "the cache is full"
+            raise CacheError(f"dense cache full at {self.capacity} tokens ({why}); use cache=sink to stream further")
+        return self.capacity - self.length
+
+    def advance(self, n: int):
+        if n > self.room():
+            raise CacheError(f"dense cache has room for {self.room()} more tokens, {n} were given")
+        self._new = slice(self.length, self.length + n)
+        self.length += n
+        return self.slot_pos[self._new], self.slot_pos[: self.length]
+
+    def update(self, layer: int, k, v):
+        self.k[layer, :, :, self._new] = self.pe.rotate(k, self.slot_pos[self._new])
+        self.v[layer, :, :, self._new] = v
+        return self.k[layer, :, :, : self.length], self.v[layer, :, :, : self.length]
+
+
+class SinkCache(_Cache):
+    """The first `sinks` tokens forever plus a ring of the `window` most recent ones (sinks=0: a plain window).
+
+    Keys are stored before rotation and rotated at read time with positions inside the cache, as StreamingLLM
+    does: sinks at 0..sinks-1, then the window oldest to newest. Until it is full it equals a dense cache.
+    """
+
+    def __init__(self, model, batch_size: int, sinks: int, window: int, dtype=None, device=None):
+        if not model.pe.relative:
+            raise CacheError(
+                f"cache=sink needs a relative scheme (rope, alibi, nope, t5, sink); positional={model.pe.name} "
+                f"bakes absolute positions into the cached keys, so use cache=dense"
+            )
+        if window < 1 or sinks < 0:
+            raise CacheError(f"cache.window must be >= 1 and cache.sinks >= 0, got window={window} sinks={sinks}")
+        super().__init__(model, batch_size, sinks + window, dtype, device)
+        self.sinks, self.window = sinks, window
+        self.seen = 0  # tokens fed so far, prefix included
+        self._ring = torch.arange(window, device=self.slot_pos.device)
+
+    def room(self) -> int:
+        return self.capacity - self.seen if self.seen < self.capacity else 1
+
+    def advance(self, n: int):
+        if n > self.room():
+            raise CacheError(f"sink cache can take {self.room()} tokens in this step, {n} were given")
+        if self.seen + n <= self.capacity:  # still filling: exactly a dense cache
+            self._new = slice(self.seen, self.seen + n)
+            self.seen += n
+            self.length = self.seen
+            self._k_pos = self.slot_pos[: self.length]
+            return self.slot_pos[self._new], self._k_pos
+        slot = self.sinks + (self.seen - self.sinks) % self.window  # overwrite the oldest window token
+        self._new = slice(slot, slot + 1)
+        self.seen += 1
+        oldest = self.seen - self.window  # token index of the oldest token still in the window
+        age_rank = (self._ring - (oldest - self.sinks)) % self.window
+        ring_pos = self.sinks + age_rank
+        self._k_pos = torch.cat((self.slot_pos[: self.sinks], ring_pos - self.offset))
+        return self.slot_pos[self.capacity - 1 : self.capacity], self._k_pos
+
+    def update(self, layer: int, k, v):
+        self.k[layer, :, :, self._new] = k
+        self.v[layer, :, :, self._new] = v
+        keys = self.k[layer, :, :, : self.length]
+        return self.pe.rotate(keys, self._k_pos), self.v[layer, :, :, : self.length]
+
+    def token_indices(self) -> torch.Tensor:
+        """Which tokens (0-based, prefix included) the cache holds, in slot order; for tests and inspection."""
+        if self.seen <= self.capacity:
+            return torch.arange(self.seen)
+        oldest = self.seen - self.window
+        ring = oldest + (self._ring.cpu() - (oldest - self.sinks)) % self.window
+        return torch.cat((torch.arange(self.sinks), ring))
+
+
+def build_cache(
+    model, kind: str, batch_size: int, train_length: int, sinks=None, window=None, max_len=None, dtype=None
+):
+    """A cache from the config's choices: cache=dense|sink, cache.sinks, cache.window, cache.max_len.
+
+    Defaults match what the model saw in training: a sink cache holds as many tokens as a training sequence
+    (the scheme's learned sink tokens, or 4 sinks, plus the rest as window); a dense cache goes as far as the
+    scheme allows, or 16 x the training length.
+    """
+    prefix = model.pe.n_prefix
+    if kind == "dense":
+        return DenseCache(model, batch_size, (max_len or model.pe.max_positions or 16 * train_length) + prefix, dtype)
+    if kind == "sink":
+        sinks = (prefix or 4) if sinks is None else sinks
+        window = train_length + prefix - sinks if window is None else window
+        return SinkCache(model, batch_size, sinks, window, dtype)
+    raise CacheError(f"unknown cache '{kind}'; choose dense or sink")

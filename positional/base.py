@@ -1,0 +1,51 @@
+"""The one interface every positional scheme implements.
+
+A scheme may act at three points and is the identity elsewhere:
+  embed(x, pos)                  add a vector per position to the token embeddings
+  rotate(x, pos)                 transform queries or keys (B, H, T, Dh) by their positions
+  score_bias(h, q_pos, k_pos)    additive attention-score bias, written with broadcasting tensor ops so the
+                                 same function serves as a FlexAttention score_mod and as a dense SDPA bias
+Positions are explicit integer tensors. A scheme also states what it supports:
+  relative       scores depend only on q_pos - k_pos (so a streaming sink cache can re-index positions)
+  max_positions  None for unbounded, N for a table of N positions
+  n_prefix       learned tokens prepended to every sequence (attention sinks); prefix() returns them
+"""
+
+import torch
+from torch import nn
+
+
+class PositionLimitError(ValueError):
+    """A position past what the scheme covers (a learned table)."""
+
+
+class Positional(nn.Module):
+    name = "none"
+    relative = False
+    max_positions: int | None = None
+    n_prefix = 0
+    score_bias = None  # subclasses with a bias define a method score_bias(h, q_pos, k_pos) -> Tensor
+
+    def __init__(self, n_head: int, head_dim: int, d_model: int):
+        super().__init__()
+        self.n_head, self.head_dim, self.d_model = n_head, head_dim, d_model
+
+    def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def prefix(self) -> torch.Tensor | None:
+        return None
+
+    def check_length(self, n_positions: int) -> None:
+        """Raise PositionLimitError if positions 0..n_positions-1 are not all covered."""
+        if self.max_positions is not None and n_positions > self.max_positions:
+            raise PositionLimitError(
+                f"positional={self.name} covers {self.max_positions} positions but {n_positions} were asked for; "
+                f"train with a larger positional.max_positions or use a relative scheme (rope, alibi, nope, sink)"
+            )
+
+    def extra_repr(self) -> str:
+        return f"relative={self.relative}, max_positions={self.max_positions}, n_prefix={self.n_prefix}"

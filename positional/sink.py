@@ -1,0 +1,40 @@
+"""Attention sinks (StreamingLLM, Xiao et al. 2024): a learned sink token prepended to every sequence.
+
+python train.py positional=sink        (wraps RoPE; positional.inner={name:alibi} wraps ALiBi, likewise nope, t5)
+python sample.py checkpoint=out/sink cache=sink      (streams past the training length at constant memory)
+Training puts n_sink learnable vectors before the text; they take the attention mass that softmax must put
+somewhere, so a cache that keeps them plus a window of recent tokens stays stable forever. Positions and
+scores otherwise come from the wrapped relative scheme.
+"""
+
+import torch
+from torch import nn
+
+from .base import Positional
+
+
+class Sink(Positional):
+    name = "sink"
+    relative = True
+
+    def __init__(self, n_head, head_dim, d_model, inner: Positional, n_sink: int = 1):
+        super().__init__(n_head, head_dim, d_model)
+        if not inner.relative:
+            raise ValueError(f"positional=sink wraps a relative scheme (rope, alibi, nope, t5), not {inner.name}")
+        self.inner, self.n_prefix = inner, int(n_sink)
+        self.sink = nn.Parameter(torch.randn(self.n_prefix, d_model))
+        self.rotary = getattr(inner, "rotary", False)
+        if inner.score_bias is not None:
+            self.score_bias = inner.score_bias
+
+    def prefix(self):
+        return self.sink
+
+    def embed(self, x, pos):
+        return self.inner.embed(x, pos)
+
+    def rotate(self, x, pos):
+        return self.inner.rotate(x, pos)
+
+    def set_scaling(self, *args, **kwargs):
+        return self.inner.set_scaling(*args, **kwargs)

@@ -1,0 +1,103 @@
+"""Generate text from a checkpoint through a KV cache, printed token by token.
+
+python sample.py checkpoint=out/rope prompt="ROMEO." max_new_tokens=300 temperature=0.8 top_k=50 seed=0
+python sample.py checkpoint=out/sink cache=sink max_new_tokens=-1      (streams until Ctrl-C, constant memory)
+python sample.py checkpoint=out/alibi prompt=@scene.txt num_samples=3
+cache=dense keeps every token and stops at the scheme's limit; cache=sink keeps cache.sinks first tokens plus
+a window of the cache.window most recent ones and never stops. The last line gives tokens/s and peak memory.
+"""
+
+import codecs
+import resource
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from data import tokenizer
+from model.generate import generate
+from model.kv_cache import CacheError, build_cache
+from utils import checkpoint, runtime
+from utils.errors import UserError, cli
+
+
+def read_prompt(prompt: str) -> str:
+    if not prompt.startswith("@"):
+        return prompt
+    path = Path(prompt[1:]).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read the prompt file {path} ({type(e).__name__}); give a UTF-8 text file") from None
+
+
+def peak_memory(rt) -> str:
+    if rt.device.type == "cuda":
+        return f"{torch.cuda.max_memory_allocated(rt.device) / 2**20:.0f} MiB GPU"
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB RSS"
+
+
+def stream_one(model, enc, prompt, cache, cfg, generator, out=sys.stdout) -> tuple[int, str | None]:
+    """Print one sample as it is generated; return (tokens generated, why it stopped early or None)."""
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    n, stopped = 0, None
+    top_k = cfg.top_k if cfg.top_k else None
+    try:
+        for tok in generate(model, prompt, cache, cfg.max_new_tokens, cfg.temperature, top_k, generator):
+            out.write(text.decode(enc.decode_single_token_bytes(tok.item())))
+            out.flush()
+            n += 1
+    except CacheError as e:
+        stopped = str(e)
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    out.write(text.decode(b"", final=True) + "\n")
+    return n, stopped
+
+
+def sample(cfg: DictConfig):
+    if not cfg.checkpoint:
+        raise UserError("pass checkpoint=<run folder or ckpt.pt>")
+    if cfg.max_new_tokens < 0 and cfg.cache.kind != "sink":
+        raise UserError("max_new_tokens=-1 streams without end, which only a constant-size cache can: use cache=sink")
+    rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
+    model, ckpt = checkpoint.load_model(cfg.checkpoint, rt.device)
+    enc = tokenizer.load(ckpt["tokenizer"])
+    ids = [tokenizer.bos_id(ckpt["tokenizer"], enc)] + enc.encode_ordinary(read_prompt(cfg.prompt))
+    prompt = torch.tensor([ids], device=rt.device)
+    generator = torch.Generator(device=rt.device).manual_seed(cfg.seed)
+    cache_opts = {k: v for k, v in cfg.cache.items() if k != "kind"}
+    total, t0, cache = 0, time.time(), None
+    for k in range(cfg.num_samples):
+        if cfg.num_samples > 1:
+            print(f"--- sample {k + 1}/{cfg.num_samples} ---")
+        cache = build_cache(model, cfg.cache.kind, 1, ckpt["seq_len"], **cache_opts)
+        if cfg.cache.kind == "dense" and len(ids) + model.pe.n_prefix > cache.capacity:
+            raise UserError(
+                f"the prompt has {len(ids)} tokens, more than the dense cache holds ({cache.capacity}); "
+                f"use cache=sink or a shorter prompt"
+            )
+        print(read_prompt(cfg.prompt), end="", flush=True)
+        n, stopped = stream_one(model, enc, prompt, cache, cfg, generator)
+        total += n
+        if stopped:
+            print(f"[stopped after {n} tokens: {stopped}]", file=sys.stderr, flush=True)
+            if stopped == "interrupted":
+                break
+    dt = time.time() - t0
+    print(
+        f"{total} tokens in {dt:.1f} s: {total / dt:.1f} tokens/s (prefill included), cache={cfg.cache.kind} "
+        f"holding {cache.capacity} tokens ({cache.nbytes() / 2**20:.1f} MiB), peak memory {peak_memory(rt)}"
+    )
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="sample")
+def main(cfg: DictConfig):
+    cli(lambda: sample(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Shared helpers: tiny random models, composed configs, and running the entry points as a user would."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from model.gpt import GPT, GPTConfig  # noqa: E402
+
+SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"]
+RELATIVE = ["alibi", "rope", "nope", "sink", "t5"]
+# a model small enough that every test trains or decodes it in a second or two
+TINY = [
+    "model.n_layer=2",
+    "model.d_model=32",
+    "model.n_head=4",
+    "model.n_kv_head=2",
+    "train.seq_len=32",
+    "train.batch_size=8",
+    "train.eval_batches=2",
+    "train.log_interval=1",
+    "train.sample_tokens=0",
+    "logger.wandb=false",
+    "device=cpu",
+]
+
+
+def scheme_spec(name: str, max_positions: int = 256) -> dict:
+    spec = {"name": name}
+    if name == "learned":
+        spec["max_positions"] = max_positions
+    if name == "sink":
+        spec["inner"] = {"name": "rope"}
+    return spec
+
+
+def random_model(name: str, seed: int = 0, **kw) -> GPT:
+    """A model whose every weight is random: zero-initialised projections would make attention vanish and
+    leave positional tests with nothing to detect."""
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=97, n_layer=2, n_head=4, n_kv_head=2, d_model=32, positional=scheme_spec(name))
+    cfg.update(kw)
+    model = GPT(GPTConfig(**cfg))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5 if p.dim() > 1 else 1.0)
+    return model.eval()
+
+
+def config(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def run(*args, timeout=300, env=None, check=False) -> subprocess.CompletedProcess:
+    """Run `python <args>` from the repo root, as a user would."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def shakespeare_dir():
+    """The embedded corpus, prepared once (reused from .cache across runs)."""
+    from data.prepare import prepare
+
+    cfg = config()
+    from omegaconf import OmegaConf
+
+    return prepare(OmegaConf.to_container(cfg.data, resolve=True), OmegaConf.to_container(cfg.tokenizer), log=None)

@@ -1,0 +1,117 @@
+"""The invariants every scheme must keep (DESIGN.md): causality, translation invariance, backend agreement,
+KV-cache equality, save/load."""
+
+import pytest
+import torch
+from conftest import RELATIVE, SCHEMES, random_model
+
+from model.attention import make_plan
+from model.gpt import GPT, GPTConfig
+from model.kv_cache import DenseCache
+from utils import checkpoint
+
+T = 24
+
+
+def tokens(seed=1, batch=2, length=T):
+    return torch.randint(0, 97, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_causality(name):
+    model, idx = random_model(name), tokens()
+    changed = idx.clone()
+    changed[:, 15] = (changed[:, 15] + 1) % 97
+    a, b = model(idx), model(changed)
+    assert torch.allclose(a[:, :15], b[:, :15], atol=1e-5)
+    assert not torch.allclose(a[:, 15:], b[:, 15:], atol=1e-3)  # and the change is seen from t on
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_relative_schemes_are_translation_invariant(name):
+    model, idx = random_model(name), tokens()
+    pos = torch.arange(T)
+    assert torch.allclose(model(idx, pos=pos), model(idx, pos=pos + 1000), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["learned", "sinusoidal"])
+def test_absolute_schemes_are_not(name):
+    model, idx = random_model(name), tokens()
+    pos = torch.arange(T)
+    assert not torch.allclose(model(idx, pos=pos), model(idx, pos=pos + 100), atol=1e-3)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_backends_agree_with_the_fp32_reference(name, backend):
+    ref = random_model(name, attn_backend="reference")
+    other = random_model(name, attn_backend=backend)
+    idx = tokens()
+    with torch.no_grad():
+        assert torch.allclose(ref(idx), other(idx), atol=2e-4)
+    if backend == "sdpa":  # flex has no backward on CPU
+        y = torch.randint(0, 97, idx.shape)
+        g_ref = torch.autograd.grad(ref(idx, y), list(ref.parameters()))
+        g_sdpa = torch.autograd.grad(other(idx, y), list(other.parameters()))
+        for a, b in zip(g_ref, g_sdpa, strict=True):
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_bias_is_one_function_for_flex_and_dense(name):
+    """score_bias evaluated elementwise (as flex's score_mod sees it) equals the dense bias, and the causal
+    mask from positions hides exactly the future."""
+    model = random_model(name)
+    q_pos, k_pos = torch.arange(5, 12), torch.arange(0, 12)
+    plan = make_plan(model.pe, q_pos, k_pos, True, 4, backend="sdpa")
+    for h in range(4):
+        for i, qp in enumerate(q_pos):
+            for j, kp in enumerate(k_pos):
+                want = float("-inf") if kp > qp else model.pe.score_bias(torch.tensor(h), qp, kp).item()
+                assert plan.bias[h, i, j].item() == pytest.approx(want, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_kv_cache_decoding_equals_full_forward(name):
+    model, idx = random_model(name), tokens()
+    full = model(idx)
+    step = DenseCache(model, 2, 64)
+    one_by_one = torch.cat([model.decode(idx[:, t : t + 1], step) for t in range(T)], dim=1)
+    chunked = DenseCache(model, 2, 64)
+    pieces = torch.cat(
+        [model.decode(idx[:, :10], chunked), model.decode(idx[:, 10:13], chunked), model.decode(idx[:, 13:], chunked)],
+        dim=1,
+    )
+    assert torch.allclose(full, one_by_one, atol=1e-4)
+    assert torch.allclose(full, pieces, atol=1e-4)
+
+
+def test_config_errors_name_the_fix():
+    with pytest.raises(ValueError, match="does not divide model.d_model"):
+        GPTConfig(vocab_size=10, n_head=5, d_model=32)
+    with pytest.raises(ValueError, match="GQA"):
+        GPTConfig(vocab_size=10, n_head=4, n_kv_head=3, d_model=32)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_save_load_gives_the_same_logits(name, tmp_path):
+    model = random_model(name)
+    from dataclasses import asdict
+
+    checkpoint.save(tmp_path / "ckpt.pt", {"model": model.state_dict(), "model_config": asdict(model.cfg)})
+    loaded, _ = checkpoint.load_model(tmp_path)
+    idx = tokens()
+    assert torch.equal(model(idx), loaded(idx))
+
+
+def test_grouped_query_attention_has_fewer_key_heads():
+    model = GPT(GPTConfig(vocab_size=10, n_head=4, n_kv_head=1, d_model=32))
+    attn = model.blocks[0].attn
+    assert attn.c_k.weight.shape == (8, 32) and attn.c_q.weight.shape == (32, 32)
+
+
+def test_fresh_model_output_projections_are_zero():
+    model = GPT(GPTConfig(vocab_size=10, d_model=32))
+    for block in model.blocks:
+        assert block.attn.c_proj.weight.abs().sum() == 0 and block.mlp.c_proj.weight.abs().sum() == 0
+    assert all(p.dim() != 1 for p in model.parameters())  # no biases, no norm weights

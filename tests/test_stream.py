@@ -1,0 +1,161 @@
+"""KV caches, the StreamingLLM sink cache, sampling and sample.py."""
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import RELATIVE, TINY, config, random_model, run
+
+import model.attention as attention
+from model.generate import sample_next
+from model.kv_cache import CacheError, DenseCache, SinkCache, build_cache
+from train import train
+
+S, W = 3, 8  # sinks, window
+
+
+def tokens(n, seed=1):
+    return torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def feed(model, cache, idx):
+    return torch.cat([model.decode(idx[:, t : t + 1], cache) for t in range(idx.size(1))], dim=1)
+
+
+@pytest.mark.parametrize("name", RELATIVE)
+def test_sink_cache_equals_dense_while_it_fits(name):
+    model, idx = random_model(name), tokens(S + W)
+    dense = feed(model, DenseCache(model, 1, 64), idx)
+    sink = feed(model, SinkCache(model, 1, S + model.pe.n_prefix, W), idx)
+    assert torch.equal(dense, sink)
+    chunked = model.decode(idx, SinkCache(model, 1, S, W + model.pe.n_prefix))  # prefill in one step
+    assert torch.allclose(dense, chunked, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "nope"])
+def test_one_layer_reindexing_is_exact(name):
+    """Past capacity, a one-layer model's next-token logits equal a fresh forward over the first S tokens and
+    the last W tokens at positions 0..S+W-1: its cached keys depend on their own token alone."""
+    model = random_model(name, n_layer=1)
+    idx = tokens(40)
+    cache = SinkCache(model, 1, S, W)
+    logits = feed(model, cache, idx)[:, -1]
+    kept = torch.cat((idx[:, :S], idx[:, -W:]), dim=1)
+    assert torch.allclose(logits, model(kept)[:, -1], atol=1e-5)
+    assert cache.token_indices().tolist() == list(range(S)) + sorted(range(40 - W, 40), key=lambda t: (t - S) % W)
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "nope"])
+def test_deep_model_attends_over_exactly_the_cached_keys_at_in_cache_positions(name, monkeypatch):
+    model = random_model(name, n_layer=3)
+    idx = tokens(29)
+    cache = SinkCache(model, 1, S, W)
+    feed(model, cache, idx[:, :-1])
+    seen, real_attend = [], attention.attend
+
+    def spy(q, k, v, plan):
+        seen.append((q, k, v, plan))
+        return real_attend(q, k, v, plan)
+
+    monkeypatch.setattr("model.gpt.attend", spy)
+    model.decode(idx[:, -1:], cache)
+    in_cache = torch.cat((torch.arange(S), S + (cache._ring - (cache.seen - W - S)) % W))  # by age
+    for layer, (q, k, v, plan) in enumerate(seen):
+        assert plan.q_pos.tolist() == [S + W - 1] and plan.k_pos.tolist() == in_cache.tolist()
+        raw_k, raw_v = cache.k[layer], cache.v[layer]  # what the cache holds: keys before rotation
+        assert torch.equal(v, raw_v)
+        ref_k = model.pe.rotate(raw_k, in_cache)
+        bias = attention.dense_bias(model.pe, torch.tensor([S + W - 1]), in_cache, False, 4)
+        want = attention.reference_attention(q, ref_k, raw_v, bias)
+        assert torch.allclose(real_attend(q, k, v, plan), want, atol=1e-5)
+
+
+def test_sink_cache_memory_is_constant_once_full():
+    model = random_model("rope")
+    cache = SinkCache(model, 1, S, W)
+    feed(model, cache, tokens(S + W))
+    size, ptr = cache.nbytes(), cache.k.data_ptr()
+    feed(model, cache, tokens(3 * (S + W), seed=2))
+    assert cache.nbytes() == size and cache.k.data_ptr() == ptr and cache.length == S + W
+    assert cache.token_indices()[:S].tolist() == [0, 1, 2] and cache.seen == 4 * (S + W)
+
+
+def test_dense_cache_stops_at_its_capacity():
+    model = random_model("rope")
+    cache = DenseCache(model, 1, 10)
+    feed(model, cache, tokens(10))
+    with pytest.raises(CacheError, match="use cache=sink"):
+        model.decode(tokens(1), cache)
+
+
+@pytest.mark.parametrize("name", ["learned", "sinusoidal"])
+def test_absolute_schemes_refuse_the_sink_cache(name):
+    with pytest.raises(CacheError, match="needs a relative scheme"):
+        SinkCache(random_model(name), 1, S, W)
+
+
+def test_cache_defaults_match_the_training_context():
+    rope, sink = random_model("rope"), random_model("sink")
+    assert (build_cache(rope, "sink", 1, 256).sinks, build_cache(rope, "sink", 1, 256).window) == (4, 252)
+    assert (build_cache(sink, "sink", 1, 256).sinks, build_cache(sink, "sink", 1, 256).window) == (1, 256)
+    learned = random_model("learned")  # a 256-position table
+    assert build_cache(learned, "dense", 1, 64).capacity == 256 and build_cache(rope, "dense", 1, 64).capacity == 1024
+
+
+def test_greedy_and_top_k_sampling():
+    logits = torch.tensor([[0.1, 3.0, 2.9, -1.0, 2.8]])
+    assert sample_next(logits, temperature=0).item() == 1
+    g = torch.Generator().manual_seed(0)
+    draws = {sample_next(logits, 1.0, top_k=2, generator=g).item() for _ in range(300)}
+    assert draws == {1, 2}
+    every = {sample_next(logits, 5.0, generator=g).item() for _ in range(500)}
+    assert every == {0, 1, 2, 3, 4}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, shakespeare_dir):
+    out = tmp_path_factory.mktemp("runs")
+    for name in ("rope", "learned", "sink"):
+        train(config(*TINY, f"positional={name}", "train.max_steps=15", "train.warmup_steps=3"), out / name)
+    return out
+
+
+SAMPLE = ["device=cpu", "max_new_tokens=40", "temperature=0.8"]
+
+
+def test_same_seed_same_text(runs):
+    a = run("sample.py", f"checkpoint={runs / 'rope'}", "prompt=ROMEO.", "seed=3", *SAMPLE, check=True)
+    b = run("sample.py", f"checkpoint={runs / 'rope'}", "prompt=ROMEO.", "seed=3", *SAMPLE, check=True)
+    c = run("sample.py", f"checkpoint={runs / 'rope'}", "prompt=ROMEO.", "seed=4", *SAMPLE, check=True)
+    text = a.stdout.rsplit("\n", 2)[0]
+    assert text.startswith("ROMEO.") and text == b.stdout.rsplit("\n", 2)[0] != c.stdout.rsplit("\n", 2)[0]
+    assert "tokens/s" in a.stdout.splitlines()[-1] and "peak memory" in a.stdout.splitlines()[-1]
+
+
+def test_sink_cache_streams_past_the_training_length(runs, tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("KING.\n" * 30)  # a prompt longer than the cache: prefilled through it
+    for name in ("rope", "sink"):
+        proc = run("sample.py", f"checkpoint={runs / name}", f"prompt=@{prompt}", "cache=sink", "cache.window=20",
+                   "device=cpu", "max_new_tokens=120", check=True)  # fmt: skip
+        assert "120 tokens in" in proc.stdout.splitlines()[-1] and "cache=sink holding" in proc.stdout
+
+
+def test_dense_cache_past_a_learned_table_says_use_sink(runs):
+    proc = run("sample.py", f"checkpoint={runs / 'learned'}", "device=cpu", "max_new_tokens=100", check=True)
+    assert "use cache=sink" in proc.stderr and "covers 32 positions" in proc.stderr
+    proc = run("sample.py", f"checkpoint={runs / 'learned'}", "device=cpu", "cache=sink")
+    assert proc.returncode == 2 and "needs a relative scheme" in proc.stderr
+    proc = run("sample.py", f"checkpoint={runs / 'rope'}", "device=cpu", "max_new_tokens=-1")
+    assert proc.returncode == 2 and "use cache=sink" in proc.stderr
+
+
+def test_streaming_perplexity_report(runs):
+    proc = run("eval.py", f"checkpoint={runs / 'rope'}", "eval.mode=stream", "eval.stream_tokens=400", "eval.block=50",
+               "logger.wandb=false", "device=cpu", check=True)  # fmt: skip
+    result = json.loads((runs / "rope" / "eval" / "stream.json").read_text())
+    assert list(result["methods"]) == ["dense", "window 0+32", "sinks 4+28", "recompute 32"]
+    for m in result["methods"].values():
+        assert m["tokens"] == 400 and len(m["nll"]) == 8 and all(math.isfinite(x) for x in m["nll"])
+    assert (runs / "rope" / "eval" / "stream.png").exists() and "tokens seen" in proc.stdout

@@ -1,0 +1,221 @@
+"""train.py as users run it: every scheme learns, runs resume exactly, bad input gets one clear line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import ROOT, SCHEMES, TINY, config, run
+
+from train import train
+
+
+def metrics(out_dir):
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_every_scheme_lowers_the_loss(name, tmp_path, shakespeare_dir):
+    cfg = config(*TINY, f"positional={name}", "train.max_steps=30", "train.warmup_steps=5", "train.eval_interval=30")
+    summary = train(cfg, tmp_path)
+    rows = metrics(tmp_path)
+    assert rows[0]["train_loss"] > 7.5  # ln(4096) = 8.3 at the start
+    assert summary["val_loss"] < rows[0]["train_loss"] - 1.0 and rows[-1]["train_loss"] < rows[0]["train_loss"] - 1.0
+    assert {"step", "train_loss", "lr", "tokens_per_sec"} <= rows[0].keys() and "val_loss" in rows[-1]
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 30 and ckpt["config"]["positional"]["name"] == name
+    assert ckpt["tokenizer"]["kind"] == "bpe" and len(ckpt["optimizer"]) == 1 and ckpt["rows"] == 30 * 8
+
+
+def test_muon_trains(tmp_path, shakespeare_dir):
+    cfg = config(*TINY, "optim=muon", "train.max_steps=30", "train.warmup_steps=5", "train.eval_interval=30")
+    summary = train(cfg, tmp_path)
+    assert summary["val_loss"] < metrics(tmp_path)[0]["train_loss"] - 1.0
+    assert len(torch.load(tmp_path / "ckpt.pt", weights_only=True)["optimizer"]) == 2
+
+
+def start_training(out_dir, *extra):
+    args = [sys.executable, "train.py", *TINY, "train.max_steps=40", f"out_dir={out_dir}", *extra]
+    return subprocess.Popen(
+        args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def test_sigterm_saves_and_resume_continues_the_same_loss_curve(tmp_path, shakespeare_dir):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    run("train.py", *TINY, "train.max_steps=40", f"out_dir={straight}", check=True)
+    proc = start_training(stopped)
+    for line in proc.stdout:  # let it run a few steps, then ask it to stop as a scheduler would
+        if line.startswith("step 5/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out
+    saved = torch.load(stopped / "ckpt.pt", weights_only=True)["step"]
+    assert 5 <= saved < 40 and "SIGTERM: saving a checkpoint" in out
+    run("train.py", *TINY, "train.max_steps=40", f"out_dir={stopped}", "train.resume=true", check=True)
+    a, b = metrics(straight), metrics(stopped)
+    assert [m["step"] for m in b] == list(range(1, 41))  # nothing logged twice after the resume
+    for x, y in zip(a, b, strict=True):
+        assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-5), x["step"]
+
+
+def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, shakespeare_dir):
+    proc = run(
+        "train.py",
+        *TINY,
+        "optim.lr=1e30",
+        "train.warmup_steps=1",
+        "train.ckpt_interval=1",
+        "train.max_steps=50",
+        f"out_dir={tmp_path}",
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: ") and "last good checkpoint" in proc.stderr
+    if (tmp_path / "ckpt.pt").exists():  # whatever was saved holds finite weights
+        state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
+        assert all(torch.isfinite(t).all() for t in state.values())
+
+
+def one_line_error(proc, *needles):
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "overrides, needles",
+    [
+        (["data=text", "data.path=/no/such/file.txt"], ["matches no files"]),
+        (["data=text"], ["data.path"]),
+        (["positional=learned", "positional.max_positions=16"], ["covers 16 positions", "relative scheme"]),
+        (["model.n_head=5"], ["does not divide model.d_model"]),
+        (["model.n_kv_head=3"], ["does not divide model.n_head"]),
+        (["train.total_batch_size=1000"], ["not a multiple"]),
+        (["device=cuda"], ["no CUDA GPU"]),
+    ],
+)
+def test_bad_input_gets_one_clear_line(overrides, needles, tmp_path):
+    one_line_error(run("train.py", *TINY, f"out_dir={tmp_path}", *overrides), *needles)
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+def test_non_utf8_text(tmp_path):
+    (tmp_path / "a.txt").write_bytes("na\u00efve".encode("latin-1"))
+    proc = run(
+        "train.py",
+        *TINY,
+        f"out_dir={tmp_path / 'out'}",
+        "data=text",
+        f"data.path={tmp_path}/a.txt",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    )
+    one_line_error(proc, "is not UTF-8")
+
+
+def test_unknown_scheme_and_option_list_the_choices(tmp_path):
+    proc = run("train.py", "positional=xpos", f"out_dir={tmp_path}")
+    assert proc.returncode != 0 and "Available options in 'positional'" in proc.stderr
+    assert all(name in proc.stderr for name in ["alibi", "learned", "nope", "rope", "sink", "sinusoidal"])
+    proc = run("train.py", "train.max_stepz=3", f"out_dir={tmp_path}")
+    assert proc.returncode != 0 and "Could not override 'train.max_stepz'" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained")
+    train(config(*TINY, "train.max_steps=3"), out)
+    return out
+
+
+def test_existing_checkpoint_is_never_overwritten_by_accident(trained):
+    before = (trained / "ckpt.pt").read_bytes()
+    one_line_error(run("train.py", *TINY, f"out_dir={trained}"), "train.resume=true", "train.overwrite=true")
+    one_line_error(
+        run("train.py", *TINY, f"out_dir={trained}", "train.resume=true", "model.d_model=64"),
+        "does not match this run",
+        "model_config",
+    )
+    assert (trained / "ckpt.pt").read_bytes() == before
+
+
+def test_corrupt_checkpoint_on_resume(tmp_path):
+    (tmp_path / "ckpt.pt").write_bytes(b"PK\x03\x04 not really a checkpoint")
+    proc = run("train.py", *TINY, f"out_dir={tmp_path}", "train.resume=true")
+    one_line_error(proc, "corrupt or truncated")
+    assert (tmp_path / "ckpt.pt").read_bytes() == b"PK\x03\x04 not really a checkpoint"
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    from utils import checkpoint
+
+    checkpoint.save(tmp_path / "ckpt.pt", {"model": {"w": torch.ones(2)}})
+    good = (tmp_path / "ckpt.pt").read_bytes()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        checkpoint.save(tmp_path / "ckpt.pt", {"model": {"w": torch.zeros(2)}})
+    assert (tmp_path / "ckpt.pt").read_bytes() == good and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_wandb_runs_offline_without_a_key(tmp_path, shakespeare_dir):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path)  # no ~/.netrc, no cached login
+    args = [sys.executable, "train.py", *TINY, "train.max_steps=3", "logger.wandb=true", f"out_dir={tmp_path / 'run'}"]
+    t0 = time.time()
+    proc = subprocess.run(
+        args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "an offline wandb run with its data file"
+    assert time.time() - t0 < 200
+
+
+def test_ddp_two_processes_end_with_identical_weights(tmp_path, shakespeare_dir):
+    proc = run(
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_port=29517",
+        "train.py",
+        *TINY,
+        "train.max_steps=6",
+        f"out_dir={tmp_path}",
+        timeout=300,
+        check=True,
+    )
+    assert "weights identical on 2 ranks" in proc.stdout
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["rows"] == 6 * 2 * 8  # each rank read its own batch of 8 every step
+
+
+def test_sweep_runs_every_scheme_in_its_own_dir(tmp_path, shakespeare_dir):
+    proc = run(
+        "train.py",
+        "-m",
+        "positional=learned,sinusoidal,alibi,rope,nope,sink",
+        *TINY,
+        "train.max_steps=2",
+        f"hydra.sweep.dir={tmp_path}",
+        timeout=600,
+        check=True,
+    )
+    dirs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert dirs == ["0-learned", "1-sinusoidal", "2-alibi", "3-rope", "4-nope", "5-sink"], proc.stdout[-500:]
+    for d in dirs:
+        assert (tmp_path / d / "ckpt.pt").exists() and len(metrics(tmp_path / d)) == 2

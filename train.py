@@ -1,0 +1,309 @@
+"""Train a small GPT whose positional scheme is one word of config.
+
+python train.py                                       tiny model, RoPE, the embedded Shakespeare corpus
+python train.py positional=alibi model=small train.max_steps=3000
+python train.py -m positional=learned,sinusoidal,alibi,rope,nope,sink      (a sweep; same as sweep=schemes)
+torchrun --nproc_per_node=8 train.py model=d12 train.total_batch_size=524288
+Leaves out_dir/ckpt.pt (atomic, resumable with train.resume=true) and out_dir/metrics.jsonl.
+"""
+
+import hashlib
+import math
+import signal
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import hydra
+import torch
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from data import tokenizer
+from data.loader import RowSampler, TokenSplit
+from data.prepare import load_meta, prepare
+from model.generate import generate
+from model.kv_cache import DenseCache
+from utils import checkpoint, optim, runtime
+from utils.errors import UserError, cli
+from utils.logger import Logger, start_wandb
+
+MATCH_KEYS = ("model_config", "tokenizer", "seq_len")  # what a resumed run must share with its checkpoint
+
+
+class StopFlag:
+    """SIGTERM or a first Ctrl-C asks the loop to save and stop; a second Ctrl-C interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\n{signal.Signals(signum).name}: saving a checkpoint and stopping", flush=True)
+
+    def restore(self):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def grad_accum_steps(tr, world: int) -> int:
+    if tr.total_batch_size is None:
+        return tr.grad_accum
+    per_step = tr.batch_size * tr.seq_len * world
+    if tr.total_batch_size % per_step:
+        raise UserError(
+            f"train.total_batch_size={tr.total_batch_size} is not a multiple of batch_size x seq_len x "
+            f"processes = {per_step}; change one of them"
+        )
+    return tr.total_batch_size // per_step
+
+
+def check_out_dir(out_dir: Path, tr):
+    ckpt = out_dir / checkpoint.NAME
+    if tr.resume and not ckpt.exists():
+        raise UserError(
+            f"train.resume=true but {out_dir} holds no {checkpoint.NAME}; drop train.resume to start afresh"
+        )
+    if not tr.resume and ckpt.exists() and not tr.overwrite:
+        raise UserError(
+            f"{out_dir} already holds a checkpoint: add train.resume=true to continue it, "
+            f"or train.overwrite=true to start over"
+        )
+
+
+def check_resume(ckpt: dict, run: dict, path):
+    diff = [k for k in MATCH_KEYS if ckpt.get(k) != run[k]]
+    if diff:
+        raise UserError(
+            f"checkpoint {path} does not match this run ({', '.join(diff)} differ); resume with the "
+            f"same options, or use a new out_dir"
+        )
+
+
+@torch.no_grad()
+def evaluate(model, sampler: RowSampler, n_batches: int, batch_size: int, rt) -> float:
+    model.eval()
+    total = torch.zeros((), device=rt.device)
+    mine = range(rt.rank, n_batches, rt.world)
+    for j in mine:
+        x, y = sampler.batch(j * batch_size, batch_size, rt.device)
+        with rt.autocast():
+            total += model(x, y).float()
+    model.train()
+    total = runtime.all_reduce_mean(total * rt.world / max(1, n_batches))
+    return total.item()
+
+
+def weights_digest(model) -> str:
+    h = hashlib.sha256()
+    for p in model.state_dict().values():
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_ranks_agree(model, rt):
+    """Under DDP every rank must end with the same weights; say so, or stop with an error."""
+    if not rt.distributed:
+        return
+    digests = [None] * rt.world
+    dist.all_gather_object(digests, weights_digest(model))
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"DDP ranks ended with different weights: {digests}")
+    if rt.master:
+        print(f"weights identical on {rt.world} ranks (sha256 {digests[0]})", flush=True)
+
+
+def print_sample(model, tok_spec, n_tokens: int, rt):
+    enc = tokenizer.load(tok_spec)
+    bos = tokenizer.bos_id(tok_spec, enc)
+    limit = model.pe.max_positions or n_tokens + 1
+    n = min(n_tokens, limit - 1)
+    cache = DenseCache(model, 1, n + 1, dtype=torch.float32)
+    g = torch.Generator(device=rt.device).manual_seed(0)
+    prompt = torch.tensor([[bos]], device=rt.device)
+    ids = [t.item() for t in generate(model, prompt, cache, n, temperature=0.8, top_k=50, generator=g)]
+    print("--- sample ---\n" + enc.decode(ids) + "\n--------------", flush=True)
+
+
+def train(cfg: DictConfig, out_dir, group: str | None = None) -> dict:
+    rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
+    stop = StopFlag()
+    try:
+        return _train(cfg, Path(out_dir), rt, group, stop)
+    finally:
+        stop.restore()
+        runtime.teardown()
+
+
+def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
+    tr = cfg.train
+    say = print if rt.master else (lambda *a, **k: None)
+    check_out_dir(out_dir, tr)
+    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    data_cfg, tok_cfg = resolved["data"], resolved["tokenizer"]
+    if rt.master:
+        prepare(data_cfg, tok_cfg, log=say)
+    runtime.barrier()
+    data_dir = prepare(data_cfg, tok_cfg, log=say)
+    meta = load_meta(data_dir)
+    tok_spec = tokenizer.read_spec(data_dir)
+    model_config = {**resolved["model"], "vocab_size": meta["vocab_size"], "positional": resolved["positional"]}
+    run = {"model_config": model_config, "tokenizer": tok_spec, "seq_len": tr.seq_len}
+
+    model = checkpoint.build_model(model_config)
+    model.pe.check_length(tr.seq_len)
+    model.to(rt.device)
+    opts = optim.build(model, resolved["optim"], fused=rt.device.type == "cuda")
+    step, rows, wandb_id = 0, 0, None
+    if tr.resume:
+        ckpt = checkpoint.load(out_dir)
+        check_resume(ckpt, run, out_dir / checkpoint.NAME)
+        model.load_state_dict(ckpt["model"])
+        for opt, state in zip(opts, ckpt["optimizer"], strict=True):
+            opt.load_state_dict(state)
+        step, rows, wandb_id = ckpt["step"], ckpt["rows"], ckpt.get("wandb_id")
+        say(f"resuming {out_dir} at step {step}")
+
+    accum = grad_accum_steps(tr, rt.world)
+    train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed)
+    val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0)
+    runner = model
+    if rt.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        runner = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+    if cfg.compile is True or (cfg.compile == "auto" and rt.device.type == "cuda"):
+        runner = torch.compile(runner)
+
+    n_params = model.num_params()
+    say(
+        f"{model.pe.name}: {n_params / 1e6:.2f}M parameters, {train_rows.n_rows:,} training rows of {tr.seq_len}, "
+        f"{accum} x {tr.batch_size} x {rt.world} sequences per step, {rt.device} {rt.dtype}"
+    )
+    logger, wandb_run = None, None
+    if rt.master:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.logger.wandb:
+            name = f"{model.pe.name}-{out_dir.name}"
+            wandb_run = start_wandb(cfg.logger.project, out_dir, resolved, cfg.logger.mode, group, name, wandb_id)
+        logger = Logger(out_dir, wandb_run, resume_step=step if tr.resume else None)
+
+    val_loss, train_loss, t_start = None, float("nan"), time.time()
+
+    def save():
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            raise UserError(
+                f"weights became non-finite at step {step}; the last good checkpoint is kept in {out_dir}. "
+                f"Lower optim.lr or raise train.warmup_steps"
+            )
+        if rt.master:
+            checkpoint.save(
+                out_dir / checkpoint.NAME,
+                {
+                    **run,
+                    "model": model.state_dict(),
+                    "optimizer": [o.state_dict() for o in opts],
+                    "config": resolved,
+                    "data_dir": str(data_dir),
+                    "step": step,
+                    "rows": rows,
+                    "val_loss": val_loss,
+                    "wandb_id": wandb_run.id if wandb_run else None,
+                },
+            )
+        runtime.barrier()
+
+    t_log, tokens_since = time.time(), 0
+    tokens_per_step = accum * tr.batch_size * tr.seq_len * rt.world
+    while step < tr.max_steps:
+        lr = optim.lr_factor(step, tr.max_steps, tr.warmup_steps, tr.min_lr_ratio, tr.schedule)
+        optim.set_lr(opts, lr)
+        loss_sum = torch.zeros((), device=rt.device)
+        for micro in range(accum):
+            x, y = train_rows.batch(rows + (micro * rt.world + rt.rank) * tr.batch_size, tr.batch_size, rt.device)
+            last = micro == accum - 1
+            sync = nullcontext() if last or not rt.distributed else runner.no_sync()
+            with sync, rt.autocast():
+                loss = runner(x, y) / accum
+            loss.backward()
+            loss_sum += loss.detach()
+        rows += accum * rt.world * tr.batch_size
+        if tr.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        step += 1
+        tokens_since += tokens_per_step
+        train_loss = runtime.all_reduce_mean(loss_sum).item()
+        if not math.isfinite(train_loss):
+            raise UserError(
+                f"loss became {train_loss} at step {step}; the last good checkpoint is kept in {out_dir}. "
+                f"Lower optim.lr or raise train.warmup_steps"
+            )
+        last_step = step == tr.max_steps
+        measure = step % tr.eval_interval == 0 or last_step
+        if measure:
+            val_loss = evaluate(runner, val_rows, tr.eval_batches, tr.batch_size, rt)
+        if step % tr.log_interval == 0 or measure or last_step:
+            dt = time.time() - t_log
+            metrics = {
+                "step": step,
+                "train_loss": round(train_loss, 5),
+                "lr": lr * opts[0].param_groups[0]["base_lr"],
+                "tokens_per_sec": round(tokens_since / dt, 1),
+                "tokens": step * tokens_per_step,
+                "elapsed_s": round(time.time() - t_start, 2),
+            }
+            if measure:
+                metrics["val_loss"] = round(val_loss, 5)
+            if logger:
+                logger.log(metrics)
+            say(
+                f"step {step}/{tr.max_steps} loss {train_loss:.4f}"
+                + (f" val {val_loss:.4f}" if measure else "")
+                + f" lr {metrics['lr']:.2e} {metrics['tokens_per_sec']:.0f} tok/s"
+            )
+            t_log, tokens_since = time.time(), 0
+        stopping = runtime.any_rank(stop.requested, rt.device)
+        if step % tr.ckpt_interval == 0 or last_step or stopping:
+            save()
+        if stopping:
+            break
+
+    wall = time.time() - t_start
+    check_ranks_agree(model, rt)
+    summary = {
+        "step": step,
+        "train_loss": train_loss,
+        "val_loss": val_loss,
+        "wall_s": round(wall, 1),
+        "out_dir": str(out_dir),
+    }
+    if rt.master:
+        if val_loss is not None:
+            say(
+                f"val loss {val_loss:.4f} (ppl {math.exp(val_loss):.1f}) at step {step}, {wall:.0f} s, "
+                f"checkpoint {out_dir / checkpoint.NAME}"
+            )
+        if tr.sample_tokens > 0 and not stop.requested:
+            print_sample(model, tok_spec, tr.sample_tokens, rt)
+        logger.close()
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig):
+    hc = HydraConfig.get()
+    out_dir = cfg.out_dir or hc.runtime.output_dir
+    group = cfg.logger.group or (Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None)
+    return cli(lambda: train(cfg, out_dir, group))
+
+
+if __name__ == "__main__":
+    main()
