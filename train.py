@@ -131,6 +131,7 @@ def print_sample(model, tok_spec, n_tokens: int, rt):
 
 
 def train(cfg: DictConfig, out_dir, group: str | None = None) -> dict:
+    cfg.out_dir = str(out_dir)
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     stop = StopFlag()
     try:
@@ -300,7 +301,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig):
     hc = HydraConfig.get()
-    out_dir = cfg.out_dir or hc.runtime.output_dir
+    out_dir = hc.runtime.output_dir if OmegaConf.is_missing(cfg, "out_dir") else cfg.out_dir
     group = cfg.logger.group or (Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None)
     return cli(lambda: train(cfg, out_dir, group))
 

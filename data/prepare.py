@@ -119,7 +119,7 @@ def load_meta(folder: Path) -> dict:
     return json.loads(path.read_text())
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+@hydra.main(version_base="1.3", config_path="../configs", config_name="prepare")
 def main(cfg: DictConfig):
     cli(
         lambda: print(

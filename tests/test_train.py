@@ -219,3 +219,49 @@ def test_sweep_runs_every_scheme_in_its_own_dir(tmp_path, shakespeare_dir):
     assert dirs == ["0-learned", "1-sinusoidal", "2-alibi", "3-rope", "4-nope", "5-sink"], proc.stdout[-500:]
     for d in dirs:
         assert (tmp_path / d / "ckpt.pt").exists() and len(metrics(tmp_path / d)) == 2
+
+
+def test_default_out_dir_is_out_scheme(tmp_path, shakespeare_dir):
+    """Without out_dir a run lands in ./out/<scheme>, a sweep in multirun/<time>/<n>-<scheme>."""
+    script = str(ROOT / "train.py")
+    proc = subprocess.run(
+        [sys.executable, script, *TINY, "positional=alibi", "train.max_steps=2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "out" / "alibi" / "ckpt.pt").exists() and (tmp_path / "out" / "alibi" / "metrics.jsonl").exists()
+    assert torch.load(tmp_path / "out" / "alibi" / "ckpt.pt", weights_only=True)["config"]["out_dir"].endswith(
+        "/out/alibi"
+    )
+    proc = subprocess.run(
+        [sys.executable, script, "-m", "positional=rope,nope", *TINY, "train.max_steps=2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "multirun").glob("*/*") if (p / "ckpt.pt").exists()) == [
+        "0-rope",
+        "1-nope",
+    ]
+
+
+def test_prepare_ahead_of_time(tmp_path):
+    (tmp_path / "a.txt").write_text("Some text to prepare.\n" * 200)
+    proc = run(
+        "-m",
+        "data.prepare",
+        "data=text",
+        f"data.path={tmp_path}/a.txt",
+        f"data.cache_dir={tmp_path}/c",
+        "tokenizer.vocab_size=300",
+        check=True,
+    )
+    assert (
+        len(list((tmp_path / "c").glob("text-*/bpe300/meta.json"))) == 1
+        and "bpe300" in proc.stdout.strip().splitlines()[-1]
+    )
