@@ -250,7 +250,9 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         last_step = step == tr.max_steps
         measure = step % tr.eval_interval == 0 or last_step
         if measure:
+            t_eval = time.time()
             val_loss = evaluate(runner, val_rows, tr.eval_batches, tr.batch_size, rt)
+            t_log += time.time() - t_eval  # tokens/s counts training time only
         if step % tr.log_interval == 0 or measure or last_step:
             dt = time.time() - t_log
             metrics = {

@@ -6,7 +6,6 @@ python eval.py -m checkpoint=out/rope,out/alibi         -> the same comparison i
 """
 
 import json
-import math
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -49,6 +48,7 @@ def table(rows: list[dict], lengths: list[int], title: str) -> str:
 def plot(rows: list[dict], train_length: int, path: Path, title: str, by_position: dict | None = None):
     """ppl against eval length (log x), a line per scheme/variant and mode; NLL by position beside it."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -64,6 +64,11 @@ def plot(rows: list[dict], train_length: int, path: Path, title: str, by_positio
                 ax.plot(*zip(*pts, strict=True), style, marker="o", ms=3, color=f"C{i}", label=f"{name} ({mode})")
     ax.axvline(train_length, color="gray", ls=":", label=f"training length {train_length}")
     ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity", title=title)
+    lengths = sorted({r["length"] for r in rows})
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
     ax.legend(fontsize=7)
     if by_position:
         ax = axes[0, 1]
@@ -84,15 +89,18 @@ def plot(rows: list[dict], train_length: int, path: Path, title: str, by_positio
     plt.close(fig)
 
 
-def binned(by_position, count, bins: int = 64) -> list[tuple[int, float]]:
-    """Mean NLL by position, averaged in log-spaced bins (position, mean) so long windows stay readable."""
-    n = len(by_position)
-    edges = sorted({0, n} | {int(round(x)) for x in (math.exp(math.log(n) * k / bins) for k in range(bins + 1))})
-    out = []
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
-        c = count[lo:hi].sum()
-        if hi > lo and c > 0:
-            out.append((lo, float(by_position[lo:hi].sum() / c)))
+def binned(by_position, count, min_samples: int = 32) -> list[tuple[int, float]]:
+    """Mean NLL by position as (first position, mean) bins: log-spaced, each widened until it averages at least
+    min_samples tokens, so a long window scored a few times still gives a readable curve."""
+    out, lo, n = [], 0, len(by_position)
+    while lo < n:
+        hi = max(lo + 1, int(lo * 1.15))
+        while hi < n and count[lo:hi].sum() < min_samples:
+            hi += max(1, (hi - lo) // 2)
+        hi = min(hi, n)
+        if count[lo:hi].sum() > 0:
+            out.append((lo, float(by_position[lo:hi].sum() / count[lo:hi].sum())))
+        lo = hi
     return out
 
 
