@@ -7,16 +7,13 @@ torchrun --nproc_per_node=8 train.py model=d12 train.total_batch_size=524288
 Leaves out_dir/ckpt.pt (atomic, resumable with train.resume=true) and out_dir/metrics.jsonl.
 """
 
-import hashlib
 import math
 import signal
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
 import torch
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -26,11 +23,11 @@ from data.loader import RowSampler, TokenSplit
 from data.prepare import load_meta, prepare
 from model.generate import generate
 from model.kv_cache import DenseCache
-from utils import checkpoint, optim, runtime
+from utils import checkpoint, optim, parallel, runtime
 from utils.errors import UserError, cli
 from utils.logger import Logger, start_wandb
 
-MATCH_KEYS = ("model_config", "tokenizer", "seq_len")  # what a resumed run must share with its checkpoint
+MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "optimizer_format")  # what a resumed run shares with its ckpt
 
 
 class StopFlag:
@@ -99,25 +96,6 @@ def evaluate(model, sampler: RowSampler, n_batches: int, batch_size: int, rt) ->
     return total.item()
 
 
-def weights_digest(model) -> str:
-    h = hashlib.sha256()
-    for p in model.state_dict().values():
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def check_ranks_agree(model, rt):
-    """Under DDP every rank must end with the same weights; say so, or stop with an error."""
-    if not rt.distributed:
-        return
-    digests = [None] * rt.world
-    dist.all_gather_object(digests, weights_digest(model))
-    if len(set(digests)) != 1:
-        raise RuntimeError(f"DDP ranks ended with different weights: {digests}")
-    if rt.master:
-        print(f"weights identical on {rt.world} ranks (sha256 {digests[0]})", flush=True)
-
-
 def print_sample(model, tok_spec, n_tokens: int, rt):
     enc = tokenizer.load(tok_spec)
     bos = tokenizer.bos_id(tok_spec, enc)
@@ -159,25 +137,21 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
     model = checkpoint.build_model(model_config)
     model.pe.check_length(tr.seq_len)
     model.to(rt.device)
-    opts = optim.build(model, resolved["optim"], fused=rt.device.type == "cuda")
+    runner = parallel.wrap(model, rt, tr.parallel, resolved["optim"]["name"])
+    fused = rt.device.type == "cuda" and parallel.optimizer_format(rt, tr.parallel) == "plain"
+    opts = optim.build(model, resolved["optim"], fused=fused)
+    run["optimizer_format"] = parallel.optimizer_format(rt, tr.parallel)
     step, rows, wandb_id = 0, 0, None
     if tr.resume:
         ckpt = checkpoint.load(out_dir)
         check_resume(ckpt, run, out_dir / checkpoint.NAME)
-        model.load_state_dict(ckpt["model"])
-        for opt, state in zip(opts, ckpt["optimizer"], strict=True):
-            opt.load_state_dict(state)
+        parallel.load_state(model, opts, ckpt["model"], ckpt["optimizer"], tr.parallel)
         step, rows, wandb_id = ckpt["step"], ckpt["rows"], ckpt.get("wandb_id")
         say(f"resuming {out_dir} at step {step}")
 
     accum = grad_accum_steps(tr, rt.world)
     train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed)
     val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0)
-    runner = model
-    if rt.distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        runner = DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
     if cfg.compile is True or (cfg.compile == "auto" and rt.device.type == "cuda"):
         runner = torch.compile(runner)
 
@@ -196,8 +170,13 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
 
     val_loss, train_loss, t_start = None, float("nan"), time.time()
 
+    saved = {}
+
     def save():
-        if not all(torch.isfinite(p).all() for p in model.parameters()):
+        """Every rank takes part (FSDP gathers the shards); rank 0 writes, only finite weights."""
+        model_state, opt_states = parallel.full_state(model, opts, tr.parallel)
+        bad = rt.master and not all(torch.isfinite(t).all() for t in model_state.values())
+        if runtime.any_rank(bad, rt.device):
             raise UserError(
                 f"weights became non-finite at step {step}; the last good checkpoint is kept in {out_dir}. "
                 f"Lower optim.lr or raise train.warmup_steps"
@@ -207,8 +186,8 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                 out_dir / checkpoint.NAME,
                 {
                     **run,
-                    "model": model.state_dict(),
-                    "optimizer": [o.state_dict() for o in opts],
+                    "model": model_state,
+                    "optimizer": opt_states,
                     "config": resolved,
                     "data_dir": str(data_dir),
                     "step": step,
@@ -217,6 +196,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                     "wandb_id": wandb_run.id if wandb_run else None,
                 },
             )
+            saved["model"] = model_state
         runtime.barrier()
 
     t_log, tokens_since = time.time(), 0
@@ -227,9 +207,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         loss_sum = torch.zeros((), device=rt.device)
         for micro in range(accum):
             x, y = train_rows.batch(rows + (micro * rt.world + rt.rank) * tr.batch_size, tr.batch_size, rt.device)
-            last = micro == accum - 1
-            sync = nullcontext() if last or not rt.distributed else runner.no_sync()
-            with sync, rt.autocast():
+            with parallel.sync_grads(runner, tr.parallel, micro == accum - 1), rt.autocast():
                 loss = runner(x, y) / accum
             loss.backward()
             loss_sum += loss.detach()
@@ -280,7 +258,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
             break
 
     wall = time.time() - t_start
-    check_ranks_agree(model, rt)
+    parallel.check_ranks_agree(model, rt, tr.parallel)
     summary = {
         "step": step,
         "train_loss": train_loss,
@@ -295,7 +273,11 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                 f"checkpoint {out_dir / checkpoint.NAME}"
             )
         if tr.sample_tokens > 0 and not stop.requested:
-            print_sample(model, tok_spec, tr.sample_tokens, rt)
+            sampler = model
+            if parallel.optimizer_format(rt, tr.parallel) == "fsdp":  # a whole copy: shards cannot decode alone
+                sampler = checkpoint.build_model(model_config).to(rt.device)
+                sampler.load_state_dict(saved["model"])
+            print_sample(sampler, tok_spec, tr.sample_tokens, rt)
         logger.close()
     return summary
 

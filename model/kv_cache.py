@@ -51,11 +51,12 @@ class DenseCache(_Cache):
         if n > self.room():
             raise CacheError(f"dense cache has room for {self.room()} more tokens, {n} were given")
         self._new = slice(self.length, self.length + n)
+        self._new_pos = self.slot_pos[self._new]
         self.length += n
-        return self.slot_pos[self._new], self.slot_pos[: self.length]
+        return self._new_pos, self.slot_pos[: self.length]
 
     def update(self, layer: int, k, v):
-        self.k[layer, :, :, self._new] = self.pe.rotate(k, self.slot_pos[self._new])
+        self.k[layer, :, :, self._new] = self.pe.rotate(k, self._new_pos)
         self.v[layer, :, :, self._new] = v
         return self.k[layer, :, :, : self.length], self.v[layer, :, :, : self.length]
 

@@ -13,7 +13,11 @@ from .base import Positional
 
 def apply_rotary(x: torch.Tensor, angles: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """Rotate x (..., T, Dh) by angles (T, Dh/2): the two halves of Dh form the (real, imaginary) pairs."""
-    cos, sin = (angles.cos() * scale).to(x.dtype), (angles.sin() * scale).to(x.dtype)
+    return rotate_by(x, angles.cos() * scale, angles.sin() * scale)
+
+
+def rotate_by(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -37,13 +41,27 @@ class RoPE(Positional):
         )
         self.inv_freq.copy_(inv_freq.float())
         self.scaling, self.factor, self.original_length = kind, float(factor), int(original_length)
+        self._memo = []
 
     def rotate(self, x, pos):
+        cos, sin = self._cos_sin(pos)
+        return rotate_by(x, cos, sin)
+
+    def _cos_sin(self, pos):
+        """cos and sin at these positions. Every layer rotates by the same position tensors, so eagerly the
+        last two are remembered by identity (a compiled graph dedupes them itself)."""
+        compiling = torch.compiler.is_compiling()
+        for memo_pos, cos, sin in [] if compiling else self._memo:
+            if memo_pos is pos:
+                return cos, sin
         inv_freq = self.inv_freq
         if self.scaling == "dynamic_ntk":
             inv_freq = rope_scaling.dynamic_inv_freq(self.head_dim, self.base, self.original_length, pos.max() + 1)
         angles = (pos.float() * self.pos_scale)[:, None] * inv_freq[None, :]
-        return apply_rotary(x, angles, self.cos_scale)
+        cos, sin = angles.cos() * self.cos_scale, angles.sin() * self.cos_scale
+        if not compiling:
+            self._memo = [(pos, cos, sin)] + self._memo[:1]
+        return cos, sin
 
     def extra_repr(self):
         return f"base={self.base}, scaling={self.scaling}, factor={self.factor}, " + super().extra_repr()

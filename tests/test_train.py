@@ -265,3 +265,28 @@ def test_prepare_ahead_of_time(tmp_path):
         len(list((tmp_path / "c").glob("text-*/bpe300/meta.json"))) == 1
         and "bpe300" in proc.stdout.strip().splitlines()[-1]
     )
+
+
+def test_fsdp_matches_ddp_and_resumes(tmp_path, shakespeare_dir):
+    """FSDP2 shards parameters, gradients and optimizer state, yet trains the same model as DDP; its checkpoint
+    holds whole weights and resumes under FSDP."""
+    launch = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29518", "train.py", *TINY]
+    run(*launch, "train.max_steps=4", f"out_dir={tmp_path / 'ddp'}", timeout=300, check=True)
+    run(*launch, "train.max_steps=4", "train.parallel=fsdp", f"out_dir={tmp_path / 'fsdp'}", timeout=300, check=True)
+    ddp = torch.load(tmp_path / "ddp" / "ckpt.pt", weights_only=True)
+    fsdp = torch.load(tmp_path / "fsdp" / "ckpt.pt", weights_only=True)
+    assert fsdp["optimizer_format"] == "fsdp" and ddp["model"].keys() == fsdp["model"].keys()
+    for name, w in ddp["model"].items():
+        assert torch.allclose(w, fsdp["model"][name], atol=1e-4), name
+    run(
+        *launch,
+        "train.max_steps=6",
+        "train.parallel=fsdp",
+        f"out_dir={tmp_path / 'fsdp'}",
+        "train.resume=true",
+        timeout=300,
+        check=True,
+    )
+    assert torch.load(tmp_path / "fsdp" / "ckpt.pt", weights_only=True)["step"] == 6
+    proc = run("train.py", *TINY, "train.parallel=fsdp", "optim=muon", f"out_dir={tmp_path / 'x'}")
+    assert proc.returncode == 2 and "use train.parallel=ddp" in proc.stderr

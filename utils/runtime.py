@@ -50,7 +50,20 @@ def keep_freed_memory():
         pass
 
 
+def from_slurm():
+    """Under `hydra/launcher=slurm` every task is a SLURM task, not a torchrun worker: export torchrun's
+    variables from SLURM's (submitit knows the node list and a free port)."""
+    if "RANK" in os.environ or "SLURM_PROCID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    try:
+        from submitit.helpers import TorchDistributedEnvironment
+    except ImportError:
+        raise UserError("a multi-task SLURM job needs submitit: pip install hydra-submitit-launcher") from None
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
 def setup(device: str = "auto", dtype: str = "auto", seed: int = 0) -> Runtime:
+    from_slurm()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device == "auto":

@@ -1,0 +1,156 @@
+"""Decoding speed and memory far past the training length: sink cache vs dense cache vs re-computation.
+
+python bench/decode_bench.py --checkpoint out/rope                       1K, 10K, 100K generated tokens
+python bench/decode_bench.py --model tiny --positional rope --tokens 1000 10000 --device cpu   (random weights)
+Generates greedily (batch 1) through each method and reports, at each mark, the speed of the last block of
+tokens before it and the memory held: the sink cache should stay flat, the dense cache grows (it stops at
+--dense-limit), re-computation pays a full forward of the window per token (it stops at --recompute-limit).
+Appends the table, with the device and this command, to bench/RESULTS.md (--no-record skips).
+"""
+
+import argparse
+import resource
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.train_bench import SIZES, spec  # noqa: E402
+from model.gpt import GPT, GPTConfig  # noqa: E402
+from model.kv_cache import DenseCache, SinkCache  # noqa: E402
+from utils import checkpoint  # noqa: E402
+from utils.runtime import keep_freed_memory  # noqa: E402
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def memory_mb(device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@torch.no_grad()
+def run_cached(model, cache, n_tokens, block, device, autocast):
+    """Yield (tokens so far, seconds for the last block, cache MiB) every `block` tokens."""
+    tok = torch.zeros(1, 1, dtype=torch.long, device=device)
+    t = time.perf_counter()
+    for i in range(1, n_tokens + 1):
+        with autocast:
+            logits = model.decode(tok, cache)
+        tok = logits[:, -1].argmax(-1, keepdim=True)
+        if i % block == 0:
+            sync(device)
+            yield i, time.perf_counter() - t, cache.nbytes() / 2**20
+            t = time.perf_counter()
+
+
+@torch.no_grad()
+def run_recompute(model, window, n_tokens, block, device, autocast):
+    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+    t = time.perf_counter()
+    for i in range(1, n_tokens + 1):
+        with autocast:
+            logits = model(ids[:, -window:])
+        ids = torch.cat((ids[:, -window:], logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+        if i % block == 0:
+            sync(device)
+            yield i, time.perf_counter() - t, 0.0
+            t = time.perf_counter()
+
+
+def load(args, device):
+    if args.checkpoint:
+        model, ckpt = checkpoint.load_model(args.checkpoint, device)
+        return model, ckpt["seq_len"], f"checkpoint {args.checkpoint}"
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=args.vocab, positional=spec(args.positional, args.train_len), **SIZES[args.model])
+    return GPT(cfg).to(device).eval(), args.train_len, f"random {args.model} {args.positional}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default=None)
+    ap.add_argument("--model", default="tiny", choices=list(SIZES))
+    ap.add_argument("--positional", default="rope")
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--train-len", type=int, default=256, help="for random weights: the 'training' length")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1000, 10000, 100000])
+    ap.add_argument("--block", type=int, default=500, help="tokens per timed block")
+    ap.add_argument("--sinks", type=int, default=4)
+    ap.add_argument("--dense-limit", type=int, default=100000)
+    ap.add_argument("--recompute-limit", type=int, default=10000)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--no-record", dest="record", action="store_false")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        keep_freed_memory()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    model, train_len, what = load(args, device)
+    n = max(args.tokens)
+    window = train_len - args.sinks
+    methods = {
+        f"sink {args.sinks}+{window}": lambda: run_cached(
+            model, SinkCache(model, 1, args.sinks, window, dtype), n, args.block, device, autocast
+        ),
+        "dense": lambda: run_cached(
+            model,
+            DenseCache(model, 1, min(n, args.dense_limit) + 1, dtype),
+            min(n, args.dense_limit),
+            args.block,
+            device,
+            autocast,
+        ),
+        f"recompute {train_len}": lambda: run_recompute(
+            model, train_len, min(n, args.recompute_limit), args.block, device, autocast
+        ),
+    }
+    rows = []
+    for name, make in methods.items():
+        first = None
+        for done, seconds, cache_mb in make():
+            speed = args.block / seconds
+            first = first or speed
+            if done in args.tokens or done == args.block:
+                rows.append(
+                    {
+                        "method": name,
+                        "tokens": done,
+                        "tok/s": speed,
+                        "vs first block": speed / first,
+                        "cache MiB": cache_mb,
+                        "memory MiB": memory_mb(device),
+                    }
+                )
+                print(
+                    "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()),
+                    flush=True,
+                )
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{r[k]:,.2f}" if isinstance(r[k], float) else str(r[k]) for k in head) + " |")
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    mem = "allocated GPU memory" if device.type == "cuda" else "process peak RSS"
+    note = (
+        f"`python {shlex.join(sys.argv)}` on {device_name}, torch {torch.__version__}, {what}, {dtype}; tok/s of "
+        f"the {args.block}-token block ending at each mark; memory = {mem}"
+    )
+    table = "\n".join(lines)
+    print(f"\n{note}\n\n{table}")
+    if args.record:
+        with open(Path(__file__).with_name("RESULTS.md"), "a") as f:
+            f.write(f"\n### Decoding past the training length ({time.strftime('%Y-%m-%d')})\n{note}\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Every config group composes into a model and a run; the SLURM launcher preset too."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, SCHEMES, config
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from utils import checkpoint
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+@pytest.mark.parametrize("size", ["tiny", "small", "d12"])
+def test_every_scheme_and_size_composes_into_a_model(name, size):
+    cfg = config(f"positional={name}", f"model={size}")
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    model = checkpoint.build_model({**resolved["model"], "vocab_size": 4096, "positional": resolved["positional"]})
+    assert model.pe.name == name and len(model.blocks) == cfg.model.n_layer
+    if name == "learned":
+        assert model.pe.max_positions == cfg.train.seq_len  # the table covers the training length
+    model.pe.check_length(cfg.train.seq_len)
+
+
+@pytest.mark.parametrize(
+    "group, option",
+    [("optim", "muon"), ("data", "fineweb_edu"), ("data", "tinystories"), ("tokenizer", "gpt2"), ("sweep", "schemes")],
+)
+def test_other_options_compose(group, option):
+    cfg = config(f"{group}={option}")
+    assert cfg is not None
+
+
+def test_sweep_preset_lists_the_six_schemes():
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=["sweep=schemes"], return_hydra_config=True)
+    assert cfg.hydra.mode.name == "MULTIRUN"
+    assert cfg.hydra.sweeper.params.positional == "learned,sinusoidal,alibi,rope,nope,sink"
+
+
+def test_slurm_launcher_preset_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose(
+            "train",
+            overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "model=d12"],
+            return_hydra_config=True,
+        )
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher") and launcher.partition == "gpu"
+    assert launcher.tasks_per_node == launcher.gpus_per_node == 8  # one process per GPU
+
+
+def test_slurm_tasks_become_torchrun_ranks():
+    """What a task of a 2-node x 8-GPU SLURM job sees once utils.runtime has translated SLURM's variables."""
+    pytest.importorskip("submitit")
+    env = {
+        **os.environ,
+        "_TEST_CLUSTER_": "slurm",
+        "SLURM_JOB_ID": "42",
+        "SLURM_NTASKS": "16",
+        "SLURM_PROCID": "9",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NODELIST": "gpu[03-04]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_NODEID": "1",
+    }
+    code = (
+        "import os; from utils.runtime import from_slurm; from_slurm(); "
+        "print(*(os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["9", "16", "1", "gpu03"]

@@ -1,0 +1,104 @@
+"""Data-parallel training behind a few calls: DDP (the default) or FSDP2 (train.parallel=fsdp).
+
+torchrun --nproc_per_node=8 train.py model=d12                         DDP: every rank holds the whole model
+torchrun --nproc_per_node=8 train.py model=d12 train.parallel=fsdp     FSDP2: parameters, gradients and
+                                                                       optimizer state sharded over the ranks
+Checkpoints hold full (unsharded) weights either way, so eval.py and sample.py load them on one device.
+"""
+
+import hashlib
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from utils.errors import UserError
+
+PARALLEL = ("ddp", "fsdp")
+
+
+def wrap(model, rt, parallel: str, optim_name: str):
+    """The module the training loop calls: the model itself, or its DDP / FSDP2 wrapping."""
+    if parallel not in PARALLEL:
+        raise UserError(f"train.parallel={parallel} is not one of {', '.join(PARALLEL)}")
+    if parallel == "fsdp" and optim_name == "muon":
+        raise UserError("optim=muon orthogonalizes whole matrices, which FSDP shards; use train.parallel=ddp")
+    if not rt.distributed:
+        return model
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mixed = rt.dtype != torch.float32  # gather bf16 parameters, reduce gradients in fp32
+    kwargs = {"mp_policy": MixedPrecisionPolicy(param_dtype=rt.dtype, reduce_dtype=torch.float32)} if mixed else {}
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def optimizer_format(rt, parallel: str) -> str:
+    """How optimizer state is keyed in a checkpoint: a resumed run must read it the same way."""
+    return "fsdp" if parallel == "fsdp" and rt.distributed else "plain"
+
+
+def sync_grads(runner, parallel: str, sync: bool):
+    """Gradient accumulation: skip the gradient all-reduce on all but the last micro-batch."""
+    if not dist.is_initialized():
+        return nullcontext()
+    if parallel == "fsdp":
+        runner.set_requires_gradient_sync(sync)
+        return nullcontext()
+    return nullcontext() if sync else runner.no_sync()
+
+
+def _fsdp(parallel: str) -> bool:
+    return parallel == "fsdp" and dist.is_initialized()
+
+
+def full_state(model, opts, parallel: str):
+    """(model state, optimizer states) as whole tensors on the CPU; gathered from the shards under FSDP (a
+    collective: every rank calls it; only rank 0 gets the tensors)."""
+    if not _fsdp(parallel):
+        return model.state_dict(), [o.state_dict() for o in opts]
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options), [
+        get_optimizer_state_dict(model, o, options=options) for o in opts
+    ]
+
+
+def load_state(model, opts, model_state: dict, opt_states: list, parallel: str):
+    if not _fsdp(parallel):
+        model.load_state_dict(model_state)
+        for opt, state in zip(opts, opt_states, strict=True):
+            opt.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_state, options=options)
+    for opt, state in zip(opts, opt_states, strict=True):
+        set_optimizer_state_dict(model, opt, state, options=options)
+
+
+def digest(state: dict) -> str:
+    h = hashlib.sha256()
+    for t in state.values():
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_ranks_agree(model, rt, parallel: str):
+    """Under DDP every rank must end with the same weights: say so, or stop with an error."""
+    if not rt.distributed or parallel != "ddp":
+        return
+    digests = [None] * rt.world
+    dist.all_gather_object(digests, digest(model.state_dict()))
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"DDP ranks ended with different weights: {digests}")
+    if rt.master:
+        print(f"weights identical on {rt.world} ranks (sha256 {digests[0]})", flush=True)
