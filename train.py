@@ -109,6 +109,7 @@ def print_sample(model, tok_spec, n_tokens: int, rt):
 
 
 def train(cfg: DictConfig, out_dir, group: str | None = None) -> dict:
+    """Train as cfg says into out_dir; return a summary (step, losses, wall time)."""
     cfg.out_dir = str(out_dir)
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     stop = StopFlag()
@@ -119,28 +120,58 @@ def train(cfg: DictConfig, out_dir, group: str | None = None) -> dict:
         runtime.teardown()
 
 
+def prepare_data(resolved: dict, rt, say) -> tuple[Path, dict, int]:
+    """Rank 0 prepares the dataset (once per dataset and tokenizer); the others wait, then find it ready."""
+    if rt.master:
+        prepare(resolved["data"], resolved["tokenizer"], log=say)
+    runtime.barrier()
+    data_dir = prepare(resolved["data"], resolved["tokenizer"], log=say)
+    return data_dir, tokenizer.read_spec(data_dir), load_meta(data_dir)["vocab_size"]
+
+
+def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, tr, rt) -> float:
+    """One optimizer step over accum micro-batches per rank; returns the mean loss over all ranks."""
+    loss_sum = torch.zeros((), device=rt.device)
+    for micro in range(accum):
+        x, y = batches.batch(rows + (micro * rt.world + rt.rank) * tr.batch_size, tr.batch_size, rt.device)
+        with parallel.sync_grads(runner, tr.parallel, micro == accum - 1), rt.autocast():
+            loss = runner(x, y) / accum
+        loss.backward()
+        loss_sum += loss.detach()
+    if tr.grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+    for opt in opts:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return runtime.all_reduce_mean(loss_sum).item()
+
+
+def diverged(what: str, step: int, out_dir) -> UserError:
+    return UserError(
+        f"{what} at step {step}; the last good checkpoint is kept in {out_dir}. "
+        f"Lower optim.lr or raise train.warmup_steps"
+    )
+
+
 def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
     tr = cfg.train
     say = print if rt.master else (lambda *a, **k: None)
     check_out_dir(out_dir, tr)
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    data_cfg, tok_cfg = resolved["data"], resolved["tokenizer"]
-    if rt.master:
-        prepare(data_cfg, tok_cfg, log=say)
-    runtime.barrier()
-    data_dir = prepare(data_cfg, tok_cfg, log=say)
-    meta = load_meta(data_dir)
-    tok_spec = tokenizer.read_spec(data_dir)
-    model_config = {**resolved["model"], "vocab_size": meta["vocab_size"], "positional": resolved["positional"]}
-    run = {"model_config": model_config, "tokenizer": tok_spec, "seq_len": tr.seq_len}
+    data_dir, tok_spec, vocab_size = prepare_data(resolved, rt, say)
+    model_config = {**resolved["model"], "vocab_size": vocab_size, "positional": resolved["positional"]}
+    run = {
+        "model_config": model_config,
+        "tokenizer": tok_spec,
+        "seq_len": tr.seq_len,
+        "optimizer_format": parallel.optimizer_format(rt, tr.parallel),
+    }  # what a resumed run must match
 
     model = checkpoint.build_model(model_config)
     model.pe.check_length(tr.seq_len)
     model.to(rt.device)
     runner = parallel.wrap(model, rt, tr.parallel, resolved["optim"]["name"])
-    fused = rt.device.type == "cuda" and parallel.optimizer_format(rt, tr.parallel) == "plain"
-    opts = optim.build(model, resolved["optim"], fused=fused)
-    run["optimizer_format"] = parallel.optimizer_format(rt, tr.parallel)
+    opts = optim.build(model, resolved["optim"], fused=rt.device.type == "cuda" and run["optimizer_format"] == "plain")
     step, rows, wandb_id = 0, 0, None
     if tr.resume:
         ckpt = checkpoint.load(out_dir)
@@ -148,19 +179,17 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         parallel.load_state(model, opts, ckpt["model"], ckpt["optimizer"], tr.parallel)
         step, rows, wandb_id = ckpt["step"], ckpt["rows"], ckpt.get("wandb_id")
         say(f"resuming {out_dir} at step {step}")
+    if cfg.compile is True or (cfg.compile == "auto" and rt.device.type == "cuda"):
+        runner = torch.compile(runner)
 
     accum = grad_accum_steps(tr, rt.world)
     train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed)
     val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0)
-    if cfg.compile is True or (cfg.compile == "auto" and rt.device.type == "cuda"):
-        runner = torch.compile(runner)
-
-    n_params = model.num_params()
     say(
-        f"{model.pe.name}: {n_params / 1e6:.2f}M parameters, {train_rows.n_rows:,} training rows of {tr.seq_len}, "
-        f"{accum} x {tr.batch_size} x {rt.world} sequences per step, {rt.device} {rt.dtype}"
+        f"{model.pe.name}: {model.num_params() / 1e6:.2f}M parameters, {train_rows.n_rows:,} training rows of "
+        f"{tr.seq_len}, {accum} x {tr.batch_size} x {rt.world} sequences per step, {rt.device} {rt.dtype}"
     )
-    logger, wandb_run = None, None
+    logger = wandb_run = None
     if rt.master:
         out_dir.mkdir(parents=True, exist_ok=True)
         if cfg.logger.wandb:
@@ -168,19 +197,13 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
             wandb_run = start_wandb(cfg.logger.project, out_dir, resolved, cfg.logger.mode, group, name, wandb_id)
         logger = Logger(out_dir, wandb_run, resume_step=step if tr.resume else None)
 
-    val_loss, train_loss, t_start = None, float("nan"), time.time()
-
-    saved = {}
+    last_saved = {}
 
     def save():
-        """Every rank takes part (FSDP gathers the shards); rank 0 writes, only finite weights."""
+        """Every rank takes part (FSDP gathers the shards); rank 0 writes, and only finite weights."""
         model_state, opt_states = parallel.full_state(model, opts, tr.parallel)
-        bad = rt.master and not all(torch.isfinite(t).all() for t in model_state.values())
-        if runtime.any_rank(bad, rt.device):
-            raise UserError(
-                f"weights became non-finite at step {step}; the last good checkpoint is kept in {out_dir}. "
-                f"Lower optim.lr or raise train.warmup_steps"
-            )
+        if runtime.any_rank(rt.master and not all(t.isfinite().all() for t in model_state.values()), rt.device):
+            raise diverged("weights became non-finite", step, out_dir)
         if rt.master:
             checkpoint.save(
                 out_dir / checkpoint.NAME,
@@ -196,48 +219,31 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                     "wandb_id": wandb_run.id if wandb_run else None,
                 },
             )
-            saved["model"] = model_state
+            last_saved["model"] = model_state
         runtime.barrier()
 
-    t_log, tokens_since = time.time(), 0
     tokens_per_step = accum * tr.batch_size * tr.seq_len * rt.world
+    val_loss, train_loss, t_start = None, float("nan"), time.time()
+    t_log, tokens_since = time.time(), 0
     while step < tr.max_steps:
         lr = optim.lr_factor(step, tr.max_steps, tr.warmup_steps, tr.min_lr_ratio, tr.schedule)
         optim.set_lr(opts, lr)
-        loss_sum = torch.zeros((), device=rt.device)
-        for micro in range(accum):
-            x, y = train_rows.batch(rows + (micro * rt.world + rt.rank) * tr.batch_size, tr.batch_size, rt.device)
-            with parallel.sync_grads(runner, tr.parallel, micro == accum - 1), rt.autocast():
-                loss = runner(x, y) / accum
-            loss.backward()
-            loss_sum += loss.detach()
-        rows += accum * rt.world * tr.batch_size
-        if tr.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
-        for opt in opts:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        step += 1
-        tokens_since += tokens_per_step
-        train_loss = runtime.all_reduce_mean(loss_sum).item()
+        train_loss = train_step(runner, model, opts, train_rows, rows, accum, tr, rt)
+        step, rows, tokens_since = step + 1, rows + accum * rt.world * tr.batch_size, tokens_since + tokens_per_step
         if not math.isfinite(train_loss):
-            raise UserError(
-                f"loss became {train_loss} at step {step}; the last good checkpoint is kept in {out_dir}. "
-                f"Lower optim.lr or raise train.warmup_steps"
-            )
+            raise diverged(f"loss became {train_loss}", step, out_dir)
         last_step = step == tr.max_steps
         measure = step % tr.eval_interval == 0 or last_step
         if measure:
             t_eval = time.time()
             val_loss = evaluate(runner, val_rows, tr.eval_batches, tr.batch_size, rt)
             t_log += time.time() - t_eval  # tokens/s counts training time only
-        if step % tr.log_interval == 0 or measure or last_step:
-            dt = time.time() - t_log
+        if step % tr.log_interval == 0 or measure:
             metrics = {
                 "step": step,
                 "train_loss": round(train_loss, 5),
                 "lr": lr * opts[0].param_groups[0]["base_lr"],
-                "tokens_per_sec": round(tokens_since / dt, 1),
+                "tokens_per_sec": round(tokens_since / (time.time() - t_log), 1),
                 "tokens": step * tokens_per_step,
                 "elapsed_s": round(time.time() - t_start, 2),
             }
@@ -259,13 +265,6 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
 
     wall = time.time() - t_start
     parallel.check_ranks_agree(model, rt, tr.parallel)
-    summary = {
-        "step": step,
-        "train_loss": train_loss,
-        "val_loss": val_loss,
-        "wall_s": round(wall, 1),
-        "out_dir": str(out_dir),
-    }
     if rt.master:
         if val_loss is not None:
             say(
@@ -274,12 +273,18 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
             )
         if tr.sample_tokens > 0 and not stop.requested:
             sampler = model
-            if parallel.optimizer_format(rt, tr.parallel) == "fsdp":  # a whole copy: shards cannot decode alone
+            if run["optimizer_format"] == "fsdp":  # shards cannot decode alone: a whole copy from the checkpoint
                 sampler = checkpoint.build_model(model_config).to(rt.device)
-                sampler.load_state_dict(saved["model"])
+                sampler.load_state_dict(last_saved["model"])
             print_sample(sampler, tok_spec, tr.sample_tokens, rt)
         logger.close()
-    return summary
+    return {
+        "step": step,
+        "train_loss": train_loss,
+        "val_loss": val_loss,
+        "wall_s": round(wall, 1),
+        "out_dir": str(out_dir),
+    }
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

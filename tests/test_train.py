@@ -290,3 +290,28 @@ def test_fsdp_matches_ddp_and_resumes(tmp_path, shakespeare_dir):
     assert torch.load(tmp_path / "fsdp" / "ckpt.pt", weights_only=True)["step"] == 6
     proc = run("train.py", *TINY, "train.parallel=fsdp", "optim=muon", f"out_dir={tmp_path / 'x'}")
     assert proc.returncode == 2 and "use train.parallel=ddp" in proc.stderr
+
+
+def test_total_batch_size_is_the_same_step_on_one_or_two_processes(tmp_path, shakespeare_dir):
+    """train.total_batch_size fixes the global batch: one process accumulates two micro-batches where two
+    processes take one each, over the same rows, so both end with the same weights."""
+    fixed = ["train.total_batch_size=512", "train.max_steps=3"]  # 2 x 8 sequences x 32 tokens
+    one = run("train.py", *TINY, *fixed, f"out_dir={tmp_path / 'one'}", check=True)
+    two = run(
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_port=29519",
+        "train.py",
+        *TINY,
+        *fixed,
+        f"out_dir={tmp_path / 'two'}",
+        timeout=300,
+        check=True,
+    )
+    assert "2 x 8 x 1 sequences per step" in one.stdout and "1 x 8 x 2 sequences per step" in two.stdout
+    a = torch.load(tmp_path / "one" / "ckpt.pt", weights_only=True)
+    b = torch.load(tmp_path / "two" / "ckpt.pt", weights_only=True)
+    assert a["rows"] == b["rows"] == 3 * 16
+    for name, w in a["model"].items():
+        assert torch.allclose(w, b["model"][name], atol=1e-4), name
