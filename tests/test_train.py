@@ -315,3 +315,17 @@ def test_total_batch_size_is_the_same_step_on_one_or_two_processes(tmp_path, sha
     assert a["rows"] == b["rows"] == 3 * 16
     for name, w in a["model"].items():
         assert torch.allclose(w, b["model"][name], atol=1e-4), name
+
+
+def test_gpt2_tokenizer_offline_fails_fast(tmp_path):
+    import socket
+
+    try:
+        socket.create_connection(("openaipublic.blob.core.windows.net", 443), timeout=3).close()
+        pytest.skip("the network is reachable here, so tiktoken would download its files")
+    except OSError:
+        pass
+    t0 = time.time()
+    proc = run("train.py", *TINY, "tokenizer=gpt2", f"out_dir={tmp_path}", env={"TIKTOKEN_CACHE_DIR": str(tmp_path)})
+    one_line_error(proc, "tokenizer=gpt2 needs tiktoken's files")
+    assert time.time() - t0 < 60
