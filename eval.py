@@ -40,7 +40,7 @@ def resolve_lengths(lengths, train_length: int) -> list[int]:
 
 
 def resolve_variants(requested: str, pe) -> list[str]:
-    rotary = getattr(pe, "rotary", False)
+    rotary = pe.rotary
     if requested == "all":
         return list(KINDS) if rotary else ["none"]
     if requested not in KINDS:

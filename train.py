@@ -84,16 +84,18 @@ def check_resume(ckpt: dict, run: dict, path):
 
 @torch.no_grad()
 def evaluate(model, sampler: RowSampler, n_batches: int, batch_size: int, rt) -> float:
+    """Mean loss over n_batches fixed validation batches shared out over the ranks. Every rank runs the same
+    number of forwards (FSDP all-gathers in each one); a rank short of batches repeats one with no weight."""
     model.eval()
     total = torch.zeros((), device=rt.device)
-    mine = range(rt.rank, n_batches, rt.world)
-    for j in mine:
-        x, y = sampler.batch(j * batch_size, batch_size, rt.device)
+    for i in range(-(-n_batches // rt.world)):
+        j = i * rt.world + rt.rank
+        x, y = sampler.batch((j % n_batches) * batch_size, batch_size, rt.device)
         with rt.autocast():
-            total += model(x, y).float()
+            loss = model(x, y).float()
+        total += loss if j < n_batches else 0.0
     model.train()
-    total = runtime.all_reduce_mean(total * rt.world / max(1, n_batches))
-    return total.item()
+    return (runtime.all_reduce_mean(total) * rt.world / n_batches).item()
 
 
 def print_sample(model, tok_spec, n_tokens: int, rt):
@@ -257,7 +259,8 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                 + f" lr {metrics['lr']:.2e} {metrics['tokens_per_sec']:.0f} tok/s"
             )
             t_log, tokens_since = time.time(), 0
-        stopping = runtime.any_rank(stop.requested, rt.device)
+        out_of_time = tr.time_limit_min is not None and time.time() - t_start > 60 * tr.time_limit_min
+        stopping = runtime.any_rank(stop.requested or out_of_time, rt.device)
         if step % tr.ckpt_interval == 0 or last_step or stopping:
             save()
         if stopping:
@@ -271,7 +274,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                 f"val loss {val_loss:.4f} (ppl {math.exp(val_loss):.1f}) at step {step}, {wall:.0f} s, "
                 f"checkpoint {out_dir / checkpoint.NAME}"
             )
-        if tr.sample_tokens > 0 and not stop.requested:
+        if tr.sample_tokens > 0 and step == tr.max_steps:
             sampler = model
             if run["optimizer_format"] == "fsdp":  # shards cannot decode alone: a whole copy from the checkpoint
                 sampler = checkpoint.build_model(model_config).to(rt.device)

@@ -64,9 +64,11 @@ def prepare(data: dict, tok: dict, log=print) -> Path:
             if info["n_docs"] == 0:
                 raise UserError(f"data={data['name']}: the {split} split is empty; add documents or change the split")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if out.exists():  # an unfinished folder from an older version of this key
-            shutil.rmtree(out)
-        tmp.rename(out)
+        try:
+            tmp.rename(out)  # a folder named `out` only ever appears whole, by this rename
+        except OSError:
+            if not (out / "meta.json").exists():
+                raise  # not a concurrent job that finished first
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -5,8 +5,8 @@ Two modes per length L:
   nonoverlap  the region is cut into windows of L tokens; every token is scored with the context its window
               gives it (so NLL by position within the window shows where a scheme breaks down)
   sliding     windows of L tokens moved by `stride`; only the last `stride` tokens of each are scored, so every
-              scored token sees between L - stride and L tokens of context (a window is shorter only at the
-              start of a document)
+              scored token sees between L - stride and L tokens of context (the first window of a document
+              scores all its tokens, as a document's first tokens have no more context to give)
 Every length and mode scores the same tokens: a prefix of each document long enough for the longest length,
 taken in whole multiples of it, until `tokens` are reached.
 """
@@ -57,13 +57,13 @@ def nonoverlap_windows(region: np.ndarray, length: int):
 
 
 def sliding_windows(region: np.ndarray, length: int, stride: int):
-    """Each window ends `stride` tokens after the last and scores only those new tokens."""
+    """The first window scores all its tokens; each next one ends `stride` tokens later and scores only those.
+    Every window is `length` long (one compiled shape per length on CUDA)."""
     n = len(region) - 1
-    windows, prev = [], 0
+    windows, prev = [(0, min(length, n), 0)], min(length, n)
     while prev < n:
         end = min(prev + stride, n)
-        start = max(0, end - length)
-        windows.append((start, end - start, prev - start))
+        windows.append((end - length, length, prev - (end - length)))
         prev = end
     return windows
 
@@ -82,13 +82,14 @@ def score(model, regions, length: int, mode: str, stride: int, batch_tokens: int
         for start, n, first in windows:
             jobs.setdefault(n, []).append((r, start, first))
     for n, items in sorted(jobs.items()):
-        per_batch = max(1, batch_tokens // n)
+        per_batch = min(len(items), max(1, batch_tokens // n))
         for b in range(0, len(items), per_batch):
             chunk = items[b : b + per_batch]
-            rows = np.stack([regions[r][s : s + n + 1] for r, s, _ in chunk]).astype(np.int64)
-            rows = torch.from_numpy(rows).to(rt.device)
+            rows = [regions[r][s : s + n + 1] for r, s, _ in chunk]
+            rows += rows[-1:] * (per_batch - len(rows))  # a full last batch: one shape per length
+            rows = torch.from_numpy(np.stack(rows).astype(np.int64)).to(rt.device)
             with rt.autocast():
-                nll = model(rows[:, :-1], rows[:, 1:], reduction="none").float().view(len(chunk), n)
+                nll = model(rows[:, :-1], rows[:, 1:], reduction="none").float().view(per_batch, n)
             nll = nll.cpu().numpy().astype(np.float64)
             for i, (_, _, first) in enumerate(chunk):
                 cell.nll_sum += nll[i, first:].sum()

@@ -103,7 +103,7 @@ def run_stream(path, cfg, rt, out_dir):
         )
     if pe.max_positions is None or size <= pe.max_positions:
         t = time.time()
-        nll = recompute_nll(model, tokens, size, rt)
+        nll = recompute_nll(model, tokens, size - pe.n_prefix, rt)  # the model adds its learned sinks itself
         results[f"recompute {size}"] = {
             "nll": blocks(nll, ev.block),
             "tokens": len(nll),

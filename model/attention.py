@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 BACKENDS = ("auto", "sdpa", "flex", "reference")
 FLEX_MIN_QUERIES = 128  # below this (decoding) a dense bias is small and flex's block machinery is not worth it
@@ -67,7 +68,8 @@ def attend(q, k, v, plan: AttnPlan) -> torch.Tensor:
     """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh)."""
     gqa = q.size(1) != k.size(1)
     if plan.backend == "flex":
-        return _flex(q.is_cuda)(q, k, v, score_mod=plan.score_mod, block_mask=plan.block_mask, enable_gqa=gqa)
+        flex = _fused(flex_attention, q.is_cuda)
+        return flex(q, k, v, score_mod=plan.score_mod, block_mask=plan.block_mask, enable_gqa=gqa)
     if plan.backend == "reference":
         return reference_attention(q, k, v, plan.bias)
     mask = None if plan.bias is None else plan.bias.to(q.dtype)
@@ -84,8 +86,6 @@ def reference_attention(q, k, v, bias):
 
 
 def _flex_mods(pe, q_pos, k_pos, causal):
-    from torch.nn.attention.flex_attention import create_block_mask
-
     score_mod = None
     if pe.score_bias is not None:
 
@@ -98,20 +98,19 @@ def _flex_mods(pe, q_pos, k_pos, causal):
         def mask_mod(b, h, q_idx, kv_idx):
             return k_pos[kv_idx] <= q_pos[q_idx]
 
-        block_mask = create_block_mask(mask_mod, None, None, len(q_pos), len(k_pos), device=q_pos.device)
+        make = _fused(create_block_mask, q_pos.is_cuda)  # eager, it would build the dense Tq x Tk mask first
+        block_mask = make(mask_mod, None, None, len(q_pos), len(k_pos), device=q_pos.device)
     return score_mod, block_mask
 
 
-_compiled_flex = None
+_COMPILED = {}
 
 
-def _flex(cuda: bool):
-    """flex_attention compiled once for CUDA (eager flex materializes the scores); eager on CPU, the test path."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
-    if not cuda:
-        return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
+def _fused(fn, cuda: bool):
+    """fn compiled once per process for CUDA use outside a compiled region. Inside one, fn itself is traced
+    and fused with the rest of the graph; on CPU, eager fn is the test path."""
+    if not cuda or torch.compiler.is_compiling():
+        return fn
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=False)
+    return _COMPILED[fn]

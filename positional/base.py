@@ -22,6 +22,7 @@ class PositionLimitError(ValueError):
 class Positional(nn.Module):
     name = "none"
     relative = False
+    rotary = False  # rotary schemes also implement set_scaling(kind, factor, original_length) (rope_scaling.py)
     max_positions: int | None = None
     n_prefix = 0
     score_bias = None  # subclasses with a bias define a method score_bias(h, q_pos, k_pos) -> Tensor
@@ -38,6 +39,10 @@ class Positional(nn.Module):
 
     def prefix(self) -> torch.Tensor | None:
         return None
+
+    def set_scaling(self, kind: str, factor: float = 1.0, original_length: int = 1):
+        if kind != "none":
+            raise ValueError(f"rope scaling applies to rotary schemes, not positional={self.name}")
 
     def check_length(self, n_positions: int) -> None:
         """Raise PositionLimitError if positions 0..n_positions-1 are not all covered."""

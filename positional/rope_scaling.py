@@ -8,7 +8,8 @@ With s = factor (>1 to extend), d = head dim and theta_i = base^(-2i/d):
   yarn         (Peng et al. 2023) per-frequency ramp on r_i = L_orig / wavelength_i between beta_slow=1
                and beta_fast=32: theta_i' = theta_i * ((1 - g)/s + g), g = clamp((r - 1)/(32 - 1), 0, 1),
                and cos, sin multiplied by 0.1 ln s + 1 (attention logits scaled by its square)
-At s <= 1 every variant returns the plain RoPE frequencies unchanged.
+At s <= 1 every variant returns the plain RoPE frequencies unchanged. dynamic_ntk is meant for full forwards
+(as eval.py runs them): a KV cache would hold keys rotated at the scale of the step that stored them.
 """
 
 import math

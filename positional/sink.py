@@ -23,7 +23,7 @@ class Sink(Positional):
             raise ValueError(f"positional=sink wraps a relative scheme (rope, alibi, nope, t5), not {inner.name}")
         self.inner, self.n_prefix = inner, int(n_sink)
         self.sink = nn.Parameter(torch.randn(self.n_prefix, d_model))
-        self.rotary = getattr(inner, "rotary", False)
+        self.rotary = inner.rotary
         if inner.score_bias is not None:
             self.score_bias = inner.score_bias
 

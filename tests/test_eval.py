@@ -69,8 +69,8 @@ def brute_force(model, region, length, mode, stride):
             start = j // length * length
             if start + length > n:
                 continue
-        else:
-            end = min((j // stride + 1) * stride, n)
+        else:  # the first window scores its whole length, then windows end every `stride` tokens
+            end = length if j < length else min(length + -(-(j + 1 - length) // stride) * stride, n)
             start = max(0, end - length)
         x = torch.tensor(region[start : j + 1])[None]
         logits = model(x)[0, -1]

@@ -58,17 +58,24 @@ def test_backends_agree_with_the_fp32_reference(name, backend):
 
 
 @pytest.mark.parametrize("name", ["alibi", "t5"])
-def test_bias_is_one_function_for_flex_and_dense(name):
-    """score_bias evaluated elementwise (as flex's score_mod sees it) equals the dense bias, and the causal
-    mask from positions hides exactly the future."""
+def test_flex_score_mod_and_mask_equal_the_dense_bias(name):
+    """The closures flex runs (score_mod, mask_mod over position tensors) give exactly the dense SDPA bias,
+    for queries and keys at different positions (a chunked prefill)."""
+    from torch.nn.attention.flex_attention import create_mask
+
     model = random_model(name)
     q_pos, k_pos = torch.arange(5, 12), torch.arange(0, 12)
-    plan = make_plan(model.pe, q_pos, k_pos, True, 4, backend="sdpa")
+    dense = make_plan(model.pe, q_pos, k_pos, True, 4, backend="sdpa").bias
+    flex = make_plan(model.pe, q_pos, k_pos, True, 4, backend="flex")
+    visible = create_mask(flex.block_mask.mask_mod, 1, 1, len(q_pos), len(k_pos), device="cpu")[0, 0]
+    assert torch.equal(visible, dense[0].isfinite())
+    zero = torch.tensor(0.0)
     for h in range(4):
-        for i, qp in enumerate(q_pos):
-            for j, kp in enumerate(k_pos):
-                want = float("-inf") if kp > qp else model.pe.score_bias(torch.tensor(h), qp, kp).item()
-                assert plan.bias[h, i, j].item() == pytest.approx(want, abs=1e-6)
+        for i in range(len(q_pos)):
+            for j in range(len(k_pos)):
+                got = flex.score_mod(zero, torch.tensor(0), torch.tensor(h), torch.tensor(i), torch.tensor(j))
+                if visible[i, j]:
+                    assert got.item() == pytest.approx(dense[h, i, j].item(), abs=1e-6)
 
 
 @pytest.mark.parametrize("name", SCHEMES)

@@ -269,25 +269,35 @@ def test_prepare_ahead_of_time(tmp_path):
 
 def test_fsdp_matches_ddp_and_resumes(tmp_path, shakespeare_dir):
     """FSDP2 shards parameters, gradients and optimizer state, yet trains the same model as DDP; its checkpoint
-    holds whole weights and resumes under FSDP."""
-    launch = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29518", "train.py", *TINY]
-    run(*launch, "train.max_steps=4", f"out_dir={tmp_path / 'ddp'}", timeout=300, check=True)
-    run(*launch, "train.max_steps=4", "train.parallel=fsdp", f"out_dir={tmp_path / 'fsdp'}", timeout=300, check=True)
+    holds whole weights and resumes on the same loss curve. 3 validation batches over 2 ranks: no deadlock."""
+    launch = [
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_port=29518",
+        "train.py",
+        *TINY,
+        "train.max_steps=6",
+        "train.eval_interval=3",
+        "train.eval_batches=3",
+    ]
+    run(*launch, f"out_dir={tmp_path / 'ddp'}", timeout=300, check=True)
+    run(*launch, "train.parallel=fsdp", f"out_dir={tmp_path / 'fsdp'}", timeout=300, check=True)
     ddp = torch.load(tmp_path / "ddp" / "ckpt.pt", weights_only=True)
     fsdp = torch.load(tmp_path / "fsdp" / "ckpt.pt", weights_only=True)
     assert fsdp["optimizer_format"] == "fsdp" and ddp["model"].keys() == fsdp["model"].keys()
     for name, w in ddp["model"].items():
         assert torch.allclose(w, fsdp["model"][name], atol=1e-4), name
-    run(
-        *launch,
-        "train.max_steps=6",
-        "train.parallel=fsdp",
-        f"out_dir={tmp_path / 'fsdp'}",
-        "train.resume=true",
-        timeout=300,
-        check=True,
-    )
-    assert torch.load(tmp_path / "fsdp" / "ckpt.pt", weights_only=True)["step"] == 6
+    stopped = tmp_path / "stopped"  # a time limit of 0 minutes stops (and saves) after the first step
+    run(*launch, "train.parallel=fsdp", "train.time_limit_min=0", f"out_dir={stopped}", timeout=300, check=True)
+    assert torch.load(stopped / "ckpt.pt", weights_only=True)["step"] == 1
+    run(*launch, "train.parallel=fsdp", f"out_dir={stopped}", "train.resume=true", timeout=300, check=True)
+    a, b = metrics(tmp_path / "fsdp"), metrics(stopped)
+    assert [m["step"] for m in b] == [m["step"] for m in a]
+    for x, y in zip(a, b, strict=True):
+        assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-4) and x.get("val_loss") == pytest.approx(
+            y.get("val_loss"), abs=1e-4
+        )
     proc = run("train.py", *TINY, "train.parallel=fsdp", "optim=muon", f"out_dir={tmp_path / 'x'}")
     assert proc.returncode == 2 and "use train.parallel=ddp" in proc.stderr
 

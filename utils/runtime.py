@@ -93,6 +93,7 @@ def setup(device: str = "auto", dtype: str = "auto", seed: int = 0) -> Runtime:
 
 def teardown():
     if dist.is_initialized():
+        dist.barrier()  # no rank tears down while another still has collectives in flight
         dist.destroy_process_group()
 
 
