@@ -45,30 +45,53 @@ def table(rows: list[dict], lengths: list[int], title: str) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], train_length: int, path: Path, title: str, by_position: dict | None = None):
-    """ppl against eval length (log x), a line per scheme/variant and mode; NLL by position beside it."""
+VARIANT_STYLE = {"none": "-", "linear": ":", "ntk": "--", "dynamic_ntk": (0, (1, 3)), "yarn": "-."}
+MODE_STYLE = {"nonoverlap": "-", "sliding": "--"}
+
+
+def _pyplot():
     import matplotlib
-    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = 2 if by_position else 1
-    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5), squeeze=False)
-    ax = axes[0, 0]
-    names = list(dict.fromkeys(label(r) for r in rows))
-    for i, name in enumerate(names):
-        for mode, style in (("nonoverlap", "-"), ("sliding", "--")):
-            pts = sorted((r["length"], r["ppl"]) for r in rows if label(r) == name and r["mode"] == mode and r["ppl"])
-            if pts:
-                ax.plot(*zip(*pts, strict=True), style, marker="o", ms=3, color=f"C{i}", label=f"{name} ({mode})")
-    ax.axvline(train_length, color="gray", ls=":", label=f"training length {train_length}")
+    return plt
+
+
+def _minor_label(value: float, _pos) -> str:
+    """Label only the 2s and 5s of each decade, so a log axis over several decades stays legible."""
+    lead = value / 10 ** int(f"{value:e}".split("e")[1])
+    return f"{value:g}" if round(lead) in (2, 5) else ""
+
+
+def _length_axes(ax, rows: list[dict], train_length: int, title: str):
+    import matplotlib.ticker
+
+    ax.axvline(train_length, color="gray", ls=":", lw=1)
     ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity", title=title)
     lengths = sorted({r["length"] for r in rows})
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label))
+    ax.grid(alpha=0.3, which="both")
+
+
+def _points(rows: list[dict], name: str, mode: str) -> list[tuple[int, float]]:
+    return sorted((r["length"], r["ppl"]) for r in rows if label(r) == name and r["mode"] == mode and r["ppl"])
+
+
+def plot(rows: list[dict], train_length: int, path: Path, title: str, by_position: dict | None = None):
+    """One checkpoint: ppl against eval length (log x), a line per variant and mode; NLL by position beside it."""
+    plt = _pyplot()
+    panels = 2 if by_position else 1
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5), squeeze=False)
+    ax = axes[0, 0]
+    for i, name in enumerate(dict.fromkeys(label(r) for r in rows)):
+        for mode, style in MODE_STYLE.items():
+            if pts := _points(rows, name, mode):
+                ax.plot(*zip(*pts, strict=True), ls=style, marker="o", ms=3, color=f"C{i}", label=f"{name} ({mode})")
+    _length_axes(ax, rows, train_length, f"{title} (trained at {train_length}, dotted)")
     ax.legend(fontsize=7)
     if by_position:
         ax = axes[0, 1]
@@ -83,9 +106,34 @@ def plot(rows: list[dict], train_length: int, path: Path, title: str, by_positio
             title="NLL by position (nonoverlap)",
         )
         ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_compare(rows: list[dict], train_length: int, path: Path):
+    """Many runs: a panel per mode sharing the y axis; a colour per scheme, a line style per RoPE scaling variant."""
+    plt = _pyplot()
+    modes = [m for m in MODE_STYLE if any(r["mode"] == m for r in rows)]
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes) + 2.5, 5), squeeze=False, sharey=True)
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    for ax, mode in zip(axes[0], modes, strict=True):
+        for name in dict.fromkeys(label(r) for r in rows):
+            row = next(r for r in rows if label(r) == name)
+            style = VARIANT_STYLE.get(row.get("variant", "none"), "-")
+            color = f"C{schemes.index(row['scheme']) % 10}"
+            if pts := _points(rows, name, mode):
+                ax.plot(*zip(*pts, strict=True), ls=style, marker="o", ms=3, color=color, label=name)
+        _length_axes(ax, rows, train_length, f"{mode} windows (trained at {train_length}, dotted)")
+    axes[0, -1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    fig.suptitle("train short, test long: held-out perplexity against evaluation length")
+    _save(fig, path)
+
+
+def _save(fig, path: Path):
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -117,7 +165,7 @@ def compare(results: list[dict], out_dir: Path) -> str:
         json.dumps({"runs": [res["checkpoint"] for res in results], "results": rows}, indent=1)
     )
     (out_dir / "compare.txt").write_text(text + "\n")
-    plot(rows, train_lengths[0], out_dir / "compare.png", "train short, test long")
+    plot_compare(rows, train_lengths[0], out_dir / "compare.png")
     return text
 
 

@@ -7,6 +7,7 @@ Methods, each scoring the same stream:
   sinks      the first `sinks` tokens plus the window most recent (sinks + window, the same memory)
   recompute  each token predicted by a fresh forward over the W tokens before it, at positions 0..W-1 (the oracle;
              with positional=sink its learned sink leads every window, as in training)
+Also reports how much attention the model puts on the first token of a window (evaluation/sink_mass.py).
 Reports NLL and perplexity per block of eval.block tokens as stream.json, a table and stream.png.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from evaluation.heldout import held_out_documents
+from evaluation.sink_mass import first_token_attention
 from model.kv_cache import CacheError, DenseCache, SinkCache
 from utils import checkpoint
 from utils.errors import UserError
@@ -101,6 +103,13 @@ def run_stream(path, cfg, rt, out_dir):
             f"  {name:>16}: mean ppl {math.exp(nll.mean()):.2f} over {len(nll):,} tokens ({time.time() - t:.0f} s)",
             flush=True,
         )
+    sink = first_token_attention(model, tokens, train_length)
+    print(
+        "  attention on the first token, per layer: "
+        + " ".join(f"{m:.3f}" for m in sink["mean"])
+        + f" (largest head {max(sink['max_head']):.3f}; a uniform share is {sink['uniform']:.4f})",
+        flush=True,
+    )
     if pe.max_positions is None or size <= pe.max_positions:
         t = time.time()
         nll = recompute_nll(model, tokens, size - pe.n_prefix, rt)  # the model adds its learned sinks itself
@@ -122,6 +131,7 @@ def run_stream(path, cfg, rt, out_dir):
         "device": str(rt.device),
         "seconds": round(time.time() - t_all, 1),
         "methods": results,
+        "first_token_attention": sink,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "stream.json").write_text(json.dumps(result, indent=1))

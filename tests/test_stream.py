@@ -8,6 +8,7 @@ import torch
 from conftest import RELATIVE, TINY, config, random_model, run
 
 import model.attention as attention
+from evaluation.sink_mass import attention_probs, first_token_attention
 from model.generate import sample_next
 from model.kv_cache import CacheError, DenseCache, SinkCache, build_cache
 from train import train
@@ -175,3 +176,32 @@ def test_streaming_perplexity_report(runs):
     for m in result["methods"].values():
         assert m["tokens"] == 400 and len(m["nll"]) == 8 and all(math.isfinite(x) for x in m["nll"])
     assert (runs / "rope" / "eval" / "stream.png").exists() and "tokens seen" in proc.stdout
+    sink = result["first_token_attention"]
+    assert len(sink["mean"]) == 2 and all(0 <= m <= h <= 1 for m, h in zip(sink["mean"], sink["max_head"], strict=True))
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "sink", "learned"])
+def test_attention_probs_reproduce_each_layers_output(name):
+    """The probabilities the sink diagnostic reads are the ones the model uses: probs @ V through c_proj gives
+    each attention layer's output, rows sum to one and no query sees a later key."""
+    model, idx = random_model(name), tokens(12)
+    outputs, values = [], []
+    for block in model.blocks:
+        block.attn.register_forward_hook(lambda m, args, out: outputs.append(out))
+        block.attn.register_forward_pre_hook(lambda m, args: values.append(m.c_v(args[0])))
+    probs = attention_probs(model, idx)
+    for attn, p, v, out in zip([b.attn for b in model.blocks], probs, values, outputs, strict=True):
+        B, T, _ = v.shape
+        v = v.view(B, T, attn.n_kv_head, -1).transpose(1, 2).repeat_interleave(attn.n_head // attn.n_kv_head, 1)
+        y = attn.c_proj((p @ v).transpose(1, 2).reshape(B, T, -1))
+        assert torch.allclose(y, out, atol=1e-5)
+        assert torch.allclose(p.sum(-1), torch.ones(()), atol=1e-6) and p.triu(1).abs().max() == 0
+
+
+def test_uniform_attention_has_no_sink():
+    """Zero queries make every score equal: the first token then gets exactly the uniform share."""
+    model = random_model("nope")
+    for block in model.blocks:
+        torch.nn.init.zeros_(block.attn.c_q.weight)
+    sink = first_token_attention(model, tokens(200)[0], window=16, n_windows=4)
+    assert sink["mean"] == [sink["uniform"]] * 2 and sink["uniform"] == round(sum(1 / n for n in range(9, 17)) / 8, 4)
