@@ -3,6 +3,7 @@
 python sample.py checkpoint=out/rope prompt="ROMEO." max_new_tokens=300 temperature=0.8 top_k=50 seed=0
 python sample.py checkpoint=out/sink cache=sink max_new_tokens=-1      (streams until Ctrl-C, constant memory)
 python sample.py checkpoint=out/alibi prompt=@scene.txt num_samples=3
+python sample.py checkpoint=out/rope static=true      (compiled fixed-shape decode step; the default on CUDA)
 cache=dense keeps every token and stops at the scheme's limit; cache=sink keeps cache.sinks first tokens plus
 a window of the cache.window most recent ones and never stops. The last line gives tokens/s and peak memory.
 """
@@ -40,13 +41,13 @@ def peak_memory(rt) -> str:
     return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB RSS"
 
 
-def stream_one(model, enc, prompt, cache, cfg, generator, out=sys.stdout) -> tuple[int, str | None]:
+def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.stdout) -> tuple[int, str | None]:
     """Print one sample as it is generated; return (tokens generated, why it stopped early or None)."""
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     n, stopped = 0, None
     top_k = cfg.top_k if cfg.top_k else None
     try:
-        for tok in generate(model, prompt, cache, cfg.max_new_tokens, cfg.temperature, top_k, generator):
+        for tok in generate(model, prompt, cache, cfg.max_new_tokens, cfg.temperature, top_k, generator, static):
             out.write(text.decode(enc.decode_single_token_bytes(tok.item())))
             out.flush()
             n += 1
@@ -70,6 +71,7 @@ def sample(cfg: DictConfig):
     prompt = torch.tensor([ids], device=rt.device)
     generator = torch.Generator(device=rt.device).manual_seed(cfg.seed)
     cache_opts = {k: v for k, v in cfg.cache.items() if k != "kind"}
+    static = rt.device.type == "cuda" if cfg.static == "auto" else bool(cfg.static)
     total, t0, cache = 0, time.time(), None
     for k in range(cfg.num_samples):
         if cfg.num_samples > 1:
@@ -81,7 +83,7 @@ def sample(cfg: DictConfig):
                 f"use cache=sink or a shorter prompt"
             )
         print(read_prompt(cfg.prompt), end="", flush=True)
-        n, stopped = stream_one(model, enc, prompt, cache, cfg, generator)
+        n, stopped = stream_one(model, enc, prompt, cache, cfg, generator, static)
         total += n
         if stopped:
             print(f"[stopped after {n} tokens: {stopped}]", file=sys.stderr, flush=True)

@@ -1,6 +1,7 @@
 """Decoding speed and memory far past the training length: sink cache vs dense cache vs re-computation.
 
 python bench/decode_bench.py --checkpoint out/rope                       1K, 10K, 100K generated tokens
+python bench/decode_bench.py --checkpoint out/rope --static              + the compiled fixed-shape step
 python bench/decode_bench.py --model tiny --positional rope --tokens 1000 10000 --device cpu   (random weights)
 Generates greedily (batch 1) through each method and reports, at each mark, the speed of the last block of
 tokens before it and the memory held: the sink cache should stay flat, the dense cache grows (it stops at
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.train_bench import SIZES, spec  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
 from model.kv_cache import DenseCache, SinkCache  # noqa: E402
+from model.static_decode import StaticDecoder  # noqa: E402
 from utils import checkpoint  # noqa: E402
 from utils.runtime import keep_freed_memory  # noqa: E402
 
@@ -38,18 +40,24 @@ def memory_mb(device) -> float:
 
 
 @torch.no_grad()
-def run_cached(model, cache, n_tokens, block, device, autocast):
-    """Yield (tokens so far, seconds for the last block, cache MiB) every `block` tokens."""
+def run_cached(model, cache, n_tokens, block, device, autocast, static=False):
+    """Yield (tokens so far, tokens/s over the last block, cache MiB) every `block` tokens."""
     tok = torch.zeros(1, 1, dtype=torch.long, device=device)
-    t = time.perf_counter()
-    for i in range(1, n_tokens + 1):
+    step = StaticDecoder(model, cache) if static else (lambda tok: model.decode(tok, cache)[:, -1])
+    start = 1
+    if static:  # compile (and record the CUDA graph) on the first token, before the clock starts
         with autocast:
-            logits = model.decode(tok, cache)
-        tok = logits[:, -1].argmax(-1, keepdim=True)
+            tok = step(tok).argmax(-1, keepdim=True)
+        start = 2
+    t, since = time.perf_counter(), start
+    for i in range(start, n_tokens + 1):
+        with autocast:
+            logits = step(tok)
+        tok = logits.argmax(-1, keepdim=True)
         if i % block == 0:
             sync(device)
-            yield i, time.perf_counter() - t, cache.nbytes() / 2**20
-            t = time.perf_counter()
+            yield i, (i - since + 1) / (time.perf_counter() - t), cache.nbytes() / 2**20
+            t, since = time.perf_counter(), i + 1
 
 
 @torch.no_grad()
@@ -62,7 +70,7 @@ def run_recompute(model, window, n_tokens, block, device, autocast):
         ids = torch.cat((ids[:, -window:], logits[:, -1].argmax(-1, keepdim=True)), dim=1)
         if i % block == 0:
             sync(device)
-            yield i, time.perf_counter() - t, 0.0
+            yield i, block / (time.perf_counter() - t), 0.0
             t = time.perf_counter()
 
 
@@ -88,6 +96,12 @@ def main():
     ap.add_argument("--dense-limit", type=int, default=100000)
     ap.add_argument("--recompute-limit", type=int, default=10000)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument(
+        "--static",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time the compiled fixed-shape step (CUDA graphs on CUDA); default: on CUDA only",
+    )
     ap.add_argument("--no-record", dest="record", action="store_false")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -110,6 +124,21 @@ def main():
             device,
             autocast,
         ),
+    }
+    if args.static if args.static is not None else device.type == "cuda":
+        methods[f"sink {args.sinks}+{window} static"] = lambda: run_cached(
+            model, SinkCache(model, 1, args.sinks, window, dtype), n, args.block, device, autocast, static=True
+        )
+        methods["dense static"] = lambda: run_cached(
+            model,
+            DenseCache(model, 1, min(n, args.dense_limit) + 1, dtype),
+            min(n, args.dense_limit),
+            args.block,
+            device,
+            autocast,
+            static=True,
+        )
+    methods |= {
         f"recompute {train_len}": lambda: run_recompute(
             model, train_len, min(n, args.recompute_limit), args.block, device, autocast
         ),
@@ -117,8 +146,7 @@ def main():
     rows = []
     for name, make in methods.items():
         first = None
-        for done, seconds, cache_mb in make():
-            speed = args.block / seconds
+        for done, speed, cache_mb in make():
             first = first or speed
             if done in args.tokens or done == args.block:
                 rows.append(

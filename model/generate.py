@@ -5,6 +5,8 @@ python sample.py checkpoint=out/rope temperature=0.8 top_k=50      (train.py als
 
 import torch
 
+from .static_decode import StaticDecoder
+
 
 def sample_next(
     logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None
@@ -29,13 +31,16 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
+    static: bool = False,
 ):
-    """Yield (B,) new token ids one step at a time; max_new_tokens < 0 means without end."""
-    logits = model.decode(prompt, cache)[:, -1]
+    """Yield (B,) new token ids one step at a time; max_new_tokens < 0 means without end. static: decode each
+    new token with the compiled fixed-shape step (model/static_decode.py; CUDA graphs on a GPU)."""
+    logits = model.decode(prompt, cache)[:, -1]  # the prompt: eager, in as few chunks as the cache allows
+    step = StaticDecoder(model, cache) if static else (lambda tok: model.decode(tok, cache)[:, -1])
     n = 0
     while max_new_tokens < 0 or n < max_new_tokens:
         tok = sample_next(logits, temperature, top_k, generator)
         yield tok
         n += 1
         if max_new_tokens < 0 or n < max_new_tokens:
-            logits = model.decode(tok[:, None], cache)[:, -1]
+            logits = step(tok[:, None])

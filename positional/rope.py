@@ -49,10 +49,11 @@ class RoPE(Positional):
 
     def _cos_sin(self, pos):
         """cos and sin at these positions. Every layer rotates by the same position tensors, so eagerly the
-        last two are remembered by identity (a compiled graph dedupes them itself)."""
+        last two are remembered by identity and version (a tensor written in place is new positions; a
+        compiled graph dedupes them itself)."""
         compiling = torch.compiler.is_compiling()
-        for memo_pos, cos, sin in [] if compiling else self._memo:
-            if memo_pos is pos:
+        for memo_pos, version, cos, sin in [] if compiling else self._memo:
+            if memo_pos is pos and version == pos._version:
                 return cos, sin
         inv_freq = self.inv_freq
         if self.scaling == "dynamic_ntk":
@@ -60,7 +61,7 @@ class RoPE(Positional):
         angles = (pos.float() * self.pos_scale)[:, None] * inv_freq[None, :]
         cos, sin = angles.cos() * self.cos_scale, angles.sin() * self.cos_scale
         if not compiling:
-            self._memo = [(pos, cos, sin)] + self._memo[:1]
+            self._memo = [(pos, pos._version, cos, sin)] + self._memo[:1]
         return cos, sin
 
     def extra_repr(self):

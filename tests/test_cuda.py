@@ -129,3 +129,26 @@ def test_no_recompiles_from_step_to_step():
     for _ in range(5):
         step()
     assert dict(counters["stats"]) == before
+
+
+@pytest.mark.parametrize("kind", ["sink", "dense"])
+def test_cuda_graph_decoding_matches_eager_and_compiles_once(kind):
+    """The compiled fixed-shape step (reduce-overhead: CUDA graphs) replays the eager cache's logits, through a
+    sink cache's wrap-around, with no recompilation."""
+    from model.kv_cache import DenseCache, SinkCache
+    from model.static_decode import StaticDecoder
+
+    torch._dynamo.reset()
+    model = cuda_model("rope", "auto").eval()
+    make = (lambda: SinkCache(model, 1, 4, 60)) if kind == "sink" else (lambda: DenseCache(model, 1, 200))
+    eager, static = make(), make()
+    prompt = torch.randint(0, 512, (1, 8), device="cuda")
+    steps = torch.randint(0, 512, (1, 150), device="cuda")
+    with torch.no_grad():
+        model.decode(prompt, eager), model.decode(prompt, static)
+        decoder = StaticDecoder(model, static)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for t in range(steps.size(1)):
+                want = model.decode(steps[:, t : t + 1], eager)[:, -1]
+                got = decoder(steps[:, t : t + 1]).clone()  # a CUDA graph's output is overwritten by the next replay
+                torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)

@@ -11,6 +11,7 @@ import model.attention as attention
 from evaluation.sink_mass import attention_probs, first_token_attention
 from model.generate import sample_next
 from model.kv_cache import CacheError, DenseCache, SinkCache, build_cache
+from model.static_decode import StaticDecoder
 from train import train
 
 S, W = 3, 8  # sinks, window
@@ -87,6 +88,49 @@ def test_deep_model_attends_over_exactly_the_cached_keys_at_in_cache_positions(n
         assert torch.allclose(real_attend(q, k, v, plan), want, atol=1e-5)
 
 
+def twin_caches(model, kind):
+    make = (
+        (lambda: DenseCache(model, 1, 24 + model.pe.n_prefix))
+        if kind == "dense"
+        else (lambda: SinkCache(model, 1, S, W))
+    )
+    return make(), make()
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"), [(n, "dense") for n in RELATIVE + ["learned", "sinusoidal"]] + [(n, "sink") for n in RELATIVE]
+)
+def test_static_decoding_equals_eager_decoding(name, kind):
+    """Attending over every slot, with empty slots masked, gives the eager cache's logits; a sink cache is
+    followed well past its capacity, where every step re-indexes the window."""
+    model = random_model(name)
+    eager, static = twin_caches(model, kind)
+    prompt, steps = tokens(5), tokens(19 if kind == "dense" else 30, seed=3)
+    assert torch.equal(model.decode(prompt, eager), model.decode(prompt, static))
+    decoder = StaticDecoder(model, static, compile=False)
+    for t in range(steps.size(1)):
+        want = model.decode(steps[:, t : t + 1], eager)[:, -1]
+        assert torch.allclose(decoder(steps[:, t : t + 1]), want, atol=1e-5), t
+    if kind == "dense":
+        with pytest.raises(CacheError, match="use cache=sink"):
+            decoder(steps[:, :1])
+
+
+def test_compiled_static_decoding_compiles_once():
+    """The compiled step (inductor on this CPU; CUDA graphs on a GPU) matches eager decoding and never recompiles
+    as the cache fills, wraps around and re-indexes."""
+    torch._dynamo.reset()
+    model = random_model("rope")
+    eager, static = twin_caches(model, "sink")
+    model.decode(tokens(5), eager), model.decode(tokens(5), static)
+    decoder = StaticDecoder(model, static, compile=True)
+    steps = tokens(2 * (S + W), seed=4)
+    with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():
+        for t in range(steps.size(1)):
+            want = model.decode(steps[:, t : t + 1], eager)[:, -1]
+            assert torch.allclose(decoder(steps[:, t : t + 1]), want, atol=1e-4), t
+
+
 def test_sink_cache_memory_is_constant_once_full():
     model = random_model("rope")
     cache = SinkCache(model, 1, S, W)
@@ -148,6 +192,15 @@ def test_same_seed_same_text(runs):
     text = a.stdout.rsplit("\n", 2)[0]
     assert text.startswith("ROMEO.") and text == b.stdout.rsplit("\n", 2)[0] != c.stdout.rsplit("\n", 2)[0]
     assert "tokens/s" in a.stdout.splitlines()[-1] and "peak memory" in a.stdout.splitlines()[-1]
+
+
+def test_static_sampling_gives_the_same_text(runs):
+    """sample.py static=true (the compiled step) writes what eager decoding writes, past a sink cache's capacity."""
+    args = (f"checkpoint={runs / 'rope'}", "prompt=ROMEO.", "device=cpu", "max_new_tokens=80", "temperature=0",
+            "cache=sink")  # fmt: skip
+    eager = run("sample.py", *args, "static=false", check=True).stdout.rsplit("\n", 2)[0]
+    static = run("sample.py", *args, "static=true", check=True).stdout.rsplit("\n", 2)[0]
+    assert eager == static and len(eager) > 80
 
 
 def test_sink_cache_streams_past_the_training_length(runs, tmp_path):

@@ -1,0 +1,62 @@
+"""One-token decoding with fixed shapes, compiled once and replayed: CUDA graphs for batch-1 generation.
+
+python bench/decode_bench.py --checkpoint out/rope --static     (rows "sink static", "dense static")
+python sample.py checkpoint=out/rope static=true                 (the default on CUDA)
+Eager decoding attends over the cache's filled slots, a length that grows every step, so a compiled step
+would see a new shape each token. Here every step attends over the whole preallocated cache: the new key
+goes to its slot by index_copy_, and slots not yet written get a position past every query, which the
+causal mask hides. The host keeps the cache's bookkeeping (which slot, which positions) and copies it into
+three small tensors the compiled step reads, so shapes and addresses never change and the step compiles
+once (`torch.compile(mode="reduce-overhead")`, CUDA graphs on CUDA).
+"""
+
+import torch
+
+from .attention import make_plan
+from .kv_cache import SinkCache
+
+HIDDEN = 2**30  # the position of an empty slot: after every query, so causally masked
+
+
+class StaticDecoder:
+    """decoder(tok (B, 1)) -> next-token logits (B, V), through `cache` (already prefilled by model.decode)."""
+
+    def __init__(self, model, cache, compile: bool = True):
+        self.model, self.cache = model, cache
+        self.raw_keys = isinstance(cache, SinkCache)  # sink caches rotate keys at read, at in-cache positions
+        device = cache.k.device
+        self.q_pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.k_pos = torch.full((cache.capacity,), HIDDEN, dtype=torch.long, device=device)
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        if device.type == "cuda":  # CUDA graphs need these at fixed addresses, written in place between replays
+            for t in (self.q_pos, self.k_pos, self.slot, cache.k, cache.v):
+                torch._dynamo.mark_static_address(t)
+        mode = "reduce-overhead" if device.type == "cuda" else "default"
+        self.step = torch.compile(self._step, mode=mode, fullgraph=True) if compile else self._step
+
+    def __call__(self, tok: torch.Tensor) -> torch.Tensor:
+        q_pos, k_pos = self.cache.advance(1)  # the eager cache's bookkeeping: raises CacheError when full
+        self.q_pos.copy_(q_pos)
+        self.slot.fill_(self.cache._new.start)
+        self.k_pos[len(k_pos) :] = HIDDEN
+        self.k_pos[: len(k_pos)] = k_pos
+        return self.step(tok)
+
+    def _step(self, tok):
+        m = self.model
+        h = m.pe.embed(m.wte(tok), self.q_pos)
+        plan = make_plan(m.pe, self.q_pos, self.k_pos, True, m.cfg.n_head, "sdpa")
+        for block in m.blocks:
+            h = block(h, plan, self)
+        return m._head(h)[:, -1]
+
+    def update(self, layer: int, k, v):
+        """The cache interface the attention layers call: store this token, return every slot."""
+        if not self.raw_keys:
+            k = self.model.pe.rotate(k, self.q_pos)
+        self.cache.k[layer].index_copy_(2, self.slot, k.to(self.cache.k.dtype))
+        self.cache.v[layer].index_copy_(2, self.slot, v.to(self.cache.v.dtype))
+        keys = self.cache.k[layer]
+        if self.raw_keys:
+            keys = self.model.pe.rotate(keys, self.k_pos)
+        return keys, self.cache.v[layer]
