@@ -14,6 +14,7 @@ import resource
 import shlex
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -112,37 +113,24 @@ def main():
     model, train_len, what = load(args, device)
     n = max(args.tokens)
     window = train_len - args.sinks
+    n_dense = min(n, args.dense_limit)
+    caches = {
+        f"sink {args.sinks}+{window}": (lambda: SinkCache(model, 1, args.sinks, window, dtype), n),
+        "dense": (lambda: DenseCache(model, 1, n_dense + 1, dtype), n_dense),
+    }
+    statics = [False, True] if (args.static if args.static is not None else device.type == "cuda") else [False]
+
+    def cached(make, count, static):  # the cache is built only when its turn comes, so memory reads true
+        return lambda: run_cached(model, make(), count, args.block, device, autocast, static)
+
     methods = {
-        f"sink {args.sinks}+{window}": lambda: run_cached(
-            model, SinkCache(model, 1, args.sinks, window, dtype), n, args.block, device, autocast
-        ),
-        "dense": lambda: run_cached(
-            model,
-            DenseCache(model, 1, min(n, args.dense_limit) + 1, dtype),
-            min(n, args.dense_limit),
-            args.block,
-            device,
-            autocast,
-        ),
+        name + (" static" if static else ""): cached(make, count, static)
+        for static in statics
+        for name, (make, count) in caches.items()
     }
-    if args.static if args.static is not None else device.type == "cuda":
-        methods[f"sink {args.sinks}+{window} static"] = lambda: run_cached(
-            model, SinkCache(model, 1, args.sinks, window, dtype), n, args.block, device, autocast, static=True
-        )
-        methods["dense static"] = lambda: run_cached(
-            model,
-            DenseCache(model, 1, min(n, args.dense_limit) + 1, dtype),
-            min(n, args.dense_limit),
-            args.block,
-            device,
-            autocast,
-            static=True,
-        )
-    methods |= {
-        f"recompute {train_len}": lambda: run_recompute(
-            model, train_len, min(n, args.recompute_limit), args.block, device, autocast
-        ),
-    }
+    methods[f"recompute {train_len}"] = partial(
+        run_recompute, model, train_len, min(n, args.recompute_limit), args.block, device, autocast
+    )
     rows = []
     for name, make in methods.items():
         first = None
