@@ -3,7 +3,7 @@
 python sample.py checkpoint=out/rope prompt="ROMEO." max_new_tokens=300 temperature=0.8 top_k=50 seed=0
 python sample.py checkpoint=out/sink cache=sink max_new_tokens=-1      (streams until Ctrl-C, constant memory)
 python sample.py checkpoint=out/alibi prompt=@scene.txt num_samples=3
-python sample.py checkpoint=out/rope static=true      (compiled fixed-shape decode step; the default on CUDA)
+python sample.py checkpoint=out/rope static=true      (a compiled fixed-shape decode step: CUDA graphs on a GPU)
 cache=dense keeps every token and stops at the scheme's limit; cache=sink keeps cache.sinks first tokens plus
 a window of the cache.window most recent ones and never stops. The last line gives tokens/s and peak memory.
 """
@@ -62,6 +62,8 @@ def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.
 def sample(cfg: DictConfig):
     if not cfg.checkpoint:
         raise UserError("pass checkpoint=<run folder or ckpt.pt>")
+    if not isinstance(cfg.static, bool):
+        raise UserError(f"static={cfg.static} must be true or false")
     if cfg.max_new_tokens < 0 and cfg.cache.kind != "sink":
         raise UserError("max_new_tokens=-1 streams without end, which only a constant-size cache can: use cache=sink")
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
@@ -71,7 +73,6 @@ def sample(cfg: DictConfig):
     prompt = torch.tensor([ids], device=rt.device)
     generator = torch.Generator(device=rt.device).manual_seed(cfg.seed)
     cache_opts = {k: v for k, v in cfg.cache.items() if k != "kind"}
-    static = rt.device.type == "cuda" if cfg.static == "auto" else bool(cfg.static)
     total, t0, cache = 0, time.time(), None
     for k in range(cfg.num_samples):
         if cfg.num_samples > 1:
@@ -83,7 +84,7 @@ def sample(cfg: DictConfig):
                 f"use cache=sink or a shorter prompt"
             )
         print(read_prompt(cfg.prompt), end="", flush=True)
-        n, stopped = stream_one(model, enc, prompt, cache, cfg, generator, static)
+        n, stopped = stream_one(model, enc, prompt, cache, cfg, generator, cfg.static)
         total += n
         if stopped:
             print(f"[stopped after {n} tokens: {stopped}]", file=sys.stderr, flush=True)

@@ -99,9 +99,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
         "--static",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also time the compiled fixed-shape step (CUDA graphs on CUDA); default: on CUDA only",
+        action="store_true",
+        help="also time the compiled fixed-shape step (CUDA graphs on CUDA)",
     )
     ap.add_argument("--no-record", dest="record", action="store_false")
     args = ap.parse_args()
@@ -118,7 +117,7 @@ def main():
         f"sink {args.sinks}+{window}": (lambda: SinkCache(model, 1, args.sinks, window, dtype), n),
         "dense": (lambda: DenseCache(model, 1, n_dense + 1, dtype), n_dense),
     }
-    statics = [False, True] if (args.static if args.static is not None else device.type == "cuda") else [False]
+    statics = [False, True] if args.static else [False]
 
     def cached(make, count, static):  # the cache is built only when its turn comes, so memory reads true
         return lambda: run_cached(model, make(), count, args.block, device, autocast, static)

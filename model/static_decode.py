@@ -1,7 +1,7 @@
 """One-token decoding with fixed shapes, compiled once and replayed: CUDA graphs for batch-1 generation.
 
 python bench/decode_bench.py --checkpoint out/rope --static     (rows "sink static", "dense static")
-python sample.py checkpoint=out/rope static=true                 (the default on CUDA)
+python sample.py checkpoint=out/rope static=true
 Eager decoding attends over the cache's filled slots, a length that grows every step, so a compiled step
 would see a new shape each token. Here every step attends over the whole preallocated cache: the new key
 goes to its slot by index_copy_, and slots not yet written get a position past every query, which the

@@ -219,6 +219,8 @@ def test_dense_cache_past_a_learned_table_says_use_sink(runs):
     assert proc.returncode == 2 and "needs a relative scheme" in proc.stderr
     proc = run("sample.py", f"checkpoint={runs / 'rope'}", "device=cpu", "max_new_tokens=-1")
     assert proc.returncode == 2 and "use cache=sink" in proc.stderr
+    proc = run("sample.py", f"checkpoint={runs / 'rope'}", "device=cpu", "static=auto")
+    assert proc.returncode == 2 and "must be true or false" in proc.stderr
 
 
 def test_streaming_perplexity_report(runs):
