@@ -11,7 +11,6 @@ Appends the table, with the device and this command, to bench/RESULTS.md (--no-r
 
 import argparse
 import resource
-import shlex
 import sys
 import time
 from functools import partial
@@ -21,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.table import publish  # noqa: E402
 from bench.train_bench import SIZES, spec  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
 from model.kv_cache import DenseCache, SinkCache  # noqa: E402
@@ -73,6 +73,10 @@ def run_recompute(model, window, n_tokens, block, device, autocast):
             sync(device)
             yield i, block / (time.perf_counter() - t), 0.0
             t = time.perf_counter()
+
+
+def fmt(v) -> str:
+    return f"{v:,.2f}" if isinstance(v, float) else str(v)
 
 
 def load(args, device):
@@ -150,21 +154,9 @@ def main():
                     "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()),
                     flush=True,
                 )
-    head = list(rows[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        lines.append("| " + " | ".join(f"{r[k]:,.2f}" if isinstance(r[k], float) else str(r[k]) for k in head) + " |")
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     mem = "allocated GPU memory" if device.type == "cuda" else "process peak RSS"
-    note = (
-        f"`python {shlex.join(sys.argv)}` on {device_name}, torch {torch.__version__}, {what}, {dtype}; tok/s of "
-        f"the {args.block}-token block ending at each mark; memory = {mem}"
-    )
-    table = "\n".join(lines)
-    print(f"\n{note}\n\n{table}")
-    if args.record:
-        with open(Path(__file__).with_name("RESULTS.md"), "a") as f:
-            f.write(f"\n### Decoding past the training length ({time.strftime('%Y-%m-%d')})\n{note}\n\n{table}\n")
+    details = f"{what}, {dtype}; tok/s of the {args.block}-token block ending at each mark; memory = {mem}"
+    publish(rows, fmt, "Decoding past the training length", details, device, args.record)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ CPU) and stated beside the table. Random tokens: the speed of a step does not de
 """
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.table import publish  # noqa: E402
 from model.attention import make_plan  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
 from utils.runtime import keep_freed_memory  # noqa: E402
@@ -165,19 +165,11 @@ def main():
             rows.append(bench_one(name, args, device, dtype, peak))
             print("  ".join(f"{k}={fmt(v)}" for k, v in rows[-1].items()), flush=True)
     args.seq = [r["T"] for r in rows]
-    head = list(rows[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(fmt(r[k]) for k in head) + " |" for r in rows]
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    note = (
-        f"`python {shlex.join(sys.argv)}` on {device_name}, torch {torch.__version__}, model={args.model}, "
-        f"{dtype}, compile={args.compile}; MFU against a measured {peak / 1e12:.1f} TFLOP/s matmul peak"
+    details = (
+        f"model={args.model}, {dtype}, compile={args.compile}; MFU against a measured {peak / 1e12:.1f} TFLOP/s "
+        f"matmul peak"
     )
-    table = "\n".join(lines)
-    print(f"\n{note}\n\n{table}")
-    if args.record:
-        with open(Path(__file__).with_name("RESULTS.md"), "a") as f:
-            f.write(f"\n### Training throughput ({time.strftime('%Y-%m-%d')})\n{note}\n\n{table}\n")
+    publish(rows, fmt, "Training throughput", details, device, args.record)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,9 @@ StreamingLLM's window attention collapses when the evicted first token held a la
 attention; a model whose first token gets about 1/(keys visible) of it has no sink to lose.
 """
 
-import math
-
 import torch
-import torch.nn.functional as F
 
-from model.attention import dense_bias
-from model.gpt import norm
+from model.attention import attention_weights, dense_bias
 
 
 @torch.no_grad()
@@ -21,15 +17,10 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
     probs, hooks = [], []
 
     def capture(attn, args):
-        x, plan = args[0].float(), args[1]
-        B, T, _ = x.shape
-        q = norm(F.linear(x, attn.c_q.weight.float()).view(B, T, attn.n_head, -1).transpose(1, 2))
-        k = norm(F.linear(x, attn.c_k.weight.float()).view(B, T, attn.n_kv_head, -1).transpose(1, 2))
+        x, plan = args[0], args[1]
+        q, k, _ = attn.project(x)
         q, k = plan.pe.rotate(q, plan.q_pos), plan.pe.rotate(k, plan.k_pos)
-        k = k.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-        scores = scores + dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head)
-        probs.append(scores.softmax(dim=-1))
+        probs.append(attention_weights(q, k, dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head)))
 
     for block in model.blocks:
         hooks.append(block.attn.register_forward_pre_hook(capture))

@@ -76,13 +76,18 @@ def attend(q, k, v, plan: AttnPlan) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan.is_causal, enable_gqa=gqa)
 
 
-def reference_attention(q, k, v, bias):
-    rep = q.size(1) // k.size(1)
-    k, v = k.repeat_interleave(rep, dim=1).float(), v.repeat_interleave(rep, dim=1).float()
+def attention_weights(q, k, bias) -> torch.Tensor:
+    """The fp32 softmax probabilities (B, H, Tq, Tk) of queries q over keys k (GQA heads shared), plus bias."""
+    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1).float()
     scores = q.float() @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if bias is not None:
         scores = scores + bias
-    return (scores.softmax(dim=-1) @ v).to(q.dtype)
+    return scores.softmax(dim=-1)
+
+
+def reference_attention(q, k, v, bias):
+    v = v.repeat_interleave(q.size(1) // v.size(1), dim=1).float()
+    return (attention_weights(q, k, bias) @ v).to(q.dtype)
 
 
 def _flex_mods(pe, q_pos, k_pos, causal):

@@ -57,12 +57,17 @@ class Attention(nn.Module):
         self.c_v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x, plan, cache=None):
+    def project(self, x):
+        """Queries, keys (QK-normed, not yet rotated) and values, each (B, heads, T, head dim)."""
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q, k = norm(q), norm(k)  # QK-norm
+        return norm(q), norm(k), v
+
+    def forward(self, x, plan, cache=None):
+        B, T, _ = x.shape
+        q, k, v = self.project(x)
         q = plan.pe.rotate(q, plan.q_pos)
         if cache is None:
             k = plan.pe.rotate(k, plan.k_pos)

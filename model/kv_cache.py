@@ -17,6 +17,8 @@ class CacheError(ValueError):
 
 
 class _Cache:
+    raw_keys = False  # True: keys stored before rotation and rotated at read, at their in-cache positions
+
     def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None):
         cfg = model.cfg
         device = device or model.lm_head.weight.device
@@ -30,6 +32,11 @@ class _Cache:
 
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+    @property
+    def slot(self) -> int:
+        """The first slot the last advance() reserved."""
+        return self._new.start
 
 
 class DenseCache(_Cache):
@@ -67,6 +74,8 @@ class SinkCache(_Cache):
     Keys are stored before rotation and rotated at read time with positions inside the cache, as StreamingLLM
     does: sinks at 0..sinks-1, then the window oldest to newest. Until it is full it equals a dense cache.
     """
+
+    raw_keys = True
 
     def __init__(self, model, batch_size: int, sinks: int, window: int, dtype=None, device=None):
         if not model.pe.relative:

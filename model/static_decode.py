@@ -13,7 +13,6 @@ once (`torch.compile(mode="reduce-overhead")`, CUDA graphs on CUDA).
 import torch
 
 from .attention import make_plan
-from .kv_cache import SinkCache
 
 HIDDEN = 2**30  # the position of an empty slot: after every query, so causally masked
 
@@ -23,7 +22,6 @@ class StaticDecoder:
 
     def __init__(self, model, cache, compile: bool = True):
         self.model, self.cache = model, cache
-        self.raw_keys = isinstance(cache, SinkCache)  # sink caches rotate keys at read, at in-cache positions
         device = cache.k.device
         self.q_pos = torch.zeros(1, dtype=torch.long, device=device)
         self.k_pos = torch.full((cache.capacity,), HIDDEN, dtype=torch.long, device=device)
@@ -37,9 +35,8 @@ class StaticDecoder:
     def __call__(self, tok: torch.Tensor) -> torch.Tensor:
         q_pos, k_pos = self.cache.advance(1)  # the eager cache's bookkeeping: raises CacheError when full
         self.q_pos.copy_(q_pos)
-        self.slot.fill_(self.cache._new.start)
-        self.k_pos[len(k_pos) :] = HIDDEN
-        self.k_pos[: len(k_pos)] = k_pos
+        self.slot.fill_(self.cache.slot)
+        self.k_pos[: len(k_pos)] = k_pos  # filled slots only ever grow, so the rest stay HIDDEN
         return self.step(tok)
 
     def _step(self, tok):
@@ -52,11 +49,11 @@ class StaticDecoder:
 
     def update(self, layer: int, k, v):
         """The cache interface the attention layers call: store this token, return every slot."""
-        if not self.raw_keys:
+        if not self.cache.raw_keys:
             k = self.model.pe.rotate(k, self.q_pos)
         self.cache.k[layer].index_copy_(2, self.slot, k.to(self.cache.k.dtype))
         self.cache.v[layer].index_copy_(2, self.slot, v.to(self.cache.v.dtype))
         keys = self.cache.k[layer]
-        if self.raw_keys:
+        if self.cache.raw_keys:
             keys = self.model.pe.rotate(keys, self.k_pos)
         return keys, self.cache.v[layer]
