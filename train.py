@@ -24,6 +24,7 @@ from data.prepare import load_meta, prepare
 from model.generate import generate
 from model.kv_cache import DenseCache
 from utils import checkpoint, optim, parallel, runtime
+from utils.compiling import should_compile
 from utils.errors import UserError, cli
 from utils.logger import Logger, start_wandb
 
@@ -181,7 +182,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         parallel.load_state(model, opts, ckpt["model"], ckpt["optimizer"], tr.parallel)
         step, rows, wandb_id = ckpt["step"], ckpt["rows"], ckpt.get("wandb_id")
         say(f"resuming {out_dir} at step {step}")
-    if cfg.compile is True or (cfg.compile == "auto" and rt.device.type == "cuda"):
+    if should_compile(cfg.compile, rt.device, say):
         runner = torch.compile(runner)
 
     accum = grad_accum_steps(tr, rt.world)

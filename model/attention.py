@@ -2,7 +2,8 @@
 
 make_plan picks the backend from the scheme and the positions:
   sdpa       scaled_dot_product_attention: is_causal when the mask is plain causal and there is no bias (flash
-             on CUDA); otherwise with a dense (H, Tq, Tk) float bias that carries the mask as -inf (CPU, decode)
+             on CUDA); otherwise with a dense (H, Tq, Tk) float bias that carries the mask as -inf (CPU, decode),
+             a causal full forward split into query blocks along the diagonal (no call scores masked keys)
   flex       compiled flex_attention with the scheme's score_bias as score_mod and a block mask from positions
              (CUDA, bias or non-trivial mask, Tq >= 128): no dense H x T x T tensor is ever built
   reference  explicit softmax in fp32 over the dense bias, for tests
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 BACKENDS = ("auto", "sdpa", "flex", "reference")
+BLOCK_MIN_ROWS = 64  # smallest query block of the dense causal path (32 was slower on the CPU: more calls)
 FLEX_MIN_QUERIES = 128  # below this (decoding) a dense bias is small and flex's block machinery is not worth it
 
 
@@ -30,6 +32,9 @@ class AttnPlan:
     bias: torch.Tensor | None = None  # (H or 1, Tq, Tk) float32, -inf where masked
     score_mod: object = None
     block_mask: object = None
+    blocks: list | None = None  # query blocks along the diagonal (dense bias, causal full forward): see diagonal_blocks
+    q_rot: object = None  # the scheme's rotation state (RoPE: cos, sin) at q_pos and k_pos, made once for every layer
+    k_rot: object = None
 
 
 def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int) -> torch.Tensor | None:
@@ -55,13 +60,26 @@ def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto"
         use_flex = q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES
         backend = "flex" if use_flex else "sdpa"
     plan = AttnPlan(pe, q_pos, k_pos, backend)
+    plan.q_rot = pe.rotation(q_pos)
+    plan.k_rot = plan.q_rot if k_pos is q_pos else pe.rotation(k_pos)
     if backend == "flex":
         plan.score_mod, plan.block_mask = _flex_mods(pe, q_pos, k_pos, causal)
     elif backend == "sdpa" and plain:
         plan.is_causal = causal
     else:
         plan.bias = dense_bias(pe, q_pos, k_pos, causal, n_head)
+        if backend == "sdpa" and causal and q_pos is k_pos:
+            plan.blocks = diagonal_blocks(len(q_pos))
     return plan
+
+
+def diagonal_blocks(n: int) -> list[tuple[int, int]] | None:
+    """Query blocks (start, end) for a causal forward with a dense bias. SDPA cannot combine is_causal with a
+    bias, so one call takes every key for every query, the masked half too: query rows start..end only see keys
+    0..end-1, so each block is one call over just those keys (and a learned bias gets no gradient for the rest).
+    On the 2-core CPU at T=256 (python bench/cpu_bench.py): T5 6% faster per training step, ALiBi within noise."""
+    size = max(BLOCK_MIN_ROWS, -(-n // 8))
+    return None if n <= size else [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
 def attend(q, k, v, plan: AttnPlan) -> torch.Tensor:
@@ -72,7 +90,17 @@ def attend(q, k, v, plan: AttnPlan) -> torch.Tensor:
         return flex(q, k, v, score_mod=plan.score_mod, block_mask=plan.block_mask, enable_gqa=gqa)
     if plan.backend == "reference":
         return reference_attention(q, k, v, plan.bias)
-    mask = None if plan.bias is None else plan.bias.to(q.dtype)
+    # 4-D: on the CPU a 3-D mask sends SDPA to its math path (the whole B x H x T x T matrix), a 4-D one to flash
+    mask = None if plan.bias is None else plan.bias.to(q.dtype)[None]
+    if plan.blocks:  # keys past a block's last query are masked for all of it: leave them out
+        sdpa = F.scaled_dot_product_attention
+        return torch.cat(
+            [
+                sdpa(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask[:, :, s:e, :e], enable_gqa=gqa)
+                for s, e in plan.blocks
+            ],
+            dim=2,
+        )
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan.is_causal, enable_gqa=gqa)
 
 

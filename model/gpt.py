@@ -15,6 +15,8 @@ from torch import nn
 import positional
 
 from .attention import BACKENDS, attend, make_plan
+from .fused import relu_square, rms_norm
+from .head import head_loss, softcapped_logits
 
 
 @dataclass
@@ -45,7 +47,7 @@ class GPTConfig:
 
 
 def norm(x):
-    return F.rms_norm(x, (x.size(-1),))
+    return rms_norm(x)
 
 
 class Attention(nn.Module):
@@ -58,21 +60,26 @@ class Attention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
 
     def project(self, x):
-        """Queries, keys (QK-normed, not yet rotated) and values, each (B, heads, T, head dim)."""
+        """Queries, keys (QK-normed, not yet rotated) and values, each (B, heads, T, head dim).
+
+        One matrix multiply over the activations: the three weights are concatenated (a small copy), so they
+        stay three parameters (Muon orthogonalizes each; checkpoints keep their names)."""
         B, T, _ = x.shape
-        q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        w = torch.cat((self.c_q.weight, self.c_k.weight, self.c_v.weight))
+        q, k, v = F.linear(x, w).split((self.c_q.out_features, self.c_k.out_features, self.c_v.out_features), -1)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         return norm(q), norm(k), v
 
     def forward(self, x, plan, cache=None):
         B, T, _ = x.shape
         q, k, v = self.project(x)
-        q = plan.pe.rotate(q, plan.q_pos)
+        q = plan.pe.rotate(q, plan.q_pos, plan.q_rot)
         if cache is None:
-            k = plan.pe.rotate(k, plan.k_pos)
+            k = plan.pe.rotate(k, plan.k_pos, plan.k_rot)
         else:  # the cache rotates keys at the positions it gives them and returns all it holds
-            k, v = cache.update(self.layer_idx, k, v)
+            k, v = cache.update(self.layer_idx, k, v, plan)
         y = attend(q, k, v, plan)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -84,7 +91,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x):
-        return self.c_proj(F.relu(self.c_fc(x)).square())
+        return self.c_proj(relu_square(self.c_fc(x)))
 
 
 class Block(nn.Module):
@@ -158,11 +165,10 @@ class GPT(nn.Module):
         return self._head(torch.cat(outs, dim=1)[:, skip:])
 
     def _head(self, x, targets=None, reduction="mean"):
-        logits = self.lm_head(norm(x)).float()
-        logits = self.cfg.softcap * torch.tanh(logits / self.cfg.softcap)
+        """Softcapped fp32 logits, or the loss against targets computed in chunks of rows (model/head.py)."""
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1, reduction=reduction)
+            return softcapped_logits(norm(x), self.lm_head.weight, self.cfg.softcap)
+        return head_loss(norm(x), self.lm_head.weight, targets, self.cfg.softcap, reduction)
 
     def num_params(self, matmul_only: bool = False) -> int:
         """All parameters, or only those in matrix multiplies (for FLOPs: no embedding lookups)."""

@@ -4,9 +4,10 @@ python sample.py checkpoint=out/rope cache=dense            (DenseCache)
 python sample.py checkpoint=out/rope cache=sink cache.window=252   (SinkCache: 4 sinks + 252 recent tokens)
 Both preallocate (layers, batch, kv heads, capacity, head dim) and never reallocate while decoding. The model
 drives a cache through three calls: room() (how many tokens the next exact step may append), advance(n)
-(reserve slots, return the new tokens' positions and every cached key's position) and update(layer, k, v)
-(store this step's keys and values, return all cached keys, rotated, and values). A slot's position is
-its index in the cache minus the scheme's prefix length, so a full forward and a cache agree on positions.
+(reserve slots, return the new tokens' positions and every cached key's position) and update(layer, k, v, plan)
+(store this step's keys and values, return all cached keys, rotated by the plan's rotation state, and values).
+A slot's position is its index in the cache minus the scheme's prefix length, so a full forward and a cache
+agree on positions.
 """
 
 import torch
@@ -62,8 +63,8 @@ class DenseCache(_Cache):
         self.length += n
         return self._new_pos, self.slot_pos[: self.length]
 
-    def update(self, layer: int, k, v):
-        self.k[layer, :, :, self._new] = self.pe.rotate(k, self._new_pos)
+    def update(self, layer: int, k, v, plan):
+        self.k[layer, :, :, self._new] = self.pe.rotate(k, plan.q_pos, plan.q_rot)  # the new keys' positions
         self.v[layer, :, :, self._new] = v
         return self.k[layer, :, :, : self.length], self.v[layer, :, :, : self.length]
 
@@ -111,11 +112,11 @@ class SinkCache(_Cache):
         self._k_pos = torch.cat((self.slot_pos[: self.sinks], ring_pos - self.offset))
         return self.slot_pos[self.capacity - 1 : self.capacity], self._k_pos
 
-    def update(self, layer: int, k, v):
+    def update(self, layer: int, k, v, plan):
         self.k[layer, :, :, self._new] = k
         self.v[layer, :, :, self._new] = v
         keys = self.k[layer, :, :, : self.length]
-        return self.pe.rotate(keys, self._k_pos), self.v[layer, :, :, : self.length]
+        return self.pe.rotate(keys, plan.k_pos, plan.k_rot), self.v[layer, :, :, : self.length]
 
     def token_indices(self) -> torch.Tensor:
         """Which tokens (0-based, prefix included) the cache holds, in slot order; for tests and inspection."""

@@ -2,7 +2,9 @@
 
 A scheme may act at three points and is the identity elsewhere:
   embed(x, pos)                  add a vector per position to the token embeddings
-  rotate(x, pos)                 transform queries or keys (B, H, T, Dh) by their positions
+  rotate(x, pos, rotation)       transform queries or keys (B, H, T, Dh) by their positions; rotation is what
+                                 rotation(pos) returned (RoPE: cos, sin), computed once per forward in the
+                                 attention plan every layer shares, or None to compute it here
   score_bias(h, q_pos, k_pos)    additive attention-score bias, written with broadcasting tensor ops so the
                                  same function serves as a FlexAttention score_mod and as a dense SDPA bias
 Positions are explicit integer tensors. A scheme also states what it supports:
@@ -34,7 +36,10 @@ class Positional(nn.Module):
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
 
-    def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def rotation(self, pos: torch.Tensor):
+        return None
+
+    def rotate(self, x: torch.Tensor, pos: torch.Tensor, rotation=None) -> torch.Tensor:
         return x
 
     def prefix(self) -> torch.Tensor | None:

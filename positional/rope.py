@@ -17,9 +17,37 @@ def apply_rotary(x: torch.Tensor, angles: torch.Tensor, scale: float = 1.0) -> t
 
 
 def rotate_by(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos) over the halves of the last dim."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    if torch.compiler.is_compiling():  # inductor fuses this into one kernel itself
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return _Rotate.apply(x, cos, sin)
+
+
+def _rotate_into(out, x, cos, sin):
+    """Write the rotation of x into out, half by half: four passes and no concatenated copies."""
+    h = x.size(-1) // 2
+    x1, x2, o1, o2 = x[..., :h], x[..., h:], out[..., :h], out[..., h:]
+    torch.mul(x1, cos, out=o1)
+    o1.addcmul_(x2, sin, value=-1.0)
+    torch.mul(x1, sin, out=o2)
+    o2.addcmul_(x2, cos)
+    return out
+
+
+class _Rotate(torch.autograd.Function):
+    """A rotation's gradient is the rotation by the opposite angle: nothing but cos and sin is saved."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotate_into(torch.empty_like(x), x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotate_into(torch.empty_like(grad), grad.contiguous(), cos, -sin), None, None
 
 
 class RoPE(Positional):
@@ -41,28 +69,18 @@ class RoPE(Positional):
         )
         self.inv_freq.copy_(inv_freq.float())
         self.scaling, self.factor, self.original_length = kind, float(factor), int(original_length)
-        self._memo = []
 
-    def rotate(self, x, pos):
-        cos, sin = self._cos_sin(pos)
-        return rotate_by(x, cos, sin)
-
-    def _cos_sin(self, pos):
-        """cos and sin at these positions. Every layer rotates by the same position tensors, so eagerly the
-        last two are remembered by identity and version (a tensor written in place is new positions; a
-        compiled graph dedupes them itself)."""
-        compiling = torch.compiler.is_compiling()
-        for memo_pos, version, cos, sin in [] if compiling else self._memo:
-            if memo_pos is pos and version == pos._version:
-                return cos, sin
+    def rotation(self, pos):
+        """(cos, sin), each (T, Dh/2), at these positions: computed once per forward by the attention plan."""
         inv_freq = self.inv_freq
         if self.scaling == "dynamic_ntk":
             inv_freq = rope_scaling.dynamic_inv_freq(self.head_dim, self.base, self.original_length, pos.max() + 1)
         angles = (pos.float() * self.pos_scale)[:, None] * inv_freq[None, :]
-        cos, sin = angles.cos() * self.cos_scale, angles.sin() * self.cos_scale
-        if not compiling:
-            self._memo = [(pos, pos._version, cos, sin)] + self._memo[:1]
-        return cos, sin
+        return angles.cos() * self.cos_scale, angles.sin() * self.cos_scale
+
+    def rotate(self, x, pos, rotation=None):
+        cos, sin = self.rotation(pos) if rotation is None else rotation
+        return rotate_by(x, cos, sin)
 
     def extra_repr(self):
         return f"base={self.base}, scaling={self.scaling}, factor={self.factor}, " + super().extra_repr()

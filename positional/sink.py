@@ -33,8 +33,11 @@ class Sink(Positional):
     def embed(self, x, pos):
         return self.inner.embed(x, pos)
 
-    def rotate(self, x, pos):
-        return self.inner.rotate(x, pos)
+    def rotation(self, pos):
+        return self.inner.rotation(pos)
+
+    def rotate(self, x, pos, rotation=None):
+        return self.inner.rotate(x, pos, rotation)
 
     def set_scaling(self, *args, **kwargs):
         return self.inner.set_scaling(*args, **kwargs)

@@ -1,0 +1,169 @@
+"""CPU training throughput of nanopos's GPT against a plain GPT-2 block, per scheme, eager and compiled.
+
+python bench/cpu_bench.py                                   the default run's shape (configs/), every scheme
+python bench/cpu_bench.py model.d_model=256 train.batch_size=8 --schemes rope,alibi,learned --compile off
+Trailing key=value words are Hydra overrides of configs/train.yaml, so the shapes are the ones a training run
+gets. Both models take the same batch at the same shape and the same matmul FLOPs per token (the plain one has
+GQA too); their steps alternate in one process (this machine is shared and noisy, so only the ratio of the two,
+measured side by side, means much). A step is forward, backward and an AdamW step, fp32. Compiled rows reset
+torch.compile between schemes, compile with fullgraph=True and fail on the recompile limit, and report the
+graphs compiled while timing (anything but 0 is a defect). Prints a table and appends it to bench/RESULTS.md.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch._dynamo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from bench.plain_gpt import PlainGPT  # noqa: E402
+from bench.table import publish  # noqa: E402
+from utils.checkpoint import build_model  # noqa: E402
+from utils.runtime import keep_freed_memory  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMES = sorted(p.stem for p in (ROOT / "configs" / "positional").glob("*.yaml"))
+
+
+def run_config(scheme: str, overrides: list[str]) -> dict:
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"positional={scheme}", *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def matmul_peak(n: int = 1024, reps: int = 10) -> float:
+    """FLOP/s of a large fp32 matrix multiply on this machine: the ceiling a training step is held against."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t)
+
+
+def flops_per_token(model_cfg: dict, seq: int, vocab: int) -> float:
+    """6 x matmul parameters + 12 L H Dh T (attention scores and values), the same for both models."""
+    d, L, H, Hkv = model_cfg["d_model"], model_cfg["n_layer"], model_cfg["n_head"], model_cfg["n_kv_head"]
+    dh, f = d // H, model_cfg["mlp_ratio"] * d
+    per_layer = d * (H + 2 * Hkv) * dh + d * d + 2 * d * f
+    return 6 * (L * per_layer + d * vocab) + 12 * L * H * dh * seq
+
+
+class Runner:
+    """One model with its optimizer and timer: step() runs and times forward, backward and AdamW."""
+
+    def __init__(self, model, lr: float, compiled: bool):
+        self.model = model
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), foreach=True)
+        self.fn = torch.compile(model, fullgraph=True) if compiled else model
+        self.times = []
+
+    def step(self, x, y, record: bool = True) -> float:
+        t = time.perf_counter()
+        loss = self.fn(x, y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t
+        if record:
+            self.times.append(dt)
+        return dt
+
+
+def graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def bench_scheme(scheme: str, overrides: list[str], compiled: bool, steps: int, peak: float) -> dict:
+    run = run_config(scheme, overrides)
+    tr, vocab = run["train"], run["tokenizer"]["vocab_size"]
+    model_cfg = {**run["model"], "vocab_size": vocab, "positional": run["positional"]}
+    torch.manual_seed(0)
+    if compiled:
+        torch._dynamo.reset()  # every scheme starts from an empty cache: no version limit shared across rows
+    ours = Runner(build_model(model_cfg), run["optim"]["lr"], compiled)
+    plain = Runner(PlainGPT(**model_cfg, seq_len=tr["seq_len"]), run["optim"]["lr"], compiled)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, vocab, (tr["batch_size"], tr["seq_len"] + 1), generator=g)
+    x, y = x[:, :-1], x[:, 1:]
+    first = [r.step(x, y, record=False) for r in (ours, plain)]  # compiles, when compiled
+    for _ in range(2):  # warm caches and allocator
+        for r in (ours, plain):
+            r.step(x, y, record=False)
+    before = graphs_compiled() if compiled else 0
+    for _ in range(steps):
+        for r in (ours, plain):
+            r.step(x, y)
+    tokens = tr["batch_size"] * tr["seq_len"]
+    tok_s = [tokens / statistics.median(r.times) for r in (ours, plain)]
+    fpt = flops_per_token(run["model"], tr["seq_len"], vocab)
+    return {
+        "scheme": scheme,
+        "mode": "compiled" if compiled else "eager",
+        "nanopos tok/s": tok_s[0],
+        "plain tok/s": tok_s[1],
+        "ratio": tok_s[0] / tok_s[1],
+        "spread": spread(ours.times, plain.times),
+        "nanopos %peak": 100 * fpt * tok_s[0] / peak,
+        "plain %peak": 100 * fpt * tok_s[1] / peak,
+        "first step s": f"{first[0]:.1f} / {first[1]:.1f}",
+        "graphs while timing": graphs_compiled() - before if compiled else "-",
+    }
+
+
+def spread(ours: list[float], plain: list[float]) -> str:
+    """The interquartile range of the per-pair ratio (steps alternate, so pair i ran at the same moment)."""
+    ratios = sorted(p / o for o, p in zip(ours, plain, strict=True))
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return f"{q[0]:.2f}-{q[2]:.2f}"
+
+
+def fmt(v):
+    if isinstance(v, float):
+        return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+    return str(v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of configs/train.yaml (model=..., train.seq_len=...)")
+    ap.add_argument("--schemes", default=",".join(SCHEMES))
+    ap.add_argument("--compile", choices=["off", "on", "both"], default="both")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per model (alternating)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
+    ap.add_argument("--no-record", dest="record", action="store_false")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as train.py does on the CPU
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # never time a silent eager fallback
+    peak = matmul_peak()
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    rows = []
+    for compiled in modes:
+        for scheme in args.schemes.split(","):
+            rows.append(bench_scheme(scheme, args.overrides, compiled, args.steps, peak))
+            print("  ".join(f"{k}={fmt(v)}" for k, v in rows[-1].items()), flush=True)
+    run = run_config("rope", args.overrides)
+    m, tr = run["model"], run["train"]
+    details = (
+        f"{torch.get_num_threads()} threads, fp32, L={m['n_layer']} d={m['d_model']} H={m['n_head']} "
+        f"Hkv={m['n_kv_head']} T={tr['seq_len']} B={tr['batch_size']} V={run['tokenizer']['vocab_size']}, "
+        f"median of {args.steps} alternating steps; ratio = nanopos / plain GPT-2 (bench/plain_gpt.py), spread = "
+        f"interquartile range of the per-step ratio; %peak against a measured {peak / 1e9:.0f} GFLOP/s fp32 matmul"
+    )
+    publish(rows, fmt, "CPU training throughput against a plain GPT-2 block", details, torch.device("cpu"), args.record)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The CPU fast paths (fused q/k/v projection, in-place rotation, chunked softcap + cross-entropy) compute what the
+plain formulas compute: logits, loss and every gradient, for every scheme, against a forward written out here."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import SCHEMES, random_model
+
+from model import head
+from model.attention import dense_bias
+
+
+def rms(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
+
+
+def rotate_plain(x, pe, pos):
+    inner = getattr(pe, "inner", pe)
+    if not inner.rotary:
+        return x
+    angles = pos.float()[:, None] * inner.inv_freq[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def plain_forward(model, idx, targets, reduction="mean"):
+    """The model as written before the fast paths: separate projections, concatenated halves, full logits."""
+    pe, cfg = model.pe, model.cfg
+    B, T = idx.shape
+    pos, x = torch.arange(T), model.wte(idx)
+    if pe.n_prefix:
+        x = torch.cat((pe.prefix().expand(B, -1, -1), x), dim=1)
+        pos = torch.cat((torch.arange(-pe.n_prefix, 0), pos))
+    x = pe.embed(x, pos)
+    bias = dense_bias(pe, pos, pos, True, cfg.n_head)
+    for block in model.blocks:
+        a, h = block.attn, rms(x)
+        q = rms(a.c_q(h).view(B, -1, cfg.n_head, cfg.head_dim).transpose(1, 2))
+        k = rms(a.c_k(h).view(B, -1, cfg.n_kv_head, cfg.head_dim).transpose(1, 2))
+        v = a.c_v(h).view(B, -1, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
+        q, k = rotate_plain(q, pe, pos), rotate_plain(k, pe, pos)
+        groups = cfg.n_head // cfg.n_kv_head
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        att = (q @ k.transpose(-2, -1) / math.sqrt(cfg.head_dim) + bias).softmax(-1)
+        x = x + a.c_proj((att @ v).transpose(1, 2).reshape(B, -1, cfg.d_model))
+        x = x + block.mlp.c_proj(F.relu(block.mlp.c_fc(rms(x))).square())
+    logits = model.lm_head(rms(x[:, pe.n_prefix :]))
+    logits = cfg.softcap * torch.tanh(logits / cfg.softcap)
+    return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1, reduction=reduction)
+
+
+def grads(model, loss):
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_model_equals_the_plain_formulas(name, monkeypatch):
+    monkeypatch.setattr(head, "CHUNK_ROWS", 7)  # several chunks, the last one short
+    model = random_model(name).train()
+    g = torch.Generator().manual_seed(3)
+    idx, targets = torch.randint(0, 97, (2, 2, 20), generator=g)
+    targets[0, :5] = -1  # ignored positions (padding) change the mean's denominator
+    want_logits, want_loss = plain_forward(model, idx, targets)
+    want_grads = grads(model, want_loss)
+    got_loss = model(idx, targets)
+    got_grads = grads(model, got_loss)
+    assert torch.allclose(model(idx), want_logits, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(got_loss, want_loss, atol=1e-6, rtol=1e-6)
+    assert want_grads.keys() == got_grads.keys()
+    for n in want_grads:
+        assert torch.allclose(got_grads[n], want_grads[n], atol=1e-6, rtol=1e-4), n
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_chunked_head_equals_full_logits(reduction, monkeypatch):
+    monkeypatch.setattr(head, "CHUNK_ROWS", 5)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, 16, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, requires_grad=True)
+    y = torch.randint(0, 50, (3, 7), generator=g)
+    y[1, 2:6] = -1
+    upstream = torch.rand(3, 7, generator=g)  # per-row weights: the backward must not assume them equal
+
+    def run(fn):
+        out = fn()
+        (out * upstream).sum().backward() if reduction == "none" else out.backward()
+        result = (out.detach(), x.grad.clone(), w.grad.clone())
+        x.grad = w.grad = None
+        return result
+
+    def plain():
+        logits = 4.0 * torch.tanh(F.linear(x, w) / 4.0)
+        nll = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-1, reduction=reduction)
+        return nll.view(y.shape) if reduction == "none" else nll
+
+    for got, want in zip(run(lambda: head.head_loss(x, w, y, 4.0, reduction)), run(plain), strict=True):
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_chunked_head_needs_no_grad_under_no_grad():
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(11, 8, requires_grad=True)
+    with torch.no_grad():
+        loss = head.head_loss(x, w, torch.randint(0, 11, (4,)), 15.0)
+    assert not loss.requires_grad
+
+
+def test_decoding_runs_under_inference_mode():
+    """Rotation state lives in the attention plan: no cache on the module reads tensor versions, which
+    inference_mode forbids."""
+    model, idx = random_model("rope"), torch.randint(0, 97, (1, 12))
+    want = model(idx)
+    with torch.inference_mode():
+        assert torch.allclose(model(idx), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "sink"])
+def test_diagonal_blocks_equal_one_dense_call(name):
+    """A biased causal forward long enough to be split into query blocks gives the fp32 reference's logits and
+    gradients."""
+    from model.attention import make_plan
+
+    idx = torch.randint(0, 97, (2, 150), generator=torch.Generator().manual_seed(0))
+    spec = {"name": "sink", "inner": {"name": "alibi"}} if name == "sink" else None
+    kw = {"positional": spec} if spec else {}
+    blocked, reference = (
+        random_model(name, attn_backend="sdpa", **kw),
+        random_model(name, attn_backend="reference", **kw),
+    )
+    pos = torch.arange(150 + blocked.pe.n_prefix)
+    assert len(make_plan(blocked.pe, pos, pos, True, 4, "sdpa").blocks) > 2
+    got, want = blocked(idx), reference(idx)
+    assert torch.allclose(got, want, atol=1e-4)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    for (n, a), b in zip(blocked.named_parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-3, rtol=1e-3), n
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi"])
+def test_compiled_model_equals_eager(name):
+    """torch.compile traces the plain formulas (fused.py, head.py, rope.py): one graph, no eager fallback, the
+    same loss and gradients."""
+    torch._dynamo.reset()
+    model = random_model(name).train()
+    idx, targets = torch.randint(0, 97, (2, 2, 16), generator=torch.Generator().manual_seed(5))
+    want = grads(model, model(idx, targets))
+    compiled = torch.compile(model, fullgraph=True)  # a graph break or recompile-limit fallback raises
+    got = grads(model, compiled(idx, targets))
+    for n in want:
+        assert torch.allclose(got[n], want[n], atol=1e-5, rtol=1e-4), n
+    torch._dynamo.reset()
+
+
+def test_compile_setting(monkeypatch, capsys):
+    from utils import compiling
+    from utils.errors import UserError
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compiling.should_compile("auto", cuda) and not compiling.should_compile(False, cuda)
+    assert not compiling.should_compile("auto", cpu)
+    assert "eager on the CPU" in capsys.readouterr().out  # said, not silent
+    monkeypatch.setattr(compiling, "cxx_compiler", lambda: None)
+    with pytest.raises(UserError, match="C\\+\\+ compiler"):
+        compiling.should_compile(True, cpu)
+    with pytest.raises(UserError, match="compile=yes"):
+        compiling.should_compile("yes", cpu)
