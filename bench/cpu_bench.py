@@ -21,22 +21,11 @@ import torch._dynamo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
+from bench.configs import SCHEMES, run_config  # noqa: E402
 from bench.plain_gpt import PlainGPT  # noqa: E402
 from bench.table import publish  # noqa: E402
 from utils.checkpoint import build_model  # noqa: E402
 from utils.runtime import keep_freed_memory  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-SCHEMES = sorted(p.stem for p in (ROOT / "configs" / "positional").glob("*.yaml"))
-
-
-def run_config(scheme: str, overrides: list[str]) -> dict:
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"positional={scheme}", *overrides])
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def matmul_peak(n: int = 1024, reps: int = 10) -> float:
@@ -87,7 +76,11 @@ def graphs_compiled() -> int:
 def bench_scheme(scheme: str, overrides: list[str], compiled: bool, steps: int, peak: float) -> dict:
     run = run_config(scheme, overrides)
     tr, vocab = run["train"], run["tokenizer"]["vocab_size"]
-    model_cfg = {**run["model"], "vocab_size": vocab, "positional": run["positional"]}
+    model_cfg = {
+        **{k: v for k, v in run["model"].items() if k != "lr"},
+        "vocab_size": vocab,
+        "positional": run["positional"],
+    }
     torch.manual_seed(0)
     if compiled:
         torch._dynamo.reset()  # every scheme starts from an empty cache: no version limit shared across rows

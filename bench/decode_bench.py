@@ -20,8 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.configs import SIZES, model_config  # noqa: E402
 from bench.table import publish  # noqa: E402
-from bench.train_bench import SIZES, spec  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
 from model.kv_cache import DenseCache, SinkCache  # noqa: E402
 from model.static_decode import StaticDecoder  # noqa: E402
@@ -84,14 +84,14 @@ def load(args, device):
         model, ckpt = checkpoint.load_model(args.checkpoint, device)
         return model, ckpt["seq_len"], f"checkpoint {args.checkpoint}"
     torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=args.vocab, positional=spec(args.positional, args.train_len), **SIZES[args.model])
+    cfg = GPTConfig(**model_config(args.positional, args.model, args.train_len, args.vocab))
     return GPT(cfg).to(device).eval(), args.train_len, f"random {args.model} {args.positional}"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default=None)
-    ap.add_argument("--model", default="tiny", choices=list(SIZES))
+    ap.add_argument("--model", default="tiny", choices=SIZES)
     ap.add_argument("--positional", default="rope")
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--train-len", type=int, default=256, help="for random weights: the 'training' length")

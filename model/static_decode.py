@@ -33,6 +33,8 @@ class StaticDecoder:
         self.step = torch.compile(self._step, mode=mode, fullgraph=True) if compile else self._step
 
     def __call__(self, tok: torch.Tensor) -> torch.Tensor:
+        if self.cache.length == 0:  # a fresh stream starts with the scheme's learned sink tokens: eager decode
+            return self.model.decode(tok, self.cache)[:, -1]  # puts them first, as every later step expects
         q_pos, k_pos = self.cache.advance(1)  # the eager cache's bookkeeping: raises CacheError when full
         self.q_pos.copy_(q_pos)
         self.slot.fill_(self.cache.slot)

@@ -79,3 +79,14 @@ def shakespeare_dir():
     from omegaconf import OmegaConf
 
     return prepare(OmegaConf.to_container(cfg.data, resolve=True), OmegaConf.to_container(cfg.tokenizer), log=None)
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile_cache():
+    """Every test compiles from an empty torch.compile cache, and a test that passes the recompile limit fails
+    instead of running on eagerly: versions are capped per code object and shared by every model instance."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield

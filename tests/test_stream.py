@@ -260,3 +260,15 @@ def test_uniform_attention_has_no_sink():
         torch.nn.init.zeros_(block.attn.c_q.weight)
     sink = first_token_attention(model, tokens(200)[0], window=16, n_windows=4)
     assert sink["mean"] == [sink["uniform"]] * 2 and sink["uniform"] == round(sum(1 / n for n in range(9, 17)) / 8, 4)
+
+
+@pytest.mark.parametrize("name", ["sink", "rope"])
+def test_static_decoding_from_an_empty_cache(name):
+    """Decoding from the first token on (as decode_bench --static does) keeps the learned sink token first."""
+    model = random_model(name)
+    eager, static = twin_caches(model, "sink")
+    decoder = StaticDecoder(model, static, compile=False)
+    steps = tokens(2 * (S + W), seed=6)
+    for t in range(steps.size(1)):
+        want = model.decode(steps[:, t : t + 1], eager)[:, -1]
+        assert torch.allclose(decoder(steps[:, t : t + 1]), want, atol=1e-5), t

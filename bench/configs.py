@@ -1,0 +1,31 @@
+"""Model sizes and scheme specs for the benchmarks, read from configs/ (the one source of truth) with Hydra.
+
+python bench/train_bench.py --model d12      python bench/decode_bench.py --model tiny --positional alibi
+"""
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml"))
+SCHEMES = sorted(p.stem for p in (ROOT / "configs" / "positional").glob("*.yaml"))
+
+
+def run_config(scheme: str, overrides: list[str]) -> dict:
+    """The resolved training config of `python train.py positional=<scheme> <overrides>`."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"positional={scheme}", *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def gpt_keywords(run: dict, vocab: int | None = None) -> dict:
+    """GPTConfig keywords of a resolved run config (vocab: the tokenizer's unless given)."""
+    model = {k: v for k, v in run["model"].items() if k != "lr"}  # a per-size lr belongs to the optimizer
+    return {**model, "vocab_size": vocab or run["tokenizer"]["vocab_size"], "positional": run["positional"]}
+
+
+def model_config(scheme: str, size: str, seq_len: int, vocab: int | None = None) -> dict:
+    """GPTConfig keywords for model=<size> positional=<scheme> at train.seq_len=<seq_len>."""
+    return gpt_keywords(run_config(scheme, [f"model={size}", f"train.seq_len={seq_len}"]), vocab)
