@@ -23,8 +23,8 @@ from evaluation import report
 from evaluation.heldout import held_out_documents
 from evaluation.length import score, scoring_regions
 from positional.rope_scaling import KINDS
-from utils import checkpoint, runtime
-from utils.errors import UserError, cli
+from utils import checkpoint, runtime, schema
+from utils.errors import UserError, cli, hydra_cli
 from utils.logger import start_wandb
 
 DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)
@@ -193,6 +193,7 @@ def evaluate_one(path, cfg, rt) -> dict:
 
 
 def run(cfg: DictConfig, job_dir: Path | None = None):
+    schema.check_eval(cfg)
     rt = runtime.setup(cfg.device, cfg.dtype, 0)
     if cfg.sweep_dir:
         found = sorted(Path(cfg.sweep_dir).glob("*/" + checkpoint.NAME))
@@ -220,4 +221,4 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

@@ -23,8 +23,8 @@ from data.loader import RowSampler, TokenSplit
 from data.prepare import load_meta, prepare
 from model.generate import generate
 from model.kv_cache import DenseCache
-from utils import checkpoint, optim, parallel, runtime
-from utils.errors import UserError, cli
+from utils import checkpoint, optim, parallel, runtime, schema
+from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, start_wandb
 
 MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "optimizer_format")  # what a resumed run shares with its ckpt
@@ -113,6 +113,7 @@ def print_sample(model, tok_spec, n_tokens: int, rt):
 def train(cfg: DictConfig, out_dir, group: str | None = None) -> dict:
     """Train as cfg says into out_dir; return a summary (step, losses, wall time)."""
     cfg.out_dir = str(out_dir)
+    schema.check_train(cfg)  # every range and choice, before any data is read
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     stop = StopFlag()
     try:
@@ -161,7 +162,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
     check_out_dir(out_dir, tr)
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     data_dir, tok_spec, vocab_size = prepare_data(resolved, rt, say)
-    model_config = {**resolved["model"], "vocab_size": vocab_size, "positional": resolved["positional"]}
+    model_config = schema.model_config(resolved, vocab_size)
     run = {
         "model_config": model_config,
         "tokenizer": tok_spec,
@@ -299,4 +300,4 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

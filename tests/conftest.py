@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import utils.schema  # noqa: E402, F401  (registers the config schemas that configs/*.yaml name)
 from model.gpt import GPT, GPTConfig  # noqa: E402
 
 SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"]
@@ -79,3 +80,13 @@ def shakespeare_dir():
     from omegaconf import OmegaConf
 
     return prepare(OmegaConf.to_container(cfg.data, resolve=True), OmegaConf.to_container(cfg.tokenizer), log=None)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, shakespeare_dir):
+    """A run folder holding a tiny rope model trained for 2 steps (seq_len 32), for eval.py and sample.py."""
+    from train import train
+
+    out = tmp_path_factory.mktemp("tiny_checkpoint")
+    train(config(*TINY, "train.max_steps=2", "train.warmup_steps=1"), out)
+    return out
