@@ -73,3 +73,13 @@ def test_slurm_tasks_become_torchrun_ranks():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["9", "16", "1", "gpu03"]
+
+
+@pytest.mark.parametrize("inner", ["alibi", "nope", "t5", "rope"])
+def test_sink_wraps_the_scheme_it_is_given(inner):
+    """positional.inner={name:alibi} (as the README says) replaces RoPE; no RoPE option is left behind."""
+    cfg = config("positional=sink", f"positional.inner={{name:{inner}}}")
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert resolved["positional"]["inner"] == {"name": inner}
+    model = checkpoint.build_model({**resolved["model"], "vocab_size": 4096, "positional": resolved["positional"]})
+    assert model.pe.name == "sink" and model.pe.rotary == (inner == "rope")
