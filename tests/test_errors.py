@@ -91,6 +91,7 @@ CHECKS = {"train": schema.check_train, "eval": schema.check_eval, "sample": sche
         ("train", ["optim.lr=0"], "optim.lr"),
         ("train", ["model.n_head=0"], "model.n_head"),
         ("train", ["model.n_head=5"], "model.n_head"),
+        ("train", ["model.lr=-1"], "model.lr"),
         ("train", ["train.warmup_steps=-5"], "train.warmup_steps"),
         ("train", ["train.grad_clip=-1"], "train.grad_clip"),
         ("train", ["train.min_lr_ratio=2"], "train.min_lr_ratio"),

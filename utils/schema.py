@@ -21,6 +21,8 @@ from omegaconf import MISSING, OmegaConf
 
 from utils.errors import UserError
 
+RUN_KEYS = ("lr",)  # keys of configs/model/*.yaml that tune the run, not the network (not in the model config)
+
 
 @dataclass
 class Model:
@@ -31,6 +33,7 @@ class Model:
     mlp_ratio: int = MISSING
     softcap: float = MISSING
     attn_backend: str = MISSING
+    lr: float = MISSING  # the AdamW learning rate that suits this size; optim.lr follows it unless given
 
 
 @dataclass
@@ -205,6 +208,7 @@ TRAIN_RULES = [  # (key, op, bound, what to do); a null value (where the type al
     ("model.d_model", ">", 0, "pass a positive width, a multiple of model.n_head"),
     ("model.mlp_ratio", ">=", 1, "pass a positive ratio"),
     ("model.softcap", ">", 0, "pass a positive logit cap"),
+    ("model.lr", ">", 0, "pass a positive learning rate"),
     ("optim.lr", ">", 0, "pass a positive learning rate"),
     ("optim.adam_lr", ">", 0, "pass a positive learning rate"),
     ("optim.weight_decay", ">=", 0, "pass 0 for none"),
@@ -308,8 +312,9 @@ def rotary(spec: dict) -> bool:
 
 
 def model_config(resolved: dict, vocab_size: int) -> dict:
-    """The network's own config from a resolved run config: configs/model/*.yaml and the scheme."""
-    return {**resolved["model"], "vocab_size": vocab_size, "positional": resolved["positional"]}
+    """The network's own config from a resolved run config: configs/model/*.yaml less RUN_KEYS, and the scheme."""
+    model = {k: v for k, v in resolved["model"].items() if k not in RUN_KEYS}
+    return {**model, "vocab_size": vocab_size, "positional": resolved["positional"]}
 
 
 def check_model(cfg):
