@@ -132,20 +132,32 @@ def prepare_data(resolved: dict, rt, say) -> tuple[Path, dict, int]:
     return data_dir, tokenizer.read_spec(data_dir), load_meta(data_dir)["vocab_size"]
 
 
-def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, tr, rt) -> float:
+def grad_scaler(rt, state: dict | None = None) -> torch.amp.GradScaler:
+    """Under fp16 autocast the loss is scaled up before backward, or small gradients flush to zero in fp16;
+    steps whose gradients overflow are skipped and the scale lowered. Disabled (a pass-through) otherwise."""
+    scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
+    if state:
+        scaler.load_state_dict(state)
+    return scaler
+
+
+def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, tr, rt, scaler) -> float:
     """One optimizer step over accum micro-batches per rank; returns the mean loss over all ranks."""
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(accum):
         x, y = batches.batch(rows + (micro * rt.world + rt.rank) * tr.batch_size, tr.batch_size, rt.device)
         with parallel.sync_grads(runner, tr.parallel, micro == accum - 1), rt.autocast():
             loss = runner(x, y) / accum
-        loss.backward()
+        scaler.scale(loss).backward()
         loss_sum += loss.detach()
+    for opt in opts:
+        scaler.unscale_(opt)  # clip the true gradients
     if tr.grad_clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
     for opt in opts:
-        opt.step()
+        scaler.step(opt)
         opt.zero_grad(set_to_none=True)
+    scaler.update()
     return runtime.all_reduce_mean(loss_sum).item()
 
 
@@ -188,6 +200,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
     accum = grad_accum_steps(tr, rt.world)
     train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed)
     val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0)
+    scaler = grad_scaler(rt, ckpt.get("scaler") if tr.resume else None)
     say(
         f"{model.pe.name}: {model.num_params() / 1e6:.2f}M parameters, {train_rows.n_rows:,} training rows of "
         f"{tr.seq_len}, {accum} x {tr.batch_size} x {rt.world} sequences per step, {rt.device} {rt.dtype}"
@@ -214,6 +227,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                     **run,
                     "model": model_state,
                     "optimizer": opt_states,
+                    "scaler": scaler.state_dict(),
                     "config": resolved,
                     "data_dir": str(data_dir),
                     "step": step,
@@ -231,7 +245,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
     while step < tr.max_steps:
         lr = optim.lr_factor(step, tr.max_steps, tr.warmup_steps, tr.min_lr_ratio, tr.schedule)
         optim.set_lr(opts, lr)
-        train_loss = train_step(runner, model, opts, train_rows, rows, accum, tr, rt)
+        train_loss = train_step(runner, model, opts, train_rows, rows, accum, tr, rt, scaler)
         step, rows, tokens_since = step + 1, rows + accum * rt.world * tr.batch_size, tokens_since + tokens_per_step
         if not math.isfinite(train_loss):
             raise diverged(f"loss became {train_loss}", step, out_dir)

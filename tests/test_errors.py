@@ -96,6 +96,7 @@ CHECKS = {"train": schema.check_train, "eval": schema.check_eval, "sample": sche
         ("train", ["train.grad_clip=-1"], "train.grad_clip"),
         ("train", ["train.min_lr_ratio=2"], "train.min_lr_ratio"),
         ("train", ["train.parallel=zero"], "train.parallel"),
+        ("train", ["dtype=fp16", "train.parallel=fsdp"], "dtype=fp16"),
         ("train", ["device=tpu"], "device"),
         ("train", ["logger.mode=online2"], "logger.mode"),
         ("train", ["optim.name=sgd"], "optim.name"),

@@ -1,6 +1,7 @@
 """train.py as users run it: every scheme learns, runs resume exactly, bad input gets one clear line."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -9,9 +10,10 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, SCHEMES, TINY, config, run
+from conftest import ROOT, SCHEMES, TINY, config, random_model, run
 
-from train import train
+from train import grad_scaler, train
+from utils import runtime
 
 
 def metrics(out_dir):
@@ -36,6 +38,49 @@ def test_muon_trains(tmp_path, shakespeare_dir):
     summary = train(cfg, tmp_path)
     assert summary["val_loss"] < metrics(tmp_path)[0]["train_loss"] - 1.0
     assert len(torch.load(tmp_path / "ckpt.pt", weights_only=True)["optimizer"]) == 2
+
+
+class RandomRows:
+    """Stands in for a RowSampler: random token rows."""
+
+    def batch(self, start, n, device):
+        g = torch.Generator().manual_seed(start)
+        x = torch.randint(0, 97, (n, 17), generator=g)
+        return x[:, :-1].to(device), x[:, 1:].to(device)
+
+
+def test_fp16_scales_the_loss_so_small_gradients_survive():
+    """Under fp16 autocast the backward matmuls run in fp16, where gradients below 6e-8 flush to zero: a small
+    loss then trains nothing. train.py's GradScaler scales the loss up first and the gradients back down."""
+    from types import SimpleNamespace
+
+    from train import train_step
+
+    rt = runtime.Runtime(torch.device("cpu"), torch.float16)
+    tr = SimpleNamespace(batch_size=2, grad_clip=1.0, parallel="ddp")
+
+    def moved(scaler) -> bool:
+        model = random_model("rope").train()
+        before = [p.detach().clone() for p in model.parameters()]
+        opts = [torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)]
+        small_loss = lambda x, y: model(x, y) * 1e-7  # gradients ~1e-9: below fp16's smallest subnormal
+        loss = train_step(small_loss, model, opts, RandomRows(), 0, 1, tr, rt, scaler)
+        assert math.isfinite(loss)
+        return any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+
+    assert not moved(torch.amp.GradScaler("cpu", enabled=False))  # the defect: fp16 without a scaler
+    scaler = grad_scaler(rt)
+    assert scaler.is_enabled() and moved(scaler)
+
+
+def test_fp16_run_saves_and_resumes_its_scaler(tmp_path, shakespeare_dir):
+    cfg = config(*TINY, "dtype=fp16", "train.max_steps=3", "train.warmup_steps=1")
+    assert math.isfinite(train(cfg, tmp_path)["train_loss"])
+    scale = torch.load(tmp_path / "ckpt.pt", weights_only=True)["scaler"]["scale"]
+    assert scale > 0
+    summary = train(config(*TINY, "dtype=fp16", "train.max_steps=4", "train.resume=true"), tmp_path)
+    assert summary["step"] == 4 and math.isfinite(summary["train_loss"])
+    assert not grad_scaler(runtime.Runtime(torch.device("cpu"), torch.float32)).is_enabled()
 
 
 def start_training(out_dir, *extra):

@@ -340,6 +340,8 @@ def check_train(cfg):
     check_device(cfg)
     check_choices(cfg, TRAIN_CHOICES)
     check_rules(cfg, TRAIN_RULES)
+    if cfg.dtype == "fp16" and cfg.train.parallel == "fsdp":
+        raise UserError("dtype=fp16 needs one gradient scaler over all shards, which FSDP lacks here; use dtype=bf16")
     betas = OmegaConf.select(cfg, "optim.betas")
     if betas is not None and (len(betas) != 2 or not all(0 <= b < 1 for b in betas)):
         raise UserError(f"optim.betas={list(betas)} must be two numbers in [0, 1); e.g. optim.betas=[0.9,0.95]")
