@@ -141,8 +141,9 @@ def grad_scaler(rt, state: dict | None = None) -> torch.amp.GradScaler:
     return scaler
 
 
-def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, tr, rt, scaler) -> float:
-    """One optimizer step over accum micro-batches per rank; returns the mean loss over all ranks."""
+def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, tr, rt, scaler) -> tuple[float, float]:
+    """One optimizer step over accum micro-batches per rank; returns the mean loss over all ranks and the
+    gradient norm before clipping."""
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(accum):
         x, y = batches.batch(rows + (micro * rt.world + rt.rank) * tr.batch_size, tr.batch_size, rt.device)
@@ -152,13 +153,15 @@ def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, 
         loss_sum += loss.detach()
     for opt in opts:
         scaler.unscale_(opt)  # clip the true gradients
-    if tr.grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip or math.inf)  # measured, then clipped
+    if hasattr(norm, "full_tensor"):  # FSDP: a sharded (DTensor) norm
+        norm = norm.full_tensor()
     for opt in opts:
         scaler.step(opt)
         opt.zero_grad(set_to_none=True)
     scaler.update()
-    return runtime.all_reduce_mean(loss_sum).item()
+    loss, norm = torch.stack((runtime.all_reduce_mean(loss_sum), norm.float())).tolist()
+    return loss, norm
 
 
 def diverged(what: str, step: int, out_dir) -> UserError:
@@ -245,7 +248,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
     while step < tr.max_steps:
         lr = optim.lr_factor(step, tr.max_steps, tr.warmup_steps, tr.min_lr_ratio, tr.schedule)
         optim.set_lr(opts, lr)
-        train_loss = train_step(runner, model, opts, train_rows, rows, accum, tr, rt, scaler)
+        train_loss, grad_norm = train_step(runner, model, opts, train_rows, rows, accum, tr, rt, scaler)
         step, rows, tokens_since = step + 1, rows + accum * rt.world * tr.batch_size, tokens_since + tokens_per_step
         if not math.isfinite(train_loss):
             raise diverged(f"loss became {train_loss}", step, out_dir)
@@ -260,6 +263,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                 "step": step,
                 "train_loss": round(train_loss, 5),
                 "lr": lr * opts[0].param_groups[0]["base_lr"],
+                "grad_norm": round(grad_norm, 4),
                 "tokens_per_sec": round(tokens_since / (time.time() - t_log), 1),
                 "tokens": step * tokens_per_step,
                 "elapsed_s": round(time.time() - t_start, 2),
@@ -271,7 +275,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
             say(
                 f"step {step}/{tr.max_steps} loss {train_loss:.4f}"
                 + (f" val {val_loss:.4f}" if measure else "")
-                + f" lr {metrics['lr']:.2e} {metrics['tokens_per_sec']:.0f} tok/s"
+                + f" lr {metrics['lr']:.2e} gnorm {grad_norm:.3f} {metrics['tokens_per_sec']:.0f} tok/s"
             )
             t_log, tokens_since = time.time(), 0
         out_of_time = tr.time_limit_min is not None and time.time() - t_start > 60 * tr.time_limit_min

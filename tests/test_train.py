@@ -27,7 +27,8 @@ def test_every_scheme_lowers_the_loss(name, tmp_path, shakespeare_dir):
     rows = metrics(tmp_path)
     assert rows[0]["train_loss"] > 7.5  # ln(4096) = 8.3 at the start
     assert summary["val_loss"] < rows[0]["train_loss"] - 1.0 and rows[-1]["train_loss"] < rows[0]["train_loss"] - 1.0
-    assert {"step", "train_loss", "lr", "tokens_per_sec"} <= rows[0].keys() and "val_loss" in rows[-1]
+    assert {"step", "train_loss", "lr", "tokens_per_sec", "grad_norm"} <= rows[0].keys() and "val_loss" in rows[-1]
+    assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows)
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == 30 and ckpt["config"]["positional"]["name"] == name
     assert ckpt["tokenizer"]["kind"] == "bpe" and len(ckpt["optimizer"]) == 1 and ckpt["rows"] == 30 * 8
@@ -64,13 +65,29 @@ def test_fp16_scales_the_loss_so_small_gradients_survive():
         before = [p.detach().clone() for p in model.parameters()]
         opts = [torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)]
         small_loss = lambda x, y: model(x, y) * 1e-7  # gradients ~1e-9: below fp16's smallest subnormal
-        loss = train_step(small_loss, model, opts, RandomRows(), 0, 1, tr, rt, scaler)
+        loss, _ = train_step(small_loss, model, opts, RandomRows(), 0, 1, tr, rt, scaler)
         assert math.isfinite(loss)
         return any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
 
     assert not moved(torch.amp.GradScaler("cpu", enabled=False))  # the defect: fp16 without a scaler
     scaler = grad_scaler(rt)
     assert scaler.is_enabled() and moved(scaler)
+
+
+def test_train_step_returns_the_gradient_norm_before_clipping():
+    from types import SimpleNamespace
+
+    from train import train_step
+
+    rt = runtime.Runtime(torch.device("cpu"), torch.float32)
+    model, rows = random_model("rope").train(), RandomRows()
+    model(*rows.batch(0, 2, "cpu")).backward()
+    want = torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item()
+    model.zero_grad()
+    opts = [torch.optim.SGD(model.parameters(), lr=0.0)]
+    tr = SimpleNamespace(batch_size=2, grad_clip=1e-3, parallel="ddp")
+    loss, norm = train_step(model, model, opts, rows, 0, 1, tr, rt, grad_scaler(rt))
+    assert want > 1e-3 and norm == pytest.approx(want, rel=1e-4)
 
 
 def test_fp16_run_saves_and_resumes_its_scaler(tmp_path, shakespeare_dir):
