@@ -103,7 +103,7 @@ def print_sample(model, tok_spec, n_tokens: int, rt):
     bos = tokenizer.bos_id(tok_spec, enc)
     limit = model.pe.max_positions or n_tokens + 1
     n = min(n_tokens, limit - 1)
-    cache = DenseCache(model, 1, n + 1, dtype=torch.float32)
+    cache = DenseCache(model, 1, n + model.pe.n_prefix, dtype=torch.float32)  # BOS + n - 1 fed back, sinks first
     g = torch.Generator(device=rt.device).manual_seed(0)
     prompt = torch.tensor([[bos]], device=rt.device)
     ids = [t.item() for t in generate(model, prompt, cache, n, temperature=0.8, top_k=50, generator=g)]

@@ -34,6 +34,16 @@ def test_every_scheme_lowers_the_loss(name, tmp_path, shakespeare_dir):
     assert ckpt["tokenizer"]["kind"] == "bpe" and len(ckpt["optimizer"]) == 1 and ckpt["rows"] == 30 * 8
 
 
+@pytest.mark.parametrize(
+    "scheme", [["positional=sink"], ["positional=sink", "positional.n_sink=2"], ["positional=learned"]]
+)
+def test_end_of_run_sample_fits_its_cache(scheme, tmp_path, shakespeare_dir, capsys):
+    """The sample printed at the end has room for every learned sink token, and stops at a learned table's end."""
+    sample_tokens = 40 if "positional=learned" in scheme else 5  # more than the 32-position table
+    assert train(config(*TINY, *scheme, "train.max_steps=2", f"train.sample_tokens={sample_tokens}"), tmp_path)
+    assert "--- sample ---" in capsys.readouterr().out
+
+
 def test_muon_trains(tmp_path, shakespeare_dir):
     cfg = config(*TINY, "optim=muon", "train.max_steps=30", "train.warmup_steps=5", "train.eval_interval=30")
     summary = train(cfg, tmp_path)
