@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,6 +157,14 @@ def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, shake
     if (tmp_path / "ckpt.pt").exists():  # whatever was saved holds finite weights
         state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
         assert all(torch.isfinite(t).all() for t in state.values())
+
+
+def test_resume_takes_a_new_lr(trained, tmp_path):
+    """The advice of a diverged run, 'lower optim.lr', works: a resumed run uses this run's optim.lr, not the
+    checkpoint's (the optimizer's moments come from the checkpoint, its hyperparameters from the config)."""
+    shutil.copy(trained / "ckpt.pt", tmp_path / "ckpt.pt")
+    train(config(*TINY, "optim.lr=1e-3", "train.max_steps=4", "train.resume=true"), tmp_path)
+    assert metrics(tmp_path)[-1]["lr"] == pytest.approx(1e-3 * 4 / 40)  # step 4 of a 40-step warmup
 
 
 def one_line_error(proc, *needles):
