@@ -153,10 +153,10 @@ def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, shake
         f"out_dir={tmp_path}",
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("error: ") and "last good checkpoint" in proc.stderr
-    if (tmp_path / "ckpt.pt").exists():  # whatever was saved holds finite weights
-        state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
-        assert all(torch.isfinite(t).all() for t in state.values())
+    one_line_error(proc, "last good checkpoint")
+    failed_at = int(proc.stderr.split(" at step ")[1].split(";")[0])
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)  # it must exist: saved before the loss went bad
+    assert ckpt["step"] < failed_at and all(torch.isfinite(t).all() for t in ckpt["model"].values())
 
 
 def test_resume_takes_a_new_lr(trained, tmp_path):
@@ -165,6 +165,24 @@ def test_resume_takes_a_new_lr(trained, tmp_path):
     shutil.copy(trained / "ckpt.pt", tmp_path / "ckpt.pt")
     train(config(*TINY, "optim.lr=1e-3", "train.max_steps=4", "train.resume=true"), tmp_path)
     assert metrics(tmp_path)[-1]["lr"] == pytest.approx(1e-3 * 4 / 40)  # step 4 of a 40-step warmup
+
+
+def test_diverging_resume_leaves_the_checkpoint_as_it_was(trained, tmp_path):
+    """A run that diverges before its next save must neither rewrite nor remove the checkpoint it started from."""
+    shutil.copy(trained / "ckpt.pt", tmp_path / "ckpt.pt")
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    proc = run(
+        "train.py",
+        *TINY,
+        "optim.lr=1e30",
+        "train.max_steps=50",
+        "train.ckpt_interval=1000",
+        "train.resume=true",
+        f"out_dir={tmp_path}",
+    )
+    assert proc.returncode == 2
+    one_line_error(proc, "last good checkpoint", str(tmp_path))
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
 
 
 def one_line_error(proc, *needles):
