@@ -185,3 +185,33 @@ def test_unprepared_data_is_named(checkpoints, tmp_path):
     ckpt["config"]["data"]["cache_dir"] = str(tmp_path / "gone")
     torch.save(ckpt, tmp_path / "ckpt.pt")
     one_line_error(run("eval.py", f"checkpoint={tmp_path}", *EVAL), "eval.prepare=true")
+
+
+TRAIN_LEN = 16
+STATIC = {"linear", "ntk", "yarn"}  # a fixed rescaling of every frequency: in-range logits change too
+
+
+@pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic_ntk", "yarn"])
+@pytest.mark.parametrize("scheme", ["rope", "sink"])
+def test_rope_scaling_changes_the_model_past_the_training_length(scheme, kind):
+    """Through the whole model (and through the sink wrapper, which must pass set_scaling on to its RoPE): at
+    factor 4 every variant changes the logits past the training length. Within it, dynamic NTK leaves them
+    exactly as they were (its factor is the current length over the training length, at least 1), while the
+    static variants change them too: PI divides every position, NTK raises the base, YaRN interpolates the low
+    frequencies and scales the logits. At eval.py's own factor, length / training length <= 1, every variant is
+    plain RoPE."""
+    model = random_model(scheme)
+    idx = torch.randint(0, 97, (1, 4 * TRAIN_LEN), generator=torch.Generator().manual_seed(0))
+    short = idx[:, :TRAIN_LEN]
+    with torch.no_grad():
+        plain_long, plain_short = model(idx), model(short)
+        model.pe.set_scaling(kind, 4.0, TRAIN_LEN)
+        scaled_long, scaled_short = model(idx), model(short)
+        model.pe.set_scaling(kind, 1.0, TRAIN_LEN)
+        at_factor_one = model(short)
+    assert (scaled_long - plain_long)[:, TRAIN_LEN:].abs().max() > 1e-2
+    if kind in STATIC:
+        assert (scaled_short - plain_short).abs().max() > 1e-2
+    else:
+        assert torch.equal(scaled_short, plain_short)
+    assert torch.equal(at_factor_one, plain_short)
