@@ -133,6 +133,7 @@ def test_eval_writes_table_json_and_plot(checkpoints):
     assert len(result["nll_by_position"]["none"]["512"]) > 10
     assert (checkpoints / "0-rope" / "eval" / "length.png").read_bytes()[:4] == b"\x89PNG"
     assert "rope+yarn" in proc.stdout and "every cell scored the same 1,024 held-out tokens" in proc.stdout
+    assert "length eval" not in proc.stderr  # no progress bar where stderr is not a terminal
 
 
 def test_learned_table_row_says_na_and_the_run_goes_on(checkpoints):
@@ -215,3 +216,17 @@ def test_rope_scaling_changes_the_model_past_the_training_length(scheme, kind):
     else:
         assert torch.equal(scaled_short, plain_short)
     assert torch.equal(at_factor_one, plain_short)
+
+
+def test_progress_bar_is_drawn_on_a_terminal_only():
+    import io
+
+    from utils.progress import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal, log = Terminal(), io.StringIO()
+    assert list(progress(range(3), "length eval", file=terminal)) == list(progress(range(3), "x", file=log))
+    assert "length eval:" in terminal.getvalue() and "/3 [" in terminal.getvalue() and log.getvalue() == ""
