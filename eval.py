@@ -177,7 +177,7 @@ def evaluate_one(path, cfg, rt) -> dict:
     result = evaluate_lengths(path, cfg, rt)
     print(write_length_report(result, out_dir))
     print(f"written {out_dir}/length.json and length.png ({result['seconds']} s)")
-    ckpt_config = checkpoint.load(path)["config"]
+    ckpt_config = checkpoint.load(path, mmap=True)["config"]
     log_wandb(cfg, ckpt_config, run_dir, out_dir, result, out_dir / "length.png", "length")
     return result
 

@@ -271,6 +271,38 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     assert (tmp_path / "ckpt.pt").read_bytes() == good and os.listdir(tmp_path) == ["ckpt.pt"]
 
 
+def test_eval_and_sample_read_only_the_weights(tmp_path):
+    """checkpoint.load_model (eval.py, sample.py) maps the file: the optimizer state is never read from disk.
+    Bytes read through system calls (rchar) show it; a full load, for contrast, reads them all."""
+    import re
+    from pathlib import Path
+
+    from conftest import scheme_spec
+
+    from utils import checkpoint
+
+    proc_io = Path("/proc/self/io")
+    if not proc_io.exists():
+        pytest.skip("needs Linux's /proc/self/io")
+
+    def bytes_read():
+        return int(re.search(r"rchar: (\d+)", proc_io.read_text()).group(1))
+
+    model = random_model("rope")
+    config = dict(vocab_size=97, n_layer=2, n_head=4, n_kv_head=2, d_model=32, positional=scheme_spec("rope"))
+    moments = torch.ones(2**23)  # 32 MiB of optimizer state
+    state = {"model": model.state_dict(), "model_config": config, "optimizer": [{"state": {0: {"exp_avg": moments}}}]}
+    checkpoint.save(tmp_path / "ckpt.pt", state)
+    before = bytes_read()
+    loaded, ckpt = checkpoint.load_model(tmp_path)
+    assert bytes_read() - before < 2**22  # well under the 32 MiB of moments
+    for a, b in zip(loaded.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    before = bytes_read()
+    assert torch.equal(checkpoint.load(tmp_path)["optimizer"][0]["state"][0]["exp_avg"], moments)
+    assert bytes_read() - before > 2**25
+
+
 def test_wandb_runs_offline_without_a_key(tmp_path, shakespeare_dir):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["HOME"] = str(tmp_path)  # no ~/.netrc, no cached login
