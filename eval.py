@@ -23,9 +23,10 @@ from evaluation import report
 from evaluation.heldout import held_out_documents
 from evaluation.length import score, scoring_regions
 from positional.rope_scaling import KINDS
-from utils import checkpoint, runtime
-from utils.errors import UserError, cli
+from utils import checkpoint, runtime, schema
+from utils.errors import UserError, cli, hydra_cli
 from utils.logger import start_wandb
+from utils.progress import progress, say
 
 DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)
 
@@ -76,45 +77,34 @@ def evaluate_lengths(path, cfg, rt) -> dict:
             f"{longest} tokens); ask for shorter eval.lengths"
         )
     rows, by_position, t0 = [], {}, time.time()
-    for variant in variants:
-        for length in lengths:
-            for mode in ("nonoverlap", "sliding"):
-                row = {"scheme": pe.name, "variant": variant, "length": length, "mode": mode}
-                if pe.max_positions is not None and length > pe.max_positions:
-                    rows.append(
-                        {
-                            **row,
-                            "ppl": None,
-                            "nll": None,
-                            "tokens": 0,
-                            "note": f"n/a: learned table covers {pe.max_positions} positions",
-                        }
-                    )
-                    continue
-                if variant != "none":
-                    factor = length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
-                    pe.set_scaling(variant, factor, train_length)
-                t = time.time()
-                cell = score(model, regions, length, mode, stride, ev.batch_tokens, rt)
-                rows.append(
-                    {
-                        **row,
-                        "ppl": cell.ppl,
-                        "nll": cell.nll,
-                        "tokens": cell.tokens,
-                        "seconds": round(time.time() - t, 2),
-                        "peak_memory_mb": round(peak_memory_mb(rt), 1),
-                    }
-                )
-                if mode == "nonoverlap":
-                    by_position.setdefault(variant, {})[str(length)] = report.binned(
-                        cell.by_position, cell.position_count
-                    )
-                print(
-                    f"  {variant:>11} {mode:>10} {length:>6}: ppl {cell.ppl:9.2f} on {cell.tokens:,} tokens "
-                    f"({time.time() - t:.1f} s)",
-                    flush=True,
-                )
+    cells = [(v, n, m) for v in variants for n in lengths for m in ("nonoverlap", "sliding")]
+    for variant, length, mode in progress(cells, "length eval", unit="cell"):
+        row = {"scheme": pe.name, "variant": variant, "length": length, "mode": mode}
+        if pe.max_positions is not None and length > pe.max_positions:
+            note = f"n/a: learned table covers {pe.max_positions} positions"
+            rows.append({**row, "ppl": None, "nll": None, "tokens": 0, "note": note})
+            continue
+        if variant != "none":
+            factor = length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
+            pe.set_scaling(variant, factor, train_length)
+        t = time.time()
+        cell = score(model, regions, length, mode, stride, ev.batch_tokens, rt)
+        rows.append(
+            {
+                **row,
+                "ppl": cell.ppl,
+                "nll": cell.nll,
+                "tokens": cell.tokens,
+                "seconds": round(time.time() - t, 2),
+                "peak_memory_mb": round(peak_memory_mb(rt), 1),
+            }
+        )
+        if mode == "nonoverlap":
+            by_position.setdefault(variant, {})[str(length)] = report.binned(cell.by_position, cell.position_count)
+        say(
+            f"  {variant:>11} {mode:>10} {length:>6}: ppl {cell.ppl:9.2f} on {cell.tokens:,} tokens "
+            f"({time.time() - t:.1f} s)"
+        )
     if variants != ["none"]:
         pe.set_scaling("none")
     return {
@@ -187,12 +177,13 @@ def evaluate_one(path, cfg, rt) -> dict:
     result = evaluate_lengths(path, cfg, rt)
     print(write_length_report(result, out_dir))
     print(f"written {out_dir}/length.json and length.png ({result['seconds']} s)")
-    ckpt_config = checkpoint.load(path)["config"]
+    ckpt_config = checkpoint.load(path, mmap=True)["config"]
     log_wandb(cfg, ckpt_config, run_dir, out_dir, result, out_dir / "length.png", "length")
     return result
 
 
 def run(cfg: DictConfig, job_dir: Path | None = None):
+    schema.check_eval(cfg)
     rt = runtime.setup(cfg.device, cfg.dtype, 0)
     if cfg.sweep_dir:
         found = sorted(Path(cfg.sweep_dir).glob("*/" + checkpoint.NAME))
@@ -220,4 +211,4 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

@@ -21,8 +21,8 @@ from omegaconf import DictConfig
 from data import tokenizer
 from model.generate import generate
 from model.kv_cache import CacheError, build_cache
-from utils import checkpoint, runtime
-from utils.errors import UserError, cli
+from utils import checkpoint, runtime, schema
+from utils.errors import UserError, cli, hydra_cli
 
 
 def read_prompt(prompt: str) -> str:
@@ -60,10 +60,9 @@ def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.
 
 
 def sample(cfg: DictConfig):
+    schema.check_sample(cfg)
     if not cfg.checkpoint:
         raise UserError("pass checkpoint=<run folder or ckpt.pt>")
-    if not isinstance(cfg.static, bool):
-        raise UserError(f"static={cfg.static} must be true or false")
     if cfg.max_new_tokens < 0 and cfg.cache.kind != "sink":
         raise UserError("max_new_tokens=-1 streams without end, which only a constant-size cache can: use cache=sink")
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
@@ -103,4 +102,4 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

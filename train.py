@@ -23,9 +23,9 @@ from data.loader import RowSampler, TokenSplit
 from data.prepare import load_meta, prepare
 from model.generate import generate
 from model.kv_cache import DenseCache
-from utils import checkpoint, optim, parallel, runtime
+from utils import checkpoint, optim, parallel, runtime, schema
 from utils.compiling import should_compile
-from utils.errors import UserError, cli
+from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, start_wandb
 
 MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "optimizer_format")  # what a resumed run shares with its ckpt
@@ -104,7 +104,7 @@ def print_sample(model, tok_spec, n_tokens: int, rt):
     bos = tokenizer.bos_id(tok_spec, enc)
     limit = model.pe.max_positions or n_tokens + 1
     n = min(n_tokens, limit - 1)
-    cache = DenseCache(model, 1, n + 1, dtype=torch.float32)
+    cache = DenseCache(model, 1, n + model.pe.n_prefix, dtype=torch.float32)  # BOS + n - 1 fed back, sinks first
     g = torch.Generator(device=rt.device).manual_seed(0)
     prompt = torch.tensor([[bos]], device=rt.device)
     ids = [t.item() for t in generate(model, prompt, cache, n, temperature=0.8, top_k=50, generator=g)]
@@ -114,6 +114,7 @@ def print_sample(model, tok_spec, n_tokens: int, rt):
 def train(cfg: DictConfig, out_dir, group: str | None = None) -> dict:
     """Train as cfg says into out_dir; return a summary (step, losses, wall time)."""
     cfg.out_dir = str(out_dir)
+    schema.check_train(cfg)  # every range and choice, before any data is read
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     stop = StopFlag()
     try:
@@ -132,21 +133,36 @@ def prepare_data(resolved: dict, rt, say) -> tuple[Path, dict, int]:
     return data_dir, tokenizer.read_spec(data_dir), load_meta(data_dir)["vocab_size"]
 
 
-def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, tr, rt) -> float:
-    """One optimizer step over accum micro-batches per rank; returns the mean loss over all ranks."""
+def grad_scaler(rt, state: dict | None = None) -> torch.amp.GradScaler:
+    """Under fp16 autocast the loss is scaled up before backward, or small gradients flush to zero in fp16;
+    steps whose gradients overflow are skipped and the scale lowered. Disabled (a pass-through) otherwise."""
+    scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
+    if state:
+        scaler.load_state_dict(state)
+    return scaler
+
+
+def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, tr, rt, scaler) -> tuple[float, float]:
+    """One optimizer step over accum micro-batches per rank; returns the mean loss over all ranks and the
+    gradient norm before clipping."""
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(accum):
         x, y = batches.batch(rows + (micro * rt.world + rt.rank) * tr.batch_size, tr.batch_size, rt.device)
         with parallel.sync_grads(runner, tr.parallel, micro == accum - 1), rt.autocast():
             loss = runner(x, y) / accum
-        loss.backward()
+        scaler.scale(loss).backward()
         loss_sum += loss.detach()
-    if tr.grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
     for opt in opts:
-        opt.step()
+        scaler.unscale_(opt)  # clip the true gradients
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip or math.inf)  # measured, then clipped
+    if hasattr(norm, "full_tensor"):  # FSDP: a sharded (DTensor) norm
+        norm = norm.full_tensor()
+    for opt in opts:
+        scaler.step(opt)
         opt.zero_grad(set_to_none=True)
-    return runtime.all_reduce_mean(loss_sum).item()
+    scaler.update()
+    loss, norm = torch.stack((runtime.all_reduce_mean(loss_sum), norm.float())).tolist()
+    return loss, norm
 
 
 def diverged(what: str, step: int, out_dir) -> UserError:
@@ -162,7 +178,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
     check_out_dir(out_dir, tr)
     resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     data_dir, tok_spec, vocab_size = prepare_data(resolved, rt, say)
-    model_config = {**resolved["model"], "vocab_size": vocab_size, "positional": resolved["positional"]}
+    model_config = schema.model_config(resolved, vocab_size)
     run = {
         "model_config": model_config,
         "tokenizer": tok_spec,
@@ -188,6 +204,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
     accum = grad_accum_steps(tr, rt.world)
     train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed)
     val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0)
+    scaler = grad_scaler(rt, ckpt.get("scaler") if tr.resume else None)
     say(
         f"{model.pe.name}: {model.num_params() / 1e6:.2f}M parameters, {train_rows.n_rows:,} training rows of "
         f"{tr.seq_len}, {accum} x {tr.batch_size} x {rt.world} sequences per step, {rt.device} {rt.dtype}"
@@ -214,6 +231,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                     **run,
                     "model": model_state,
                     "optimizer": opt_states,
+                    "scaler": scaler.state_dict(),
                     "config": resolved,
                     "data_dir": str(data_dir),
                     "step": step,
@@ -231,7 +249,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
     while step < tr.max_steps:
         lr = optim.lr_factor(step, tr.max_steps, tr.warmup_steps, tr.min_lr_ratio, tr.schedule)
         optim.set_lr(opts, lr)
-        train_loss = train_step(runner, model, opts, train_rows, rows, accum, tr, rt)
+        train_loss, grad_norm = train_step(runner, model, opts, train_rows, rows, accum, tr, rt, scaler)
         step, rows, tokens_since = step + 1, rows + accum * rt.world * tr.batch_size, tokens_since + tokens_per_step
         if not math.isfinite(train_loss):
             raise diverged(f"loss became {train_loss}", step, out_dir)
@@ -246,6 +264,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                 "step": step,
                 "train_loss": round(train_loss, 5),
                 "lr": lr * opts[0].param_groups[0]["base_lr"],
+                "grad_norm": round(grad_norm, 4),
                 "tokens_per_sec": round(tokens_since / (time.time() - t_log), 1),
                 "tokens": step * tokens_per_step,
                 "elapsed_s": round(time.time() - t_start, 2),
@@ -257,7 +276,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
             say(
                 f"step {step}/{tr.max_steps} loss {train_loss:.4f}"
                 + (f" val {val_loss:.4f}" if measure else "")
-                + f" lr {metrics['lr']:.2e} {metrics['tokens_per_sec']:.0f} tok/s"
+                + f" lr {metrics['lr']:.2e} gnorm {grad_norm:.3f} {metrics['tokens_per_sec']:.0f} tok/s"
             )
             t_log, tokens_since = time.time(), 0
         out_of_time = tr.time_limit_min is not None and time.time() - t_start > 60 * tr.time_limit_min
@@ -300,4 +319,4 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

@@ -23,6 +23,7 @@ from evaluation.sink_mass import first_token_attention
 from model.kv_cache import CacheError, DenseCache, SinkCache
 from utils import checkpoint
 from utils.errors import UserError
+from utils.progress import progress
 
 
 def held_out_stream(ckpt: dict, n_tokens: int, allow_prepare: bool) -> np.ndarray:
@@ -35,11 +36,11 @@ def held_out_stream(ckpt: dict, n_tokens: int, allow_prepare: bool) -> np.ndarra
 
 
 @torch.no_grad()
-def stream_nll(model, tokens: torch.Tensor, cache, rt) -> tuple[np.ndarray, str | None]:
+def stream_nll(model, tokens: torch.Tensor, cache, rt, desc: str = "stream") -> tuple[np.ndarray, str | None]:
     """NLL of tokens[1:] predicted one token at a time through `cache`; stops early if the cache refuses."""
     nll = []
     try:
-        for t in range(len(tokens) - 1):
+        for t in progress(range(len(tokens) - 1), desc, unit="tok"):
             with rt.autocast():
                 logits = model.decode(tokens[None, t : t + 1], cache)[0, -1].float()
             nll.append(torch.nn.functional.cross_entropy(logits, tokens[t + 1]).item())
@@ -58,7 +59,7 @@ def recompute_nll(model, tokens: torch.Tensor, window: int, rt, batch: int = 64)
         with rt.autocast():
             logits = model(tokens[None, : t + 1])[0, -1].float()
         nll[t] = torch.nn.functional.cross_entropy(logits, tokens[t + 1]).item()
-    for i in range(0, len(full), batch):
+    for i in progress(range(0, len(full), batch), "recompute", unit="batch"):
         ends = full[i : i + batch]
         rows = torch.stack([tokens[t + 1 - window : t + 1] for t in ends])
         with rt.autocast():
@@ -88,7 +89,7 @@ def run_stream(path, cfg, rt, out_dir):
     for name, make in methods.items():
         t = time.time()
         try:
-            nll, stopped = stream_nll(model, tokens, make(), rt)
+            nll, stopped = stream_nll(model, tokens, make(), rt, name)
         except CacheError as e:  # absolute schemes refuse sink caches
             results[name] = {"nll": [], "tokens": 0, "note": f"n/a: {e}"}
             print(f"  {name:>16}: n/a ({e})", flush=True)

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import utils.schema  # noqa: E402, F401  (registers the config schemas that configs/*.yaml name)
 from model.gpt import GPT, GPTConfig  # noqa: E402
 
 SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"]
@@ -90,3 +91,13 @@ def fresh_compile_cache():
     torch._dynamo.reset()
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
         yield
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, shakespeare_dir):
+    """A run folder holding a tiny rope model trained for 2 steps (seq_len 32), for eval.py and sample.py."""
+    from train import train
+
+    out = tmp_path_factory.mktemp("tiny_checkpoint")
+    train(config(*TINY, "train.max_steps=2", "train.warmup_steps=1"), out)
+    return out

@@ -9,7 +9,7 @@ from conftest import ROOT, SCHEMES, config
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from utils import checkpoint
+from utils import checkpoint, schema
 
 
 @pytest.mark.parametrize("name", SCHEMES)
@@ -17,7 +17,7 @@ from utils import checkpoint
 def test_every_scheme_and_size_composes_into_a_model(name, size):
     cfg = config(f"positional={name}", f"model={size}")
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    model = checkpoint.build_model({**resolved["model"], "vocab_size": 4096, "positional": resolved["positional"]})
+    model = checkpoint.build_model(schema.model_config(resolved, vocab_size=4096))
     assert model.pe.name == name and len(model.blocks) == cfg.model.n_layer
     if name == "learned":
         assert model.pe.max_positions == cfg.train.seq_len  # the table covers the training length
@@ -73,3 +73,24 @@ def test_slurm_tasks_become_torchrun_ranks():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["9", "16", "1", "gpu03"]
+
+
+@pytest.mark.parametrize("inner", ["alibi", "nope", "t5", "rope"])
+def test_sink_wraps_the_scheme_it_is_given(inner):
+    """positional.inner={name:alibi} (as the README says) replaces RoPE; no RoPE option is left behind."""
+    cfg = config("positional=sink", f"positional.inner={{name:{inner}}}")
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert resolved["positional"]["inner"] == {"name": inner}
+    model = checkpoint.build_model(schema.model_config(resolved, vocab_size=4096))
+    assert model.pe.name == "sink" and model.pe.rotary == (inner == "rope")
+
+
+@pytest.mark.parametrize("size, lr", [("tiny", 2e-2), ("small", 6e-3), ("d12", 3e-3)])
+def test_each_model_size_carries_its_own_lr(size, lr):
+    cfg = config(f"model={size}")
+    assert cfg.optim.lr == lr and cfg.model.lr == lr
+    assert config(f"model={size}", "optim=muon").optim.adam_lr == lr  # Muon's AdamW part follows it too
+    assert config(f"model={size}", "optim.lr=1e-4").optim.lr == 1e-4  # an explicit optim.lr wins
+    assert config(f"model={size}", "model.lr=5e-4").optim.lr == 5e-4
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert "lr" not in schema.model_config(resolved, vocab_size=4096)  # a run setting, not part of the network

@@ -133,6 +133,7 @@ def test_eval_writes_table_json_and_plot(checkpoints):
     assert len(result["nll_by_position"]["none"]["512"]) > 10
     assert (checkpoints / "0-rope" / "eval" / "length.png").read_bytes()[:4] == b"\x89PNG"
     assert "rope+yarn" in proc.stdout and "every cell scored the same 1,024 held-out tokens" in proc.stdout
+    assert "length eval" not in proc.stderr  # no progress bar where stderr is not a terminal
 
 
 def test_learned_table_row_says_na_and_the_run_goes_on(checkpoints):
@@ -185,3 +186,47 @@ def test_unprepared_data_is_named(checkpoints, tmp_path):
     ckpt["config"]["data"]["cache_dir"] = str(tmp_path / "gone")
     torch.save(ckpt, tmp_path / "ckpt.pt")
     one_line_error(run("eval.py", f"checkpoint={tmp_path}", *EVAL), "eval.prepare=true")
+
+
+TRAIN_LEN = 16
+STATIC = {"linear", "ntk", "yarn"}  # a fixed rescaling of every frequency: in-range logits change too
+
+
+@pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic_ntk", "yarn"])
+@pytest.mark.parametrize("scheme", ["rope", "sink"])
+def test_rope_scaling_changes_the_model_past_the_training_length(scheme, kind):
+    """Through the whole model (and through the sink wrapper, which must pass set_scaling on to its RoPE): at
+    factor 4 every variant changes the logits past the training length. Within it, dynamic NTK leaves them
+    exactly as they were (its factor is the current length over the training length, at least 1), while the
+    static variants change them too: PI divides every position, NTK raises the base, YaRN interpolates the low
+    frequencies and scales the logits. At eval.py's own factor, length / training length <= 1, every variant is
+    plain RoPE."""
+    model = random_model(scheme)
+    idx = torch.randint(0, 97, (1, 4 * TRAIN_LEN), generator=torch.Generator().manual_seed(0))
+    short = idx[:, :TRAIN_LEN]
+    with torch.no_grad():
+        plain_long, plain_short = model(idx), model(short)
+        model.pe.set_scaling(kind, 4.0, TRAIN_LEN)
+        scaled_long, scaled_short = model(idx), model(short)
+        model.pe.set_scaling(kind, 1.0, TRAIN_LEN)
+        at_factor_one = model(short)
+    assert (scaled_long - plain_long)[:, TRAIN_LEN:].abs().max() > 1e-2
+    if kind in STATIC:
+        assert (scaled_short - plain_short).abs().max() > 1e-2
+    else:
+        assert torch.equal(scaled_short, plain_short)
+    assert torch.equal(at_factor_one, plain_short)
+
+
+def test_progress_bar_is_drawn_on_a_terminal_only():
+    import io
+
+    from utils.progress import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal, log = Terminal(), io.StringIO()
+    assert list(progress(range(3), "length eval", file=terminal)) == list(progress(range(3), "x", file=log))
+    assert "length eval:" in terminal.getvalue() and "/3 [" in terminal.getvalue() and log.getvalue() == ""

@@ -231,6 +231,7 @@ def test_streaming_perplexity_report(runs):
     for m in result["methods"].values():
         assert m["tokens"] == 400 and len(m["nll"]) == 8 and all(math.isfinite(x) for x in m["nll"])
     assert (runs / "rope" / "eval" / "stream.png").exists() and "tokens seen" in proc.stdout
+    assert "tok/s" not in proc.stderr  # no progress bar where stderr is not a terminal
     sink = result["first_token_attention"]
     assert len(sink["mean"]) == 2 and all(0 <= m <= h <= 1 for m, h in zip(sink["mean"], sink["max_head"], strict=True))
 

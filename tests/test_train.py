@@ -1,7 +1,9 @@
 """train.py as users run it: every scheme learns, runs resume exactly, bad input gets one clear line."""
 
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,9 +11,10 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, SCHEMES, TINY, config, run
+from conftest import ROOT, SCHEMES, TINY, config, random_model, run
 
-from train import train
+from train import grad_scaler, train
+from utils import runtime
 
 
 def metrics(out_dir):
@@ -25,10 +28,21 @@ def test_every_scheme_lowers_the_loss(name, tmp_path, shakespeare_dir):
     rows = metrics(tmp_path)
     assert rows[0]["train_loss"] > 7.5  # ln(4096) = 8.3 at the start
     assert summary["val_loss"] < rows[0]["train_loss"] - 1.0 and rows[-1]["train_loss"] < rows[0]["train_loss"] - 1.0
-    assert {"step", "train_loss", "lr", "tokens_per_sec"} <= rows[0].keys() and "val_loss" in rows[-1]
+    assert {"step", "train_loss", "lr", "tokens_per_sec", "grad_norm"} <= rows[0].keys() and "val_loss" in rows[-1]
+    assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows)
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == 30 and ckpt["config"]["positional"]["name"] == name
     assert ckpt["tokenizer"]["kind"] == "bpe" and len(ckpt["optimizer"]) == 1 and ckpt["rows"] == 30 * 8
+
+
+@pytest.mark.parametrize(
+    "scheme", [["positional=sink"], ["positional=sink", "positional.n_sink=2"], ["positional=learned"]]
+)
+def test_end_of_run_sample_fits_its_cache(scheme, tmp_path, shakespeare_dir, capsys):
+    """The sample printed at the end has room for every learned sink token, and stops at a learned table's end."""
+    sample_tokens = 40 if "positional=learned" in scheme else 5  # more than the 32-position table
+    assert train(config(*TINY, *scheme, "train.max_steps=2", f"train.sample_tokens={sample_tokens}"), tmp_path)
+    assert "--- sample ---" in capsys.readouterr().out
 
 
 def test_muon_trains(tmp_path, shakespeare_dir):
@@ -36,6 +50,65 @@ def test_muon_trains(tmp_path, shakespeare_dir):
     summary = train(cfg, tmp_path)
     assert summary["val_loss"] < metrics(tmp_path)[0]["train_loss"] - 1.0
     assert len(torch.load(tmp_path / "ckpt.pt", weights_only=True)["optimizer"]) == 2
+
+
+class RandomRows:
+    """Stands in for a RowSampler: random token rows."""
+
+    def batch(self, start, n, device):
+        g = torch.Generator().manual_seed(start)
+        x = torch.randint(0, 97, (n, 17), generator=g)
+        return x[:, :-1].to(device), x[:, 1:].to(device)
+
+
+def test_fp16_scales_the_loss_so_small_gradients_survive():
+    """Under fp16 autocast the backward matmuls run in fp16, where gradients below 6e-8 flush to zero: a small
+    loss then trains nothing. train.py's GradScaler scales the loss up first and the gradients back down."""
+    from types import SimpleNamespace
+
+    from train import train_step
+
+    rt = runtime.Runtime(torch.device("cpu"), torch.float16)
+    tr = SimpleNamespace(batch_size=2, grad_clip=1.0, parallel="ddp")
+
+    def moved(scaler) -> bool:
+        model = random_model("rope").train()
+        before = [p.detach().clone() for p in model.parameters()]
+        opts = [torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)]
+        small_loss = lambda x, y: model(x, y) * 1e-7  # gradients ~1e-9: below fp16's smallest subnormal
+        loss, _ = train_step(small_loss, model, opts, RandomRows(), 0, 1, tr, rt, scaler)
+        assert math.isfinite(loss)
+        return any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+
+    assert not moved(torch.amp.GradScaler("cpu", enabled=False))  # the defect: fp16 without a scaler
+    scaler = grad_scaler(rt)
+    assert scaler.is_enabled() and moved(scaler)
+
+
+def test_train_step_returns_the_gradient_norm_before_clipping():
+    from types import SimpleNamespace
+
+    from train import train_step
+
+    rt = runtime.Runtime(torch.device("cpu"), torch.float32)
+    model, rows = random_model("rope").train(), RandomRows()
+    model(*rows.batch(0, 2, "cpu")).backward()
+    want = torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item()
+    model.zero_grad()
+    opts = [torch.optim.SGD(model.parameters(), lr=0.0)]
+    tr = SimpleNamespace(batch_size=2, grad_clip=1e-3, parallel="ddp")
+    loss, norm = train_step(model, model, opts, rows, 0, 1, tr, rt, grad_scaler(rt))
+    assert want > 1e-3 and norm == pytest.approx(want, rel=1e-4)
+
+
+def test_fp16_run_saves_and_resumes_its_scaler(tmp_path, shakespeare_dir):
+    cfg = config(*TINY, "dtype=fp16", "train.max_steps=3", "train.warmup_steps=1")
+    assert math.isfinite(train(cfg, tmp_path)["train_loss"])
+    scale = torch.load(tmp_path / "ckpt.pt", weights_only=True)["scaler"]["scale"]
+    assert scale > 0
+    summary = train(config(*TINY, "dtype=fp16", "train.max_steps=4", "train.resume=true"), tmp_path)
+    assert summary["step"] == 4 and math.isfinite(summary["train_loss"])
+    assert not grad_scaler(runtime.Runtime(torch.device("cpu"), torch.float32)).is_enabled()
 
 
 def start_training(out_dir, *extra):
@@ -80,10 +153,36 @@ def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, shake
         f"out_dir={tmp_path}",
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("error: ") and "last good checkpoint" in proc.stderr
-    if (tmp_path / "ckpt.pt").exists():  # whatever was saved holds finite weights
-        state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
-        assert all(torch.isfinite(t).all() for t in state.values())
+    one_line_error(proc, "last good checkpoint")
+    failed_at = int(proc.stderr.split(" at step ")[1].split(";")[0])
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)  # it must exist: saved before the loss went bad
+    assert ckpt["step"] < failed_at and all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+def test_resume_takes_a_new_lr(trained, tmp_path):
+    """The advice of a diverged run, 'lower optim.lr', works: a resumed run uses this run's optim.lr, not the
+    checkpoint's (the optimizer's moments come from the checkpoint, its hyperparameters from the config)."""
+    shutil.copy(trained / "ckpt.pt", tmp_path / "ckpt.pt")
+    train(config(*TINY, "optim.lr=1e-3", "train.max_steps=4", "train.resume=true"), tmp_path)
+    assert metrics(tmp_path)[-1]["lr"] == pytest.approx(1e-3 * 4 / 40)  # step 4 of a 40-step warmup
+
+
+def test_diverging_resume_leaves_the_checkpoint_as_it_was(trained, tmp_path):
+    """A run that diverges before its next save must neither rewrite nor remove the checkpoint it started from."""
+    shutil.copy(trained / "ckpt.pt", tmp_path / "ckpt.pt")
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    proc = run(
+        "train.py",
+        *TINY,
+        "optim.lr=1e30",
+        "train.max_steps=50",
+        "train.ckpt_interval=1000",
+        "train.resume=true",
+        f"out_dir={tmp_path}",
+    )
+    assert proc.returncode == 2
+    one_line_error(proc, "last good checkpoint", str(tmp_path))
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
 
 
 def one_line_error(proc, *needles):
@@ -170,6 +269,38 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         checkpoint.save(tmp_path / "ckpt.pt", {"model": {"w": torch.zeros(2)}})
     assert (tmp_path / "ckpt.pt").read_bytes() == good and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_eval_and_sample_read_only_the_weights(tmp_path):
+    """checkpoint.load_model (eval.py, sample.py) maps the file: the optimizer state is never read from disk.
+    Bytes read through system calls (rchar) show it; a full load, for contrast, reads them all."""
+    import re
+    from pathlib import Path
+
+    from conftest import scheme_spec
+
+    from utils import checkpoint
+
+    proc_io = Path("/proc/self/io")
+    if not proc_io.exists():
+        pytest.skip("needs Linux's /proc/self/io")
+
+    def bytes_read():
+        return int(re.search(r"rchar: (\d+)", proc_io.read_text()).group(1))
+
+    model = random_model("rope")
+    config = dict(vocab_size=97, n_layer=2, n_head=4, n_kv_head=2, d_model=32, positional=scheme_spec("rope"))
+    moments = torch.ones(2**23)  # 32 MiB of optimizer state
+    state = {"model": model.state_dict(), "model_config": config, "optimizer": [{"state": {0: {"exp_avg": moments}}}]}
+    checkpoint.save(tmp_path / "ckpt.pt", state)
+    before = bytes_read()
+    loaded, ckpt = checkpoint.load_model(tmp_path)
+    assert bytes_read() - before < 2**22  # well under the 32 MiB of moments
+    for a, b in zip(loaded.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    before = bytes_read()
+    assert torch.equal(checkpoint.load(tmp_path)["optimizer"][0]["state"][0]["exp_avg"], moments)
+    assert bytes_read() - before > 2**25
 
 
 def test_wandb_runs_offline_without_a_key(tmp_path, shakespeare_dir):

@@ -3,7 +3,7 @@
 python eval.py checkpoint=out/rope      python sample.py checkpoint=out/rope
 ckpt.pt holds the weights, the model's dataclass, the resolved run config, the tokenizer itself, the
 optimizer state, the step and the data position. Eval and sampling need nothing but this file (and the
-prepared data folder it names, for evaluation).
+prepared data folder it names, for evaluation), and read only its weights (the file is memory-mapped).
 """
 
 import os
@@ -46,12 +46,14 @@ def save(path, state: dict):
         os.close(fd)
 
 
-def load(path, map_location="cpu") -> dict:
+def load(path, map_location="cpu", mmap: bool = False) -> dict:
+    """The checkpoint dict. mmap=True maps the file rather than reading it, so only the tensors that are used
+    come off the disk: eval and sampling read the weights, never the optimizer state (any checkpoint)."""
     path = checkpoint_path(path)
     if not path.exists():
         raise UserError(f"no checkpoint at {path}; train one first (python train.py out_dir={path.parent})")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
         raise UserError(
             f"checkpoint {path} is corrupt or truncated ({type(e).__name__}); restore a good copy "
@@ -70,8 +72,9 @@ def build_model(model_config: dict) -> GPT:
 
 
 def load_model(path, device="cpu"):
-    """(model in eval mode on device, checkpoint dict) from a checkpoint file or the run folder holding it."""
-    ckpt = load(path)
+    """(model in eval mode on device, checkpoint dict) from a checkpoint file or the run folder holding it; the
+    file is mapped, and only the model's weights are read from it."""
+    ckpt = load(path, mmap=True)
     model = build_model(ckpt["model_config"])
     try:
         model.load_state_dict(ckpt["model"])

@@ -72,6 +72,16 @@ def full_state(model, opts, parallel: str):
 
 
 def load_state(model, opts, model_state: dict, opt_states: list, parallel: str):
+    """Weights and optimizer moments from a checkpoint; the optimizer's hyperparameters (lr, betas, weight decay)
+    stay as this run's config built them, so a resume with a lower optim.lr takes it."""
+    hyper = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in opts]
+    _load_state(model, opts, model_state, opt_states, parallel)
+    for opt, groups in zip(opts, hyper, strict=True):
+        for group, settings in zip(opt.param_groups, groups, strict=True):
+            group.update(settings)
+
+
+def _load_state(model, opts, model_state: dict, opt_states: list, parallel: str):
     if not _fsdp(parallel):
         model.load_state_dict(model_state)
         for opt, state in zip(opts, opt_states, strict=True):

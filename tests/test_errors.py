@@ -1,0 +1,135 @@
+"""Every bad input is one line on stderr, 'error: ...' naming the key, and exit status 2, before any work.
+
+The subprocess cases run an entry point the way a user types it; those that need no checkpoint must fail before
+anything is printed (no data prepared, no model built, no checkpoint read). The in-process cases check the
+remaining ranges and choices of utils/schema.py on composed configs, which is quicker than a process each.
+"""
+
+import pytest
+from conftest import ROOT, run
+from hydra import compose, initialize_config_dir
+
+from utils import schema
+from utils.errors import UserError
+
+TRAIN = ["train.py", "device=cpu", "logger.wandb=false"]
+EVAL = ["eval.py", "device=cpu", "logger.wandb=false"]
+SAMPLE = ["sample.py", "device=cpu"]
+NO_CKPT = "checkpoint=/no/such/run"  # validation comes first, so the missing checkpoint is never reached
+
+CASES = [  # (entry point and overrides, the key the message must name)
+    (TRAIN + ["train.seq_len=0"], "train.seq_len"),
+    (TRAIN + ["train.batch_size=0"], "train.batch_size"),
+    (TRAIN + ["optim.lr=abc"], "optim.lr"),
+    (TRAIN + ["model.d_model=-4"], "model.d_model"),
+    (TRAIN + ["model.d_model=36"], "model.d_model"),  # an odd rotary head dim
+    (TRAIN + ["train.max_steps=-1"], "train.max_steps"),
+    (TRAIN + ["train.schedule=cosin"], "train.schedule"),
+    (TRAIN + ["dtype=fp8"], "dtype"),
+    (TRAIN + ["compile=yes"], "compile"),
+    (TRAIN + ["optim=muon", "optim.adam_lr=0"], "optim.adam_lr"),
+    (TRAIN + ["positional=sink", "positional.n_sink=0"], "positional.n_sink"),
+    (TRAIN + ["positional=xpos"], "positional"),
+    (TRAIN + ["train.max_stepz=3"], "train.max_stepz"),
+    (TRAIN + ["train.seq_len=["], "override"),
+    (EVAL + [NO_CKPT, "eval.tokens=0"], "eval.tokens"),
+    (EVAL + [NO_CKPT, "eval.batch_tokens=abc"], "eval.batch_tokens"),
+    (EVAL + [NO_CKPT, "eval.lengths=[0,64]"], "eval.lengths"),
+    (EVAL + [NO_CKPT, "eval.mode=strem"], "eval.mode"),
+    (EVAL + [NO_CKPT, "eval.rope_scaling=yarm"], "eval.rope_scaling"),
+    (EVAL + [NO_CKPT, "eval.rope_factor=-2"], "eval.rope_factor"),
+    (SAMPLE + [NO_CKPT, "temperature=-1"], "temperature"),
+    (SAMPLE + [NO_CKPT, "top_k=0"], "top_k"),
+    (SAMPLE + [NO_CKPT, "max_new_tokens=0"], "max_new_tokens"),
+    (SAMPLE + [NO_CKPT, "static=auto"], "static"),
+    (SAMPLE + [NO_CKPT, "cache.kind=ring"], "cache.kind"),
+    (SAMPLE + [NO_CKPT, "cache=dense", "cache.window=5"], "cache.window"),
+]
+WITH_CHECKPOINT = [  # found only once the checkpoint is read; still one line
+    (EVAL + ["eval.lengths=[100000000]"], "eval.lengths"),
+    (EVAL + ["eval.stride=64", "eval.lengths=[32]"], "eval.stride"),
+    (SAMPLE + ["prompt=@/no/such/prompt.txt"], "prompt"),
+]
+
+
+def one_line_error(proc, key: str):
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+    assert key in lines[0], lines[0]
+
+
+def case_id(args) -> str:
+    return " ".join([args[0]] + [a for a in args[1:] if a not in TRAIN + EVAL + SAMPLE + [NO_CKPT]])
+
+
+@pytest.mark.parametrize("args, key", CASES, ids=[case_id(a) for a, _ in CASES])
+def test_bad_input_fails_at_once_with_one_line(args, key, tmp_path):
+    extra = [f"out_dir={tmp_path}"] if args[0] == "train.py" else []
+    proc = run(*args, *extra, timeout=120)
+    one_line_error(proc, key)
+    assert proc.stdout == "", proc.stdout[-2000:]  # nothing started: no data, no model, no checkpoint read
+    assert not {"ckpt.pt", "metrics.jsonl"} & {p.name for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize("args, key", WITH_CHECKPOINT, ids=[case_id(a) for a, _ in WITH_CHECKPOINT])
+def test_bad_input_against_a_checkpoint(args, key, tiny_checkpoint):
+    one_line_error(run(*args, f"checkpoint={tiny_checkpoint}", timeout=120), key)
+
+
+def composed(name: str, *overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose(name, overrides=[*overrides, "out_dir=x"] if name == "train" else list(overrides))
+
+
+CHECKS = {"train": schema.check_train, "eval": schema.check_eval, "sample": schema.check_sample}
+
+
+@pytest.mark.parametrize(
+    "name, overrides, key",
+    [
+        ("train", ["optim.lr=0"], "optim.lr"),
+        ("train", ["model.n_head=0"], "model.n_head"),
+        ("train", ["model.n_head=5"], "model.n_head"),
+        ("train", ["model.lr=-1"], "model.lr"),
+        ("train", ["train.warmup_steps=-5"], "train.warmup_steps"),
+        ("train", ["train.grad_clip=-1"], "train.grad_clip"),
+        ("train", ["train.min_lr_ratio=2"], "train.min_lr_ratio"),
+        ("train", ["train.parallel=zero"], "train.parallel"),
+        ("train", ["dtype=fp16", "train.parallel=fsdp"], "dtype=fp16"),
+        ("train", ["device=tpu"], "device"),
+        ("train", ["logger.mode=online2"], "logger.mode"),
+        ("train", ["optim.name=sgd"], "optim.name"),
+        ("train", ["optim.betas=[0.9]"], "optim.betas"),
+        ("train", ["optim=muon", "optim.momentum=1.5"], "optim.momentum"),
+        ("train", ["positional.base=abc"], "positional.base"),
+        ("train", ["positional=t5", "positional.num_buckets=1"], "positional.num_buckets"),
+        ("train", ["positional=learned", "positional.max_positions=16"], "positional.max_positions"),
+        ("train", ["positional=sink", "positional.inner={name:learned}"], "positional=learned"),
+        ("eval", ["eval.stride=0"], "eval.stride"),
+        ("eval", ["eval.lengths=[]"], "eval.lengths"),
+        ("eval", ["cache.window=0"], "cache.window"),
+        ("sample", ["num_samples=0"], "num_samples"),
+        ("sample", ["max_new_tokens=-3"], "max_new_tokens"),
+        ("sample", ["cache=sink", "cache.window=0"], "cache.window"),
+        ("sample", ["cache=sink", "cache.sinks=-1"], "cache.sinks"),
+    ],
+)
+def test_ranges_and_choices(name, overrides, key):
+    from model.kv_cache import CacheError
+    from positional import PositionLimitError
+
+    with pytest.raises((UserError, PositionLimitError, CacheError)) as e:
+        CHECKS[name](composed(name, *overrides))
+    assert key in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["train", "eval", "sample"])
+def test_the_defaults_pass(name):
+    CHECKS[name](composed(name))
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "d12"])
+@pytest.mark.parametrize("scheme", ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"])
+def test_every_scheme_and_size_passes(size, scheme):
+    schema.check_train(composed("train", f"model={size}", f"positional={scheme}"))

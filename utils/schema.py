@@ -1,0 +1,373 @@
+"""Config schemas: the type of every key, checked by omegaconf as Hydra composes; then ranges and choices.
+
+python train.py optim.lr=abc        error: optim.lr=abc must be a number
+python train.py train.seq_len=0     error: train.seq_len=0 must be >= 1; pass a positive length
+The YAML files in configs/ hold every default value; the dataclasses here hold only types (MISSING: the YAML
+gives the value). Each is registered in Hydra's ConfigStore as schema/<name> and named first in the defaults
+list of the YAML it types (train.yaml, eval.yaml, sample.yaml, optim/*.yaml, cache/*.yaml), so a value of the
+wrong type or an unknown key fails while the config composes. check_train, check_eval and check_sample then
+test ranges and choices before any data is read, so a bad value stops the run at once with one line.
+Groups whose options differ in their keys and are read by their own code (positional, data, tokenizer) stay
+plain dicts; the positional options every scheme shares are checked here.
+"""
+
+import operator
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+from utils.errors import UserError
+
+RUN_KEYS = ("lr",)  # keys of configs/model/*.yaml that tune the run, not the network (not in the model config)
+
+
+@dataclass
+class Model:
+    n_layer: int = MISSING
+    n_head: int = MISSING
+    n_kv_head: int = MISSING
+    d_model: int = MISSING
+    mlp_ratio: int = MISSING
+    softcap: float = MISSING
+    attn_backend: str = MISSING
+    lr: float = MISSING  # the AdamW learning rate that suits this size; optim.lr follows it unless given
+
+
+@dataclass
+class AdamW:
+    name: str = MISSING
+    lr: float = MISSING
+    betas: list[float] = MISSING
+    weight_decay: float = MISSING
+
+
+@dataclass
+class Muon:
+    name: str = MISSING
+    lr: float = MISSING
+    momentum: float = MISSING
+    adjust_lr_fn: str | None = MISSING
+    adam_lr: float = MISSING
+    betas: list[float] = MISSING
+    weight_decay: float = MISSING
+
+
+@dataclass
+class Train:
+    seq_len: int = MISSING
+    batch_size: int = MISSING
+    grad_accum: int = MISSING
+    total_batch_size: int | None = MISSING
+    max_steps: int = MISSING
+    warmup_steps: int = MISSING
+    schedule: str = MISSING
+    min_lr_ratio: float = MISSING
+    grad_clip: float | None = MISSING
+    log_interval: int = MISSING
+    eval_interval: int = MISSING
+    eval_batches: int = MISSING
+    ckpt_interval: int = MISSING
+    time_limit_min: float | None = MISSING
+    resume: bool = MISSING
+    overwrite: bool = MISSING
+    parallel: str = MISSING
+    sample_tokens: int = MISSING
+
+
+@dataclass
+class TrainLogger:
+    wandb: bool = MISSING
+    project: str = MISSING
+    mode: str = MISSING
+    group: str | None = MISSING
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = MISSING
+    device: str = MISSING
+    dtype: str = MISSING
+    compile: Any = MISSING  # auto | true | false
+    seed: int = MISSING
+    train: Train = field(default_factory=Train)
+    logger: TrainLogger = field(default_factory=TrainLogger)
+    model: Model = field(default_factory=Model)
+    optim: Any = MISSING  # typed by schema/optim/<name>
+    positional: Any = MISSING
+    data: Any = MISSING
+    tokenizer: Any = MISSING
+
+
+@dataclass
+class Eval:
+    mode: str = MISSING
+    lengths: list[int] | None = MISSING
+    stride: int | None = MISSING
+    tokens: int = MISSING
+    batch_tokens: int = MISSING
+    rope_scaling: str = MISSING
+    rope_factor: Any = MISSING  # auto | a number
+    prepare: bool = MISSING
+    stream_tokens: int = MISSING
+    block: int = MISSING
+    dense_limit: int = MISSING
+
+
+@dataclass
+class EvalCache:
+    sinks: int | None = MISSING
+    window: int | None = MISSING
+
+
+@dataclass
+class EvalLogger:
+    wandb: bool = MISSING
+    mode: str = MISSING
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: str | None = MISSING
+    sweep_dir: str | None = MISSING
+    device: str = MISSING
+    dtype: str = MISSING
+    eval: Eval = field(default_factory=Eval)
+    cache: EvalCache = field(default_factory=EvalCache)
+    logger: EvalLogger = field(default_factory=EvalLogger)
+
+
+@dataclass
+class DenseCache:
+    kind: str = MISSING
+    max_len: int | None = MISSING
+
+
+@dataclass
+class SinkCache:
+    kind: str = MISSING
+    sinks: int | None = MISSING
+    window: int | None = MISSING
+
+
+@dataclass
+class SampleConfig:
+    checkpoint: str | None = MISSING
+    prompt: str = MISSING
+    max_new_tokens: int = MISSING
+    temperature: float = MISSING
+    top_k: int | None = MISSING
+    seed: int = MISSING
+    num_samples: int = MISSING
+    static: bool = MISSING
+    device: str = MISSING
+    dtype: str = MISSING
+    cache: Any = MISSING  # typed by schema/cache/<kind>
+
+
+def register():
+    cs = ConfigStore.instance()
+    for name, node in {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig}.items():
+        cs.store(group="schema", name=name, node=node)
+    cs.store(group="schema/optim", name="adamw", node=AdamW)
+    cs.store(group="schema/optim", name="muon", node=Muon)
+    cs.store(group="schema/cache", name="dense", node=DenseCache)
+    cs.store(group="schema/cache", name="sink", node=SinkCache)
+
+
+register()
+
+# ---- ranges and choices, checked before any work ----
+
+ABSENT = object()
+OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+COMMON_CHOICES = {"dtype": ("auto", "fp32", "bf16", "fp16")}
+
+TRAIN_RULES = [  # (key, op, bound, what to do); a null value (where the type allows it) is not checked
+    ("train.seq_len", ">=", 1, "pass a positive length"),
+    ("train.batch_size", ">=", 1, "pass at least one sequence per micro-batch"),
+    ("train.grad_accum", ">=", 1, "pass at least one micro-batch per step"),
+    ("train.total_batch_size", ">=", 1, "pass a token count, or null to use train.grad_accum"),
+    ("train.max_steps", ">=", 1, "pass the number of optimizer steps to train"),
+    ("train.warmup_steps", ">=", 0, "pass 0 for no warmup"),
+    ("train.min_lr_ratio", ">=", 0, "pass a fraction of the peak lr between 0 and 1"),
+    ("train.min_lr_ratio", "<=", 1, "pass a fraction of the peak lr between 0 and 1"),
+    ("train.grad_clip", ">=", 0, "pass 0 or null for no clipping"),
+    ("train.log_interval", ">=", 1, "pass a step count"),
+    ("train.eval_interval", ">=", 1, "pass a step count (the last step is always measured)"),
+    ("train.eval_batches", ">=", 1, "pass a batch count"),
+    ("train.ckpt_interval", ">=", 1, "pass a step count (the last step is always saved)"),
+    ("train.time_limit_min", ">=", 0, "pass minutes, or null for no limit"),
+    ("train.sample_tokens", ">=", 0, "pass 0 for no sample"),
+    ("model.n_layer", ">=", 1, "pass a positive layer count"),
+    ("model.n_head", ">=", 1, "pass a positive head count"),
+    ("model.n_kv_head", ">=", 1, "pass a positive head count"),
+    ("model.d_model", ">", 0, "pass a positive width, a multiple of model.n_head"),
+    ("model.mlp_ratio", ">=", 1, "pass a positive ratio"),
+    ("model.softcap", ">", 0, "pass a positive logit cap"),
+    ("model.lr", ">", 0, "pass a positive learning rate"),
+    ("optim.lr", ">", 0, "pass a positive learning rate"),
+    ("optim.adam_lr", ">", 0, "pass a positive learning rate"),
+    ("optim.weight_decay", ">=", 0, "pass 0 for none"),
+    ("optim.momentum", ">=", 0, "pass a momentum in [0, 1)"),
+    ("optim.momentum", "<", 1, "pass a momentum in [0, 1)"),
+]
+TRAIN_CHOICES = {
+    **COMMON_CHOICES,
+    "compile": ("auto", True, False),
+    "train.schedule": ("cosine", "linear", "constant"),
+    "train.parallel": ("ddp", "fsdp"),
+    "logger.mode": ("auto", "online", "offline", "disabled"),
+    "optim.name": ("adamw", "muon"),
+    "optim.adjust_lr_fn": (None, "original", "match_rms_adamw"),
+}
+EVAL_RULES = [
+    ("eval.stride", ">=", 1, "pass a token count, or null for half the training length"),
+    ("eval.tokens", ">=", 1, "pass how many held-out tokens to score per cell"),
+    ("eval.batch_tokens", ">=", 1, "pass tokens per forward pass"),
+    ("eval.stream_tokens", ">=", 1, "pass how many tokens to stream"),
+    ("eval.block", ">=", 1, "pass tokens per reported block"),
+    ("eval.dense_limit", ">=", 1, "pass the dense cache's size in tokens"),
+    ("cache.sinks", ">=", 0, "pass 0 for a plain window, or null for the default"),
+    ("cache.window", ">=", 1, "pass a positive window, or null for the default"),
+]
+EVAL_CHOICES = {
+    **COMMON_CHOICES,
+    "eval.mode": ("length", "stream"),
+    "eval.rope_scaling": ("none", "linear", "ntk", "dynamic_ntk", "yarn", "all"),
+    "logger.mode": ("auto", "online", "offline", "disabled"),
+}
+SAMPLE_RULES = [
+    ("temperature", ">=", 0, "pass 0 for greedy decoding"),
+    ("top_k", ">=", 1, "pass null for the whole vocabulary"),
+    ("num_samples", ">=", 1, "pass how many samples to write"),
+    ("cache.max_len", ">=", 1, "pass a token count, or null for the default"),
+    ("cache.sinks", ">=", 0, "pass 0 for a plain window, or null for the default"),
+    ("cache.window", ">=", 1, "pass a positive window, or null for the default"),
+]
+SAMPLE_CHOICES = {**COMMON_CHOICES, "cache.kind": ("dense", "sink")}
+# positional options are plain values (any type); these are the ones more than one scheme takes
+POSITIONAL_OPTIONS = {
+    "base": (float, ">", 0, "pass a positive rotary/sinusoid base"),
+    "max_positions": (int, ">=", 1, "pass the table size in positions"),
+    "n_sink": (int, ">=", 1, "pass how many learned sink tokens to prepend"),
+    "num_buckets": (int, ">=", 2, "pass at least 2 buckets"),
+    "max_distance": (int, ">=", 1, "pass a positive distance"),
+}
+
+
+def show(value):
+    """A value as it is written on the command line (null, true, false)."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else value
+
+
+def check_rules(cfg, rules):
+    for key, op, bound, hint in rules:
+        value = OmegaConf.select(cfg, key)  # absent (another group's option) or null: nothing to check
+        if value is not None and not OPS[op](value, bound):
+            raise UserError(f"{key}={show(value)} must be {op} {bound}; {hint}")
+
+
+def check_choices(cfg, choices: dict):
+    for key, allowed in choices.items():
+        value = OmegaConf.select(cfg, key, default=ABSENT)  # absent: another group's option
+        if value is not ABSENT and not any(value == a and type(value) is type(a) for a in allowed):
+            names = ", ".join(str(show(a)) for a in allowed)
+            raise UserError(f"{key}={show(value)} is not one of {names}; pick one")
+
+
+def check_device(cfg):
+    if not isinstance(cfg.device, str) or not DEVICE.fullmatch(cfg.device):
+        raise UserError(f"device={cfg.device} is not one of auto, cpu, cuda, cuda:<index>; pick one")
+
+
+def check_positional(spec, key: str = "positional"):
+    """The scheme's name and the options that are cheap to check; its own code checks the rest at build."""
+    from positional import SCHEMES  # the scheme registry (imports torch): only when a run is checked
+
+    if not isinstance(spec, dict) or spec.get("name") not in SCHEMES:
+        name = spec.get("name") if isinstance(spec, dict) else spec
+        raise UserError(f"{key}.name={show(name)} is not one of {', '.join(SCHEMES)}; pick one")
+    for option, (kind, op, bound, hint) in POSITIONAL_OPTIONS.items():
+        if option not in spec:
+            continue
+        value = spec[option]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or (kind is int and not isinstance(value, int)) or not OPS[op](value, bound):
+            want = "a whole number" if kind is int else "a number"
+            raise UserError(f"{key}.{option}={show(value)} must be {want} {op} {bound}; {hint}")
+    if "inner" in spec:
+        check_positional(spec["inner"], f"{key}.inner")
+
+
+def rotary(spec: dict) -> bool:
+    from positional import SCHEMES
+
+    return rotary(spec["inner"]) if "inner" in spec else SCHEMES[spec["name"]].rotary
+
+
+def model_config(resolved: dict, vocab_size: int) -> dict:
+    """The network's own config from a resolved run config: configs/model/*.yaml less RUN_KEYS, and the scheme."""
+    model = {k: v for k, v in resolved["model"].items() if k not in RUN_KEYS}
+    return {**model, "vocab_size": vocab_size, "positional": resolved["positional"]}
+
+
+def check_model(cfg):
+    """Build the model on the meta device (no memory, no time) so that every constraint between its keys (heads
+    dividing the width, an even rotary head dim, a table covering train.seq_len) fails before data is read."""
+    import torch
+
+    from utils.checkpoint import build_model
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    m = resolved["model"]
+    if m["d_model"] % m["n_head"] == 0 and m["d_model"] // m["n_head"] % 2 and rotary(resolved["positional"]):
+        raise UserError(
+            f"model.d_model={m['d_model']} / model.n_head={m['n_head']} gives an odd head dim "
+            f"({m['d_model'] // m['n_head']}), and rotary positions rotate pairs of dims; pick a model.d_model "
+            f"that is a multiple of 2 x model.n_head"
+        )
+    try:
+        with torch.device("meta"):
+            model = build_model(model_config(resolved, vocab_size=512))
+    except NotImplementedError:  # a module that cannot be built without data: checked at its real build
+        return
+    model.pe.check_length(cfg.train.seq_len)
+
+
+def check_train(cfg):
+    check_device(cfg)
+    check_choices(cfg, TRAIN_CHOICES)
+    check_rules(cfg, TRAIN_RULES)
+    if cfg.dtype == "fp16" and cfg.train.parallel == "fsdp":
+        raise UserError("dtype=fp16 needs one gradient scaler over all shards, which FSDP lacks here; use dtype=bf16")
+    betas = OmegaConf.select(cfg, "optim.betas")
+    if betas is not None and (len(betas) != 2 or not all(0 <= b < 1 for b in betas)):
+        raise UserError(f"optim.betas={list(betas)} must be two numbers in [0, 1); e.g. optim.betas=[0.9,0.95]")
+    check_positional(OmegaConf.to_container(cfg.positional, resolve=True))
+    check_model(cfg)
+
+
+def check_eval(cfg):
+    check_device(cfg)
+    check_choices(cfg, EVAL_CHOICES)
+    check_rules(cfg, EVAL_RULES)
+    lengths = cfg.eval.lengths
+    if lengths is not None and (len(lengths) == 0 or min(lengths) < 1):
+        raise UserError(f"eval.lengths={list(lengths)} must be positive token counts; e.g. eval.lengths=[256,1024]")
+    factor = cfg.eval.rope_factor
+    if factor != "auto" and (isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0):
+        raise UserError(f"eval.rope_factor={show(factor)} must be auto or a positive number")
+
+
+def check_sample(cfg):
+    check_device(cfg)
+    check_choices(cfg, SAMPLE_CHOICES)
+    check_rules(cfg, SAMPLE_RULES)
+    if cfg.max_new_tokens < 1 and cfg.max_new_tokens != -1:
+        raise UserError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1, or -1 to stream without end (cache=sink)")
