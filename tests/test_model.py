@@ -111,10 +111,27 @@ def test_save_load_gives_the_same_logits(name, tmp_path):
     assert torch.equal(model(idx), loaded(idx))
 
 
-def test_grouped_query_attention_has_fewer_key_heads():
-    model = GPT(GPTConfig(vocab_size=10, n_head=4, n_kv_head=1, d_model=32))
-    attn = model.blocks[0].attn
-    assert attn.c_k.weight.shape == (8, 32) and attn.c_q.weight.shape == (32, 32)
+@pytest.mark.parametrize("name", ["rope", "alibi"])
+@pytest.mark.parametrize("backend", ["sdpa", "reference"])
+def test_grouped_query_attention_shares_each_key_head_with_its_group(name, backend):
+    """GQA with 2 key/value heads for 4 query heads equals full multi-head attention whose key and value heads are
+    each repeated for the 2 query heads of their group (heads 0, 1 read kv head 0; heads 2, 3 kv head 1)."""
+    gqa = random_model(name, n_kv_head=2, attn_backend=backend)
+    full = random_model(name, n_kv_head=4, attn_backend=backend)
+    state = gqa.state_dict()
+    for key, w in state.items():
+        if key.endswith(("attn.c_k.weight", "attn.c_v.weight")):  # (2 heads x 8, 32) -> (4 heads x 8, 32)
+            state[key] = w.view(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
+    full.load_state_dict(state)
+    assert gqa.blocks[0].attn.c_k.weight.shape == (16, 32)
+    idx = tokens()
+    assert torch.allclose(gqa(idx), full(idx), atol=1e-5)
+    state = full.state_dict()  # and the grouping matters: pairing query heads with the wrong kv head differs
+    for key, w in state.items():
+        if key.endswith("attn.c_k.weight"):
+            state[key] = w.view(4, 8, 32).flip(0).reshape(32, 32)
+    full.load_state_dict(state)
+    assert not torch.allclose(gqa(idx), full(idx), atol=1e-3)
 
 
 def test_fresh_model_output_projections_are_zero():
