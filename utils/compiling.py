@@ -1,10 +1,11 @@
 """Whether a training run compiles its model: compile=auto|true|false, never a silent fallback.
 
 python train.py compile=true            (compile on the CPU too; needs a C++ compiler)
-auto compiles on CUDA. On the CPU it trains eagerly: measured with bench/cpu_bench.py on the 2-core machine, the
-compiled step of the tiny and small models is slower than the eager one (model/fused.py and model/head.py
-already make the eager step about as fast as a plain GPT-2 block) and costs 15-25 s of compiling first, so it
-never pays back; bench/RESULTS.md has the table. Where that changes (another CPU, a larger model), compile=true.
+auto compiles on CUDA. On the CPU it trains eagerly: measured with bench/cpu_bench.py on the 2-core machine
+(bench/RESULTS.md), the compiled step of the tiny model was 0.86x to 1.06x the eager one in two runs (no gain
+outside the noise, since model/fused.py and model/head.py already make the eager step about as fast as a plain
+GPT-2 block) and compiling costs 5 s (warm inductor cache) to 26 s (cold) first, so no break-even run length
+could be established. Where that changes (another CPU, a larger model), pass compile=true.
 """
 
 import shutil
@@ -38,5 +39,5 @@ def should_compile(setting, device: torch.device, say=print) -> bool:
                 "or set CXX) or pass compile=false"
             )
         return True
-    say("compile=auto: eager on the CPU, where compiling measured slower (bench/RESULTS.md); compile=true forces it")
+    say("compile=auto: eager on the CPU, where compiling measured no gain (bench/RESULTS.md); compile=true forces it")
     return False
