@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.configs import SCHEMES, run_config  # noqa: E402
 from bench.plain_gpt import PlainGPT  # noqa: E402
-from bench.table import publish  # noqa: E402
+from bench.table import fmt, publish  # noqa: E402
 from utils.checkpoint import build_model  # noqa: E402
 from utils.runtime import keep_freed_memory  # noqa: E402
 
@@ -119,12 +119,6 @@ def spread(ours: list[float], plain: list[float]) -> str:
     ratios = sorted(p / o for o, p in zip(ours, plain, strict=True))
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
     return f"{q[0]:.2f}-{q[2]:.2f}"
-
-
-def fmt(v):
-    if isinstance(v, float):
-        return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
-    return str(v)
 
 
 def main():

@@ -11,6 +11,13 @@ from pathlib import Path
 import torch
 
 
+def fmt(v) -> str:
+    """A table cell: floats with thousands separators from 100 up, two decimals below."""
+    if isinstance(v, float):
+        return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+    return str(v)
+
+
 def publish(rows: list[dict], fmt, title: str, details: str, device: torch.device, record: bool):
     """Print `rows` (one dict per row) as a table under a note naming the command, device and torch version;
     with record, append both to bench/RESULTS.md under `title`."""

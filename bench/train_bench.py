@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.configs import SCHEMES, SIZES, model_config  # noqa: E402
-from bench.table import publish  # noqa: E402
+from bench.table import fmt, publish  # noqa: E402
 from model.attention import make_plan  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
 from utils.runtime import keep_freed_memory  # noqa: E402
@@ -133,12 +133,6 @@ def eval_speed(model, args, device, autocast) -> float:
         model(x)
         sync(device)
     return args.eval_len / (time.perf_counter() - t)
-
-
-def fmt(v):
-    if isinstance(v, float):
-        return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
-    return str(v)
 
 
 def main():
