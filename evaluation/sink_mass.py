@@ -19,7 +19,7 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
     def capture(attn, args):
         x, plan = args[0], args[1]
         q, k, _ = attn.project(x)
-        q, k = plan.pe.rotate(q, plan.q_pos), plan.pe.rotate(k, plan.k_pos)
+        q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate(k, plan.k_pos, plan.k_rot)
         probs.append(attention_weights(q, k, dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head)))
 
     for block in model.blocks:

@@ -59,9 +59,8 @@ class DenseCache(_Cache):
         if n > self.room():
             raise CacheError(f"dense cache has room for {self.room()} more tokens, {n} were given")
         self._new = slice(self.length, self.length + n)
-        self._new_pos = self.slot_pos[self._new]
         self.length += n
-        return self._new_pos, self.slot_pos[: self.length]
+        return self.slot_pos[self._new], self.slot_pos[: self.length]
 
     def update(self, layer: int, k, v, plan):
         self.k[layer, :, :, self._new] = self.pe.rotate(k, plan.q_pos, plan.q_rot)  # the new keys' positions
