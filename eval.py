@@ -19,9 +19,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation import report
-from evaluation.heldout import held_out_documents
-from evaluation.length import score, scoring_regions
+from evaluation import bootstrap, compare, report
+from evaluation.heldout import held_out_works
+from evaluation.length import regions, score, scoring_pieces
 from positional.rope_scaling import KINDS
 from utils import checkpoint, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
@@ -57,29 +57,45 @@ def peak_memory_mb(rt) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's peak so far (Linux: KiB)
 
 
+def resolve_strides(stride: int | None, lengths: list[int]) -> dict[int, int]:
+    """The sliding stride per length: eval.stride at every length, or by default half of each length."""
+    if stride is None:
+        return {n: max(1, n // 2) for n in lengths}
+    if stride > lengths[0]:
+        raise UserError(
+            f"eval.stride={stride} is larger than the eval length {lengths[0]}; pass eval.stride<={lengths[0]}"
+        )
+    return dict.fromkeys(lengths, stride)
+
+
+def scored_text(ckpt: dict, ev, max_len: int):
+    """The pieces every cell scores (evaluation/length.py) and the regions of tokens they need."""
+    works = held_out_works(ckpt, ev.prepare)
+    pieces = scoring_pieces(works, max_len, ev.tokens)
+    if not pieces:
+        longest = max(len(d) - 1 for _, d in works)
+        raise UserError(
+            f"eval length {max_len} is longer than every held-out document (the longest has "
+            f"{longest} tokens); ask for shorter eval.lengths"
+        )
+    return pieces, regions(works, pieces, max_len)
+
+
 def evaluate_lengths(path, cfg, rt) -> dict:
     model, ckpt = checkpoint.load_model(path, rt.device)
     pe, train_length = model.pe, ckpt["seq_len"]
     ev = cfg.eval
     lengths = resolve_lengths(ev.lengths, train_length)
-    stride = ev.stride or max(1, train_length // 2)
-    if stride > lengths[0]:
-        raise UserError(
-            f"eval.stride={stride} is larger than the eval length {lengths[0]}; pass eval.stride<={lengths[0]}"
-        )
+    strides = resolve_strides(ev.stride, lengths)
     variants = resolve_variants(ev.rope_scaling, pe)
-    docs = held_out_documents(ckpt, ev.prepare)
-    regions = scoring_regions(docs, lengths[-1], ev.tokens)
-    if not regions:
-        longest = max(len(d) - 1 for d in docs)
-        raise UserError(
-            f"eval length {lengths[-1]} is longer than every held-out document (the longest has "
-            f"{longest} tokens); ask for shorter eval.lengths"
-        )
+    pieces, regs = scored_text(ckpt, ev, lengths[-1])
+    draws = bootstrap.block_draws(len(pieces), [[p.work, p.start, p.size] for p in pieces])
     rows, by_position, t0 = [], {}, time.time()
     cells = [(v, n, m) for v in variants for n in lengths for m in ("nonoverlap", "sliding")]
     for variant, length, mode in progress(cells, "length eval", unit="cell"):
         row = {"scheme": pe.name, "variant": variant, "length": length, "mode": mode}
+        if mode == "sliding":
+            row["stride"] = strides[length]
         if pe.max_positions is not None and length > pe.max_positions:
             note = f"n/a: learned table covers {pe.max_positions} positions"
             rows.append({**row, "ppl": None, "nll": None, "tokens": 0, "note": note})
@@ -88,13 +104,16 @@ def evaluate_lengths(path, cfg, rt) -> dict:
             factor = length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
             pe.set_scaling(variant, factor, train_length)
         t = time.time()
-        cell = score(model, regions, length, mode, stride, ev.batch_tokens, rt)
+        cell = score(model, regs, length, mode, strides[length], ev.batch_tokens, rt)
+        ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))
         rows.append(
             {
                 **row,
                 "ppl": cell.ppl,
                 "nll": cell.nll,
+                "ci": ci,
                 "tokens": cell.tokens,
+                "piece_nll": [round(float(x), 6) for x in cell.piece_nll / cell.piece_tokens],
                 "seconds": round(time.time() - t, 2),
                 "peak_memory_mb": round(peak_memory_mb(rt), 1),
             }
@@ -102,8 +121,8 @@ def evaluate_lengths(path, cfg, rt) -> dict:
         if mode == "nonoverlap":
             by_position.setdefault(variant, {})[str(length)] = report.binned(cell.by_position, cell.position_count)
         say(
-            f"  {variant:>11} {mode:>10} {length:>6}: ppl {cell.ppl:9.2f} on {cell.tokens:,} tokens "
-            f"({time.time() - t:.1f} s)"
+            f"  {variant:>11} {mode:>10} {length:>6}: ppl {cell.ppl:9.2f} [{ci[0]:.2f}, {ci[1]:.2f}] on "
+            f"{cell.tokens:,} tokens ({time.time() - t:.1f} s)"
         )
     if variants != ["none"]:
         pe.set_scaling("none")
@@ -111,11 +130,13 @@ def evaluate_lengths(path, cfg, rt) -> dict:
         "checkpoint": str(checkpoint.checkpoint_path(path)),
         "scheme": pe.name,
         "positional": ckpt["model_config"]["positional"],
+        "train_config": ckpt["config"],
         "train_length": train_length,
         "step": ckpt["step"],
-        "stride": stride,
+        "stride": ev.stride if ev.stride is not None else "L/2",
         "lengths": lengths,
-        "documents": len(regions),
+        "pieces": [{"work": p.work, "start": p.start, "tokens": p.size} for p in pieces],
+        "works": list(dict.fromkeys(p.work for p in pieces)),
         "device": str(rt.device),
         "dtype": str(rt.dtype),
         "seconds": round(time.time() - t0, 1),
@@ -193,7 +214,7 @@ def run(cfg: DictConfig, job_dir: Path | None = None):
             )
         results = [evaluate_one(p, cfg, rt) for p in found]
         if cfg.eval.mode == "length":
-            print(report.compare(results, Path(cfg.sweep_dir) / "eval"))
+            print(compare.compare(results, Path(cfg.sweep_dir) / "eval"))
         return results
     if not cfg.checkpoint:
         raise UserError("pass checkpoint=<run folder or ckpt.pt> (or sweep_dir=<training sweep folder>)")

@@ -1,18 +1,23 @@
-"""The held-out documents of a checkpoint's own dataset, found from the checkpoint alone.
+"""The held-out documents of a checkpoint's own dataset, found from the checkpoint alone; one per distinct work.
 
 python eval.py checkpoint=out/rope eval.prepare=true     (prepares them if the data folder is gone)
+The Shakespeare split holds every play twice, in modern and in First Folio spelling: near-duplicates, so the
+evaluations count them as one work and draw from one document of each (held_out_works).
 """
 
 import json
 from pathlib import Path
 
+import numpy as np
+
+from data import sources
 from data.loader import TokenSplit
 from data.prepare import data_dir, load_meta, prepare
 from utils.errors import UserError
 
 
-def held_out_documents(ckpt: dict, allow_prepare: bool):
-    """The checkpoint's own held-out documents, from the prepared folder it names (or its config)."""
+def held_out_folder(ckpt: dict, allow_prepare: bool) -> Path:
+    """The prepared folder the checkpoint names (or its config does), prepared here if asked."""
     folder = Path(ckpt["data_dir"])
     if not (folder / "meta.json").exists():
         folder = data_dir(ckpt["config"]["data"], ckpt["config"]["tokenizer"])
@@ -26,4 +31,43 @@ def held_out_documents(ckpt: dict, allow_prepare: bool):
     if json.loads((folder / "tokenizer.json").read_text()) != ckpt["tokenizer"]:
         raise UserError(f"the data at {folder} was tokenized differently from this checkpoint; re-prepare it")
     load_meta(folder)
-    return TokenSplit(folder, "val").documents()
+    return folder
+
+
+def held_out_documents(ckpt: dict, allow_prepare: bool) -> list[np.ndarray]:
+    """The checkpoint's own held-out documents, each with its BOS first, in the order they were prepared."""
+    return TokenSplit(held_out_folder(ckpt, allow_prepare), "val").documents()
+
+
+def document_names(data: dict, n_docs: int) -> list[str]:
+    """A name per held-out document. The prepared folder keeps no names, so the Shakespeare ones come from the
+    corpus package in the order prepare wrote them (file stems); other sources get doc<i>."""
+    if data.get("source") == "shakespeare":
+        try:
+            stems = [stem for stem, _ in sources.shakespeare_documents(data, "val")]
+        except UserError:  # the corpus package is gone since the data was prepared: no names to be had
+            stems = []
+        if len(stems) == n_docs:
+            return stems
+    return [f"doc{i}" for i in range(n_docs)]
+
+
+def distinct_works(names: list[str], source: str | None) -> list[int]:
+    """Indices of one document per distinct work, in order: the first of each group of twins (for Shakespeare the
+    modern spelling, whose stem sorts first); every document of another source is a work of its own."""
+    seen, keep = set(), []
+    for i, name in enumerate(names):
+        work = sources.work_of(name) if source == "shakespeare" else name
+        if work not in seen:
+            seen.add(work)
+            keep.append(i)
+    return keep
+
+
+def held_out_works(ckpt: dict, allow_prepare: bool) -> list[tuple[str, np.ndarray]]:
+    """(name, tokens) of one held-out document per distinct work: what the length and stream evaluations draw
+    from, so that no text is scored twice in two spellings."""
+    docs = held_out_documents(ckpt, allow_prepare)
+    data = ckpt["config"]["data"]
+    names = document_names(data, len(docs))
+    return [(names[i], docs[i]) for i in distinct_works(names, data.get("source"))]

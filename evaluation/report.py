@@ -1,39 +1,44 @@
-"""Length-extrapolation results as a JSON file, a table and a plot; and the comparison of many runs.
+"""Length-extrapolation results as a table and a plot, for one run or many (evaluation/compare.py).
 
 python eval.py checkpoint=out/rope                      -> out/rope/eval/length.{json,png}
-python eval.py sweep_dir=multirun/2026-11-22_10-00-00   -> <sweep_dir>/eval/compare.{json,png}
-python eval.py -m checkpoint=out/rope,out/alibi         -> the same comparison in the eval sweep folder
+python eval.py sweep_dir=multirun/2026-11-22_10-00-00   -> <sweep_dir>/eval/compare.{json,txt,png}
+A cell reads `ppl [lo, hi]`, its 95% bootstrap interval (evaluation/bootstrap.py); a plot shows it as a band.
 """
 
-import json
 from pathlib import Path
-
-from hydra.experimental.callback import Callback
 
 
 def label(row: dict) -> str:
-    return row["scheme"] if row.get("variant", "none") == "none" else f"{row['scheme']}+{row['variant']}"
+    name = row.get("run_label", row["scheme"])
+    return name if row.get("variant", "none") == "none" else f"{name}+{row['variant']}"
+
+
+def _num(x: float) -> str:
+    return f"{x:.1f}" if x < 1e4 else f"{x:.1e}"
 
 
 def fmt_ppl(row: dict) -> str:
+    """`ppl [lo, hi]` (the 95% interval); a group of seeds adds `±sd` of its runs' perplexities."""
     if row.get("ppl") is None:
         return "n/a"
-    return f"{row['ppl']:.1f}" if row["ppl"] < 1e4 else f"{row['ppl']:.1e}"
+    spread = f"±{_num(row['ppl_sd'])}" if row.get("ppl_sd") is not None else ""
+    ci = f" [{_num(row['ci'][0])}, {_num(row['ci'][1])}]" if row.get("ci") else ""
+    return f"{_num(row['ppl'])}{spread}{ci}{row.get('mark', '')}"
 
 
 def table(rows: list[dict], lengths: list[int], title: str) -> str:
     """One line per (scheme + variant, mode), one column per length; n/a cells explained underneath."""
-    keys = sorted({(label(r), r["mode"]) for r in rows}, key=lambda k: ([label(r) for r in rows].index(k[0]), k[1]))
+    names = list(dict.fromkeys(label(r) for r in rows))
+    keys = sorted({(label(r), r["mode"]) for r in rows}, key=lambda k: (names.index(k[0]), k[1]))
+    cells = {(label(r), r["mode"], r["length"]): fmt_ppl(r) for r in rows}
     width = max([len(k[0]) for k in keys] + [6])
-    lines = [title, f"{'scheme':<{width}}  {'mode':<10}" + "".join(f"{n:>9}" for n in lengths)]
-    notes, counts = set(), set()
+    col = max([len(c) for c in cells.values()] + [len(str(n)) for n in lengths]) + 2
+    lines = [title, f"{'scheme':<{width}}  {'mode':<10}" + "".join(f"{n:>{col}}" for n in lengths)]
     for name, mode in keys:
-        cells = {r["length"]: r for r in rows if label(r) == name and r["mode"] == mode}
         lines.append(
-            f"{name:<{width}}  {mode:<10}" + "".join(f"{fmt_ppl(cells[n]) if n in cells else '-':>9}" for n in lengths)
+            f"{name:<{width}}  {mode:<10}" + "".join(f"{cells.get((name, mode, n), '-'):>{col}}" for n in lengths)
         )
-        notes |= {r["note"] for r in cells.values() if r.get("note")}
-        counts |= {r["tokens"] for r in cells.values() if r.get("tokens")}
+    counts = {r["tokens"] for r in rows if r.get("tokens")}
     if len(counts) == 1:
         lines.append(f"every cell scored the same {counts.pop():,} held-out tokens")
     elif counts:
@@ -41,7 +46,9 @@ def table(rows: list[dict], lengths: list[int], title: str) -> str:
             "tokens scored per cell: "
             + ", ".join(f"{label(r)}/{r['mode']}/{r['length']}={r['tokens']:,}" for r in rows if r.get("tokens"))
         )
-    lines += sorted(notes)
+    if any(r.get("ci") for r in rows):
+        lines.append("[lo, hi]: 95% bootstrap interval over the scored pieces (evaluation/bootstrap.py)")
+    lines += sorted({r["note"] for r in rows if r.get("note")})
     return "\n".join(lines)
 
 
@@ -77,8 +84,24 @@ def _length_axes(ax, rows: list[dict], train_length: int, title: str):
     ax.grid(alpha=0.3, which="both")
 
 
-def _points(rows: list[dict], name: str, mode: str) -> list[tuple[int, float]]:
-    return sorted((r["length"], r["ppl"]) for r in rows if label(r) == name and r["mode"] == mode and r["ppl"])
+def _series(rows: list[dict], name: str, mode: str) -> list[dict]:
+    return sorted((r for r in rows if label(r) == name and r["mode"] == mode and r["ppl"]), key=lambda r: r["length"])
+
+
+def _line(ax, rows: list[dict], name: str, mode: str, **style):
+    """ppl against length with its 95% interval as a band, and ±sd over seeds as error bars for a seed group."""
+    series = _series(rows, name, mode)
+    if not series:
+        return
+    xs, ys = [r["length"] for r in series], [r["ppl"] for r in series]
+    ax.plot(xs, ys, marker="o", ms=3, **style)
+    if all(r.get("ci") for r in series):
+        ax.fill_between(
+            xs, [r["ci"][0] for r in series], [r["ci"][1] for r in series], color=style["color"], alpha=0.15, lw=0
+        )
+    if any(r.get("ppl_sd") for r in series):
+        sd = [r.get("ppl_sd") or 0 for r in series]
+        ax.errorbar(xs, ys, yerr=sd, fmt="none", ecolor=style["color"], elinewidth=1, capsize=2)
 
 
 def plot(rows: list[dict], train_length: int, path: Path, title: str, by_position: dict | None = None):
@@ -89,9 +112,8 @@ def plot(rows: list[dict], train_length: int, path: Path, title: str, by_positio
     ax = axes[0, 0]
     for i, name in enumerate(dict.fromkeys(label(r) for r in rows)):
         for mode, style in MODE_STYLE.items():
-            if pts := _points(rows, name, mode):
-                ax.plot(*zip(*pts, strict=True), ls=style, marker="o", ms=3, color=f"C{i}", label=f"{name} ({mode})")
-    _length_axes(ax, rows, train_length, f"{title} (trained at {train_length}, dotted)")
+            _line(ax, rows, name, mode, ls=style, color=f"C{i}", label=f"{name} ({mode})")
+    _length_axes(ax, rows, train_length, f"{title} (trained at {train_length}, dotted; bands: 95% intervals)")
     ax.legend(fontsize=7)
     if by_position:
         ax = axes[0, 1]
@@ -114,17 +136,19 @@ def plot_compare(rows: list[dict], train_length: int, path: Path):
     plt = _pyplot()
     modes = [m for m in MODE_STYLE if any(r["mode"] == m for r in rows)]
     fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes) + 2.5, 5), squeeze=False, sharey=True)
-    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    schemes = list(dict.fromkeys(r.get("run_label", r["scheme"]) for r in rows))
     for ax, mode in zip(axes[0], modes, strict=True):
         for name in dict.fromkeys(label(r) for r in rows):
             row = next(r for r in rows if label(r) == name)
             style = VARIANT_STYLE.get(row.get("variant", "none"), "-")
-            color = f"C{schemes.index(row['scheme']) % 10}"
-            if pts := _points(rows, name, mode):
-                ax.plot(*zip(*pts, strict=True), ls=style, marker="o", ms=3, color=color, label=name)
+            color = f"C{schemes.index(row.get('run_label', row['scheme'])) % 10}"
+            _line(ax, rows, name, mode, ls=style, color=color, label=name)
         _length_axes(ax, rows, train_length, f"{mode} windows (trained at {train_length}, dotted)")
     axes[0, -1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-    fig.suptitle("train short, test long: held-out perplexity against evaluation length")
+    fig.suptitle(
+        "train short, test long: held-out perplexity against evaluation length "
+        "(bands: 95% intervals; bars: ±sd over seeds)"
+    )
     _save(fig, path)
 
 
@@ -150,31 +174,3 @@ def binned(by_position, count, min_samples: int = 32) -> list[tuple[int, float]]
             out.append((lo, float(by_position[lo:hi].sum() / count[lo:hi].sum())))
         lo = hi
     return out
-
-
-def compare(results: list[dict], out_dir: Path) -> str:
-    """One table and one plot over many length.json results (a row per scheme and variant)."""
-    if not results:
-        raise ValueError("no eval results to compare")
-    rows = [r for res in results for r in res["results"]]
-    lengths = sorted({r["length"] for r in rows})
-    train_lengths = sorted({res["train_length"] for res in results})
-    text = table(rows, lengths, f"perplexity by evaluation length (trained at {', '.join(map(str, train_lengths))})")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(
-        json.dumps({"runs": [res["checkpoint"] for res in results], "results": rows}, indent=1)
-    )
-    (out_dir / "compare.txt").write_text(text + "\n")
-    plot_compare(rows, train_lengths[0], out_dir / "compare.png")
-    return text
-
-
-class CompareCallback(Callback):
-    """After `python eval.py -m checkpoint=a,b,...`: compare every job's length.json in the sweep folder."""
-
-    def on_multirun_end(self, config, **kwargs):
-        sweep = Path(config.hydra.sweep.dir)
-        results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/length.json"))]
-        if len(results) > 1:
-            print(compare(results, sweep))
-            print(f"comparison written to {sweep}/compare.{{json,txt,png}}")

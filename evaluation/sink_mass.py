@@ -3,6 +3,8 @@
 python eval.py checkpoint=out/rope eval.mode=stream      (reported beside the streaming perplexity)
 StreamingLLM's window attention collapses when the evicted first token held a large share of every query's
 attention; a model whose first token gets about 1/(keys visible) of it has no sink to lose.
+The windows are spread evenly along the stream eval.mode=stream feeds, which holds every held-out work
+(evaluation/stream.py), so the measure is not one play's.
 """
 
 import torch

@@ -7,8 +7,14 @@ Methods, each scoring the same stream:
   sinks      the first `sinks` tokens plus the window most recent (sinks + window, the same memory)
   recompute  each token predicted by a fresh forward over the W tokens before it, at positions 0..W-1 (the oracle;
              with positional=sink its learned sink leads every window, as in training)
-Also reports how much attention the model puts on the first token of a window (evaluation/sink_mass.py).
-Reports NLL and perplexity per block of eval.block tokens as stream.json, a table and stream.png.
+The stream: one document of each distinct held-out work (evaluation/heldout.py), an equal share of the tokens from
+each, end to end, each from its own opening (its BOS), as StreamingLLM feeds whole books one after another.
+Also reports how much attention the model puts on the first token of a window (evaluation/sink_mass.py), over
+windows spread along the same stream.
+Reports NLL and perplexity per block of eval.block tokens as stream.json, a table and stream.png, with 95%
+bootstrap intervals (evaluation/bootstrap.py): a block's resamples its runs of eval.block / 16 consecutive tokens;
+a method's mean over the stream resamples the blocks, with the same draws for every method, so the difference of
+two methods (stream.json `pairs`) is a paired bootstrap on the same tokens.
 """
 
 import json
@@ -18,7 +24,9 @@ import time
 import numpy as np
 import torch
 
-from evaluation.heldout import held_out_documents
+from evaluation import bootstrap
+from evaluation.heldout import held_out_works
+from evaluation.length import equal_shares
 from evaluation.sink_mass import first_token_attention
 from model.kv_cache import CacheError, DenseCache, SinkCache
 from utils import checkpoint
@@ -26,13 +34,15 @@ from utils.errors import UserError
 from utils.progress import progress
 
 
-def held_out_stream(ckpt: dict, n_tokens: int, allow_prepare: bool) -> np.ndarray:
-    """The held-out documents end to end (each after its BOS), n_tokens + 1 of them."""
-    docs = held_out_documents(ckpt, allow_prepare)
-    stream = np.concatenate(docs)
-    if len(stream) < n_tokens + 1:
-        raise UserError(f"eval.stream_tokens={n_tokens} is more than the {len(stream) - 1} held-out tokens; ask fewer")
-    return stream[: n_tokens + 1]
+def held_out_stream(ckpt: dict, n_tokens: int, allow_prepare: bool) -> tuple[np.ndarray, list[dict]]:
+    """n_tokens + 1 held-out tokens: an equal share from the opening of each distinct work (a longer share from
+    the others where one is short), end to end; and (work, tokens) of each part."""
+    works = held_out_works(ckpt, allow_prepare)
+    shares = equal_shares(n_tokens + 1, [len(doc) for _, doc in works])
+    if sum(shares) < n_tokens + 1:
+        raise UserError(f"eval.stream_tokens={n_tokens} is more than the {sum(shares) - 1} held-out tokens; ask fewer")
+    parts = [(name, doc[:k]) for (name, doc), k in zip(works, shares, strict=True) if k]
+    return np.concatenate([p for _, p in parts]), [{"work": name, "tokens": len(p)} for name, p in parts]
 
 
 @torch.no_grad()
@@ -73,19 +83,56 @@ def blocks(nll: np.ndarray, size: int) -> list[float]:
     return [float(nll[i : i + size].mean()) for i in range(0, len(nll), size)]
 
 
+def block_intervals(nll: np.ndarray, size: int) -> list[list[float]]:
+    """A 95% perplexity interval per block of `size` tokens, resampling its runs of size / 16 tokens."""
+    out = []
+    for i in range(0, len(nll), size):
+        sums, counts = bootstrap.contiguous_blocks(nll[i : i + size], max(1, size // 16))
+        out.append(bootstrap.ppl_interval(bootstrap.resample(sums, counts, bootstrap.block_draws(len(sums)))))
+    return out
+
+
+def method_entry(nll: np.ndarray, size: int, seconds: float, note: str | None) -> dict:
+    return {
+        "nll": blocks(nll, size),
+        "ci": block_intervals(nll, size),
+        "tokens": len(nll),
+        "seconds": round(seconds, 1),
+        "note": note,
+    }
+
+
+def summarize(results: dict, raw: dict, size: int) -> list[dict]:
+    """Add each method's mean over its stream with an interval (its blocks resampled, the same draws for every
+    method of the same length); return the paired difference of every two methods that scored the same tokens."""
+    draws = {}
+    for name, nll in raw.items():
+        sums, counts = bootstrap.contiguous_blocks(nll, size)
+        draws[name] = bootstrap.resample(sums, counts, bootstrap.block_draws(len(sums), ["stream", len(nll)]))
+        results[name]["mean"] = {"ppl": float(np.exp(nll.mean())), "ci": bootstrap.ppl_interval(draws[name])}
+    names = list(draws)
+    return [
+        {"a": x, "b": y, **bootstrap.difference(draws[x], draws[y])}
+        for i, x in enumerate(names)
+        for y in names[i + 1 :]
+        if len(raw[x]) == len(raw[y])
+    ]
+
+
 def run_stream(path, cfg, rt, out_dir):
     model, ckpt = checkpoint.load_model(path, rt.device)
     pe, train_length, ev = model.pe, ckpt["seq_len"], cfg.eval
     sinks = (pe.n_prefix or 4) if cfg.cache.sinks is None else cfg.cache.sinks
     window = train_length + pe.n_prefix - sinks if cfg.cache.window is None else cfg.cache.window
     size = sinks + window
-    tokens = torch.from_numpy(held_out_stream(ckpt, ev.stream_tokens, ev.prepare).astype(np.int64)).to(rt.device)
+    stream, parts = held_out_stream(ckpt, ev.stream_tokens, ev.prepare)
+    tokens = torch.from_numpy(stream.astype(np.int64)).to(rt.device)
     methods = {
         "dense": lambda: DenseCache(model, 1, min(ev.dense_limit, ev.stream_tokens) + pe.n_prefix),
         f"window 0+{size}": lambda: SinkCache(model, 1, 0, size),
         f"sinks {sinks}+{window}": lambda: SinkCache(model, 1, sinks, window),
     }
-    results, t_all = {}, time.time()
+    results, raw, t_all = {}, {}, time.time()
     for name, make in methods.items():
         t = time.time()
         try:
@@ -94,12 +141,8 @@ def run_stream(path, cfg, rt, out_dir):
             results[name] = {"nll": [], "tokens": 0, "note": f"n/a: {e}"}
             print(f"  {name:>16}: n/a ({e})", flush=True)
             continue
-        results[name] = {
-            "nll": blocks(nll, ev.block),
-            "tokens": len(nll),
-            "seconds": round(time.time() - t, 1),
-            "note": f"stopped at {len(nll)} tokens: {stopped}" if stopped else None,
-        }
+        note = f"stopped at {len(nll)} tokens: {stopped}" if stopped else None
+        results[name], raw[name] = method_entry(nll, ev.block, time.time() - t, note), nll
         print(
             f"  {name:>16}: mean ppl {math.exp(nll.mean()):.2f} over {len(nll):,} tokens ({time.time() - t:.0f} s)",
             flush=True,
@@ -114,24 +157,23 @@ def run_stream(path, cfg, rt, out_dir):
     if pe.max_positions is None or size <= pe.max_positions:
         t = time.time()
         nll = recompute_nll(model, tokens, size - pe.n_prefix, rt)  # the model adds its learned sinks itself
-        results[f"recompute {size}"] = {
-            "nll": blocks(nll, ev.block),
-            "tokens": len(nll),
-            "seconds": round(time.time() - t, 1),
-            "note": None,
-        }
+        results[f"recompute {size}"] = method_entry(nll, ev.block, time.time() - t, None)
+        raw[f"recompute {size}"] = nll
         print(f"  {'recompute':>16}: mean ppl {math.exp(nll.mean()):.2f} ({time.time() - t:.0f} s)", flush=True)
+    pairs = summarize(results, raw, ev.block)
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
         "scheme": pe.name,
         "train_length": train_length,
         "stream_tokens": ev.stream_tokens,
+        "works": parts,
         "block": ev.block,
         "sinks": sinks,
         "window": window,
         "device": str(rt.device),
         "seconds": round(time.time() - t_all, 1),
         "methods": results,
+        "pairs": pairs,
         "first_token_attention": sink,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -142,24 +184,34 @@ def run_stream(path, cfg, rt, out_dir):
     return result
 
 
+def _cell(ppl: float, ci: list[float] | None) -> str:
+    return f"{ppl:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else f"{ppl:.1f}"
+
+
 def stream_table(result: dict, rows: int = 10) -> str:
-    """Perplexity per block at up to `rows` evenly spaced blocks, a column per method."""
-    names = list(result["methods"])
-    n_blocks = max(len(m["nll"]) for m in result["methods"].values())
+    """Perplexity [95% interval] per block at up to `rows` evenly spaced blocks, a column per method; the mean
+    over the stream; which methods are within noise of each other."""
+    names, methods = list(result["methods"]), result["methods"]
+    n_blocks = max(len(m["nll"]) for m in methods.values())
     picks = sorted({round(i * (n_blocks - 1) / (rows - 1)) for i in range(rows)}) if n_blocks > 1 else [0]
-    width = max(len(n) for n in names) + 2
+    table = []
+    for b in picks:
+        cells = [_cell(math.exp(m["nll"][b]), m.get("ci", [None] * (b + 1))[b]) if b < len(m["nll"]) else "-"
+                 for m in methods.values()]  # fmt: skip
+        table.append((f"{(b + 1) * result['block']:,}", cells))
+    table.append(("mean", [_cell(m["mean"]["ppl"], m["mean"]["ci"]) if "mean" in m else "-" for m in methods.values()]))
+    width = max([len(n) for n in names] + [len(c) for _, cells in table for c in cells]) + 2
     lines = [
         f"{result['scheme']}: perplexity per block of {result['block']} tokens over a "
-        f"{result['stream_tokens']:,}-token stream (trained at {result['train_length']})",
+        f"{result['stream_tokens']:,}-token stream (trained at {result['train_length']}; "
+        f"{', '.join(p['work'] for p in result.get('works', []))})",
         f"{'tokens seen':>12}" + "".join(f"{n:>{width}}" for n in names),
     ]
-    for b in picks:
-        cells = []
-        for n in names:
-            nll = result["methods"][n]["nll"]
-            cells.append(f"{math.exp(nll[b]):.1f}" if b < len(nll) else "-")
-        lines.append(f"{(b + 1) * result['block']:>12,}" + "".join(f"{c:>{width}}" for c in cells))
-    lines += [f"{n}: {m['note']}" for n, m in result["methods"].items() if m.get("note")]
+    lines += [f"{first:>12}" + "".join(f"{c:>{width}}" for c in cells) for first, cells in table]
+    lines.append("[lo, hi]: 95% bootstrap interval (evaluation/bootstrap.py)")
+    same = [f"{p['a']} ~ {p['b']}" for p in result.get("pairs", []) if p["within_noise"]]
+    lines.append("within noise of each other over the stream (paired): " + ("; ".join(same) or "none"))
+    lines += [f"{n}: {m['note']}" for n, m in methods.items() if m.get("note")]
     return "\n".join(lines)
 
 
@@ -173,13 +225,16 @@ def plot_stream(result: dict, path):
     for name, m in result["methods"].items():
         if m["nll"]:
             xs = [(i + 1) * result["block"] for i in range(len(m["nll"]))]
-            ax.plot(xs, m["nll"], label=name)
+            (line,) = ax.plot(xs, m["nll"], label=name)
+            if m.get("ci"):  # the 95% interval of each block, as a band
+                lo, hi = zip(*(np.log(ci) for ci in m["ci"]), strict=True)
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
     ax.axvline(result["train_length"], color="gray", ls=":", label=f"training length {result['train_length']}")
     ax.set(
         xscale="log",
         xlabel="tokens seen",
         ylabel=f"mean NLL per {result['block']}-token block (nats)",
-        title=f"{result['scheme']}: streaming past the training length",
+        title=f"{result['scheme']}: streaming past the training length (bands: 95% intervals)",
     )
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,0 +1,76 @@
+"""95% intervals for perplexities and their differences: a seeded bootstrap over blocks of contiguous tokens.
+
+python eval.py checkpoint=out/rope                       an interval for every cell of length.json (and stream.json)
+python eval.py sweep_dir=multirun/<time>                 + which differences between runs are within noise
+What is resampled: blocks, never single tokens, because the NLLs of neighbouring tokens are correlated (one scene,
+one speaker): a token bootstrap would give intervals far too narrow. In the length evaluation a block is one
+scored piece (evaluation/length.py: the longest eval length of contiguous text, from one place in one held-out
+work; pieces lie thousands of tokens apart); in the stream, a reported block of eval.block tokens. A draw picks
+as many blocks as there are, with replacement, and takes the token-weighted mean NLL. The interval is the 2.5th
+and 97.5th percentile of 2,000 draws, exponentiated to perplexity. It measures how much the number would move
+had other passages of the same works been scored; with four held-out works it cannot say how another kind of
+text would score.
+Paired: every row scored on the same pieces uses the same block draws, so the difference of two rows' draws is a
+paired bootstrap of the difference in mean NLL on the same tokens; when its interval holds 0 the difference is
+within noise. Runs that differ only in seed: each draw also resamples the runs of a group (independently per
+group), so a group's interval holds the seed-to-seed spread as well (with 3 seeds, roughly).
+Seeded (SEED, and a key per set of blocks): the same inputs give the same intervals.
+"""
+
+import hashlib
+import json
+
+import numpy as np
+
+DRAWS, LEVEL, SEED = 2000, 0.95, 0
+
+
+def block_draws(n_blocks: int, key=None, draws: int = DRAWS) -> np.ndarray:
+    """(draws, n_blocks) block indices drawn with replacement; the same key gives the same draws."""
+    digest = hashlib.sha1(json.dumps(key, default=str).encode()).digest()
+    rng = np.random.default_rng([SEED, int.from_bytes(digest[:4], "little")])
+    return rng.integers(0, n_blocks, (draws, n_blocks))
+
+
+def resample(block_nll: np.ndarray, block_tokens: np.ndarray, idx: np.ndarray, run_key=None) -> np.ndarray:
+    """Mean NLL per token of each draw. block_nll: (runs, blocks) summed NLL per block (a row per seed; one row
+    for a single run); block_tokens: (blocks,); idx: block_draws. With several runs each draw also picks runs
+    with replacement (seeded by run_key) and averages their means."""
+    block_nll = np.atleast_2d(block_nll)
+    tokens = np.asarray(block_tokens, dtype=np.float64)[idx].sum(axis=1)
+    per_run = block_nll[:, idx].sum(axis=2) / tokens  # (runs, draws)
+    if len(per_run) == 1:
+        return per_run[0]
+    digest = hashlib.sha1(json.dumps(run_key, default=str).encode()).digest()
+    rng = np.random.default_rng([SEED + 1, int.from_bytes(digest[:4], "little")])
+    runs = rng.integers(0, len(per_run), (idx.shape[0], len(per_run)))
+    return per_run[runs, np.arange(idx.shape[0])[:, None]].mean(axis=1)
+
+
+def interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """The percentile interval of bootstrap draws."""
+    lo, hi = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def ppl_interval(samples: np.ndarray) -> list[float]:
+    """A perplexity interval from draws of mean NLL, rounded for the JSON files."""
+    return [round(float(np.exp(x)), 4) for x in interval(samples)]
+
+
+def difference(a: np.ndarray, b: np.ndarray) -> dict:
+    """Draws of mean NLL a - b (paired when drawn with the same block indices): the interval, and whether it
+    holds 0 (within noise)."""
+    lo, hi = interval(a - b)
+    return {
+        "diff_nll": round(float(np.mean(a - b)), 5),
+        "lo": round(lo, 5),
+        "hi": round(hi, 5),
+        "within_noise": lo <= 0 <= hi,
+    }
+
+
+def contiguous_blocks(nll: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(summed NLL, token count) of each run of `size` consecutive tokens (the last may be shorter)."""
+    starts = np.arange(0, len(nll), size)
+    return np.add.reduceat(nll, starts), np.diff(np.append(starts, len(nll)))

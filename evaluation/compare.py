@@ -1,0 +1,178 @@
+"""Many runs in one table and plot: runs that differ only in seed become one row, and differences within noise
+are marked.
+
+python train.py -m seed=1,2,3 positional=rope,alibi && python eval.py sweep_dir=multirun/<time>
+python eval.py -m checkpoint=out/rope,out/alibi         -> the same comparison in the eval sweep folder
+Writes compare.{json,txt,png}. Runs are grouped by their training config minus the seed and the keys that only
+say where and how a run was logged or stored (IGNORED), plus the step it reached and the text it was scored on.
+A group's cell: perplexity exp(mean NLL over its runs), ±sd of its runs' perplexities (with two runs or more),
+and the 95% interval of a bootstrap that resamples the scored pieces and the group's runs (evaluation/bootstrap.py).
+Within noise: in each column (length and mode) the lowest perplexity is marked `*`, and every row whose paired
+bootstrap difference from it (mean NLL on the same scored pieces, the same piece draws for both) has an interval
+holding 0 is marked `~`: not distinguishable from the best on this text and these seeds. compare.json also holds
+that difference for every pair of rows of a column (`pairs`).
+"""
+
+import json
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+from hydra.experimental.callback import Callback
+
+from evaluation import bootstrap, report
+
+IGNORED = (  # where and how a run was logged or stored, never what it learned
+    "seed",
+    "out_dir",
+    "device",
+    "compile",
+    "logger",
+    "data.cache_dir",
+    "train.resume",
+    "train.overwrite",
+    "train.log_interval",
+    "train.eval_interval",
+    "train.eval_batches",
+    "train.ckpt_interval",
+    "train.sample_tokens",
+    "train.time_limit_min",
+)
+
+
+def flatten(tree, prefix: str = "") -> dict:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    return {k: v for key, sub in tree.items() for k, v in flatten(sub, f"{prefix}{key}.").items()}
+
+
+def run_config(result: dict) -> dict:
+    """The flattened training config that defines a run's group (its checkpoint path where none is recorded)."""
+    if "train_config" not in result:
+        return {"checkpoint": result["checkpoint"]}
+    flat = {k.rstrip("."): v for k, v in flatten(result["train_config"]).items()}
+    kept = {k: v for k, v in flat.items() if not any(k == i or k.startswith(i + ".") for i in IGNORED)}
+    return {**kept, "step": result.get("step"), "pieces": result.get("pieces")}
+
+
+def group_runs(results: list[dict]) -> list[dict]:
+    """Groups of runs with equal run_config, in first-seen order, each with a label: its scheme, and where two
+    groups share a scheme, the config values that tell them apart."""
+    groups = {}
+    for res in results:
+        key = json.dumps(run_config(res), sort_keys=True, default=str)
+        groups.setdefault(key, {"key": key, "config": run_config(res), "runs": []})["runs"].append(res)
+    groups = list(groups.values())
+    for g in groups:
+        g["scheme"] = g["runs"][0]["scheme"]
+        g["seeds"] = [r.get("train_config", {}).get("seed") for r in g["runs"]]
+        twins = [h for h in groups if h["runs"][0]["scheme"] == g["scheme"]]
+        differ = sorted(k for k in g["config"] if k != "pieces" and len({str(h["config"].get(k)) for h in twins}) > 1)
+        g["label"] = g["scheme"] + (" [" + ", ".join(f"{k}={g['config'][k]}" for k in differ) + "]" if differ else "")
+    return groups
+
+
+def aggregate(group: dict, variant: str, length: int, mode: str) -> tuple[dict, np.ndarray | None]:
+    """A group's row for one cell, and its bootstrap draws of mean NLL (None for an n/a cell)."""
+    cells = [next(r for r in res["results"] if (r["variant"], r["length"], r["mode"]) == (variant, length, mode))
+             for res in group["runs"]]  # fmt: skip
+    first = cells[0]
+    row = {k: first[k] for k in ("scheme", "variant", "length", "mode", "stride", "tokens", "note") if k in first}
+    row.update(run_label=group["label"], runs=len(cells), seeds=group["seeds"])
+    if any(c.get("ppl") is None for c in cells):
+        return {**row, "ppl": None, "nll": None}, None
+    nll = float(np.mean([c["nll"] for c in cells]))
+    row.update(nll=nll, ppl=float(np.exp(nll)), ppl_runs=[c["ppl"] for c in cells])
+    row["ppl_sd"] = float(np.std(row["ppl_runs"], ddof=1)) if len(cells) > 1 else None
+    if any("piece_nll" not in c for c in cells):  # a length.json from before the intervals: none to be had
+        return row, None
+    pieces = group["runs"][0]["pieces"]
+    tokens = np.array([p["tokens"] for p in pieces], dtype=np.float64)
+    block_nll = np.array([c["piece_nll"] for c in cells]) * tokens  # (runs, pieces) summed NLL
+    draws = bootstrap.resample(block_nll, tokens, piece_draws(pieces), run_key=[group["key"], variant, length, mode])
+    row["ci"] = bootstrap.ppl_interval(draws)
+    row["piece_nll"] = [round(float(x), 6) for x in block_nll.mean(axis=0) / tokens]
+    return row, draws
+
+
+def piece_draws(pieces: list[dict]) -> np.ndarray:
+    """The block draws for one set of pieces: every row scored on the same pieces gets the same, hence paired."""
+    return bootstrap.block_draws(len(pieces), [[p["work"], p["start"], p["tokens"]] for p in pieces])
+
+
+def mark_noise(rows: list[dict], draws: list[np.ndarray | None]) -> list[dict]:
+    """Mark each column's best row `*` and the rows within noise of it `~` (row['vs_best']); return every pair's
+    paired difference."""
+    pairs, columns = [], {}
+    for i, row in enumerate(rows):
+        if draws[i] is not None:
+            columns.setdefault((row["length"], row["mode"]), []).append(i)
+    for (length, mode), idx in columns.items():
+        best = min(idx, key=lambda i: rows[i]["ppl"])
+        rows[best]["mark"] = "*"
+        for i in idx:
+            if i != best:
+                d = bootstrap.difference(draws[i], draws[best])
+                rows[i]["vs_best"] = {"best": report.label(rows[best]), **d}
+                rows[i]["mark"] = "~" if d["within_noise"] else ""
+        for i, j in combinations(idx, 2):
+            paired = rows[i].get("pieces_key") == rows[j].get("pieces_key")
+            pair = {"a": report.label(rows[i]), "b": report.label(rows[j]), "length": length, "mode": mode}
+            pairs.append({**pair, **bootstrap.difference(draws[i], draws[j]), "paired": paired})
+    return pairs
+
+
+def compare(results: list[dict], out_dir: Path) -> str:
+    """One table and one plot over many length.json results: a row per group of seeds, scheme and variant."""
+    if not results:
+        raise ValueError("no eval results to compare")
+    groups = group_runs(results)
+    cells = list(dict.fromkeys((r["variant"], r["length"], r["mode"]) for res in results for r in res["results"]))
+    rows, draws = [], []
+    for g in groups:
+        have = {(r["variant"], r["length"], r["mode"]) for r in g["runs"][0]["results"]}
+        for cell in (c for c in cells if c in have):
+            row, d = aggregate(g, *cell)
+            row["pieces_key"] = json.dumps(g["runs"][0].get("pieces"))
+            rows.append(row)
+            draws.append(d)
+    pairs = mark_noise(rows, draws)
+    for row in rows:
+        row.pop("pieces_key")
+    lengths = sorted({r["length"] for r in rows})
+    train_lengths = sorted({res["train_length"] for res in results})
+    title = f"perplexity by evaluation length (trained at {', '.join(map(str, train_lengths))})"
+    text = report.table(rows, lengths, title) + "\n" + legend(groups)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = [{"label": g["label"], "seeds": g["seeds"], "runs": [r["checkpoint"] for r in g["runs"]]} for g in groups]
+    (out_dir / "compare.json").write_text(
+        json.dumps(
+            {"runs": [res["checkpoint"] for res in results], "groups": summary, "results": rows, "pairs": pairs},
+            indent=1,
+        )
+    )
+    (out_dir / "compare.txt").write_text(text + "\n")
+    report.plot_compare(rows, train_lengths[0], out_dir / "compare.png")
+    return text
+
+
+def legend(groups: list[dict]) -> str:
+    lines = [
+        "*: lowest in its column; ~: within noise of it (the 95% interval of the paired bootstrap difference in "
+        "mean NLL on the same pieces holds 0); ±: sd over seeds"
+    ]
+    for g in groups:
+        seeds = ", ".join(str(s) for s in g["seeds"])
+        lines.append(f"{g['label']}: {len(g['runs'])} run{'s' * (len(g['runs']) > 1)} (seed {seeds})")
+    return "\n".join(lines)
+
+
+class CompareCallback(Callback):
+    """After `python eval.py -m checkpoint=a,b,...`: compare every job's length.json in the sweep folder."""
+
+    def on_multirun_end(self, config, **kwargs):
+        sweep = Path(config.hydra.sweep.dir)
+        results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/length.json"))]
+        if len(results) > 1:
+            print(compare(results, sweep))
+            print(f"comparison written to {sweep}/compare.{{json,txt,png}}")
