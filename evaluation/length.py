@@ -3,7 +3,8 @@
 python eval.py checkpoint=out/rope eval.lengths=[128,512,4096] eval.stride=64
 Scored text: `pieces` of the longest length M, an equal number from each distinct held-out work (one document of
 each, evaluation/heldout.py), spread over the document (its beginning, middle and end rather than its opening
-only), at least `tokens` in all (eval.tokens is rounded up to whole pieces and an equal count per work). Every
+only), at least `tokens` in all (eval.tokens is rounded up to whole pieces, at least one from each of four works,
+and an equal count per work). Every
 length and mode scores exactly these tokens, so lengths and schemes are comparable, and the NLL of each piece is
 kept for the bootstrap intervals (evaluation/bootstrap.py).
 Two modes per length L:
@@ -81,17 +82,21 @@ def spread(slots: int, k: int) -> list[int]:
     return [cands[round(i * (len(cands) - 1) / (k - 1))] for i in range(k)]
 
 
+MIN_WORKS = 4  # a budget smaller than this many pieces is raised: one work's text says little about another's
+
+
 def scoring_pieces(works: list[tuple[str, np.ndarray]], max_len: int, budget: int) -> list[Piece]:
-    """Pieces of max_len targets, aligned to multiples of max_len in their documents: ceil(budget / max_len)
-    rounded up to an equal count per work (water-filled where a work is short), spread over each document. With
-    more works than pieces, one piece from each of an evenly spaced selection of them."""
+    """Pieces of max_len targets, aligned to multiples of max_len in their documents: ceil(budget / max_len), at
+    least one from each of MIN_WORKS works (where that many are long enough), rounded up to an equal count per
+    work (water-filled where a work is short), spread over each document. With more works than pieces, one
+    piece from each of an evenly spaced selection of the works."""
     slots = [(len(doc) - 1) // max_len for _, doc in works]
     usable = [i for i, s in enumerate(slots) if s > 0]
-    wanted = math.ceil(budget / max_len)
-    if len(usable) > wanted:
-        usable = [usable[round(j * (len(usable) - 1) / max(1, wanted - 1))] for j in range(wanted)]
     if not usable:
         return []
+    wanted = max(math.ceil(budget / max_len), min(len(usable), MIN_WORKS))
+    if len(usable) > wanted:
+        usable = [usable[round(j * (len(usable) - 1) / max(1, wanted - 1))] for j in range(wanted)]
     wanted = math.ceil(wanted / len(usable)) * len(usable)
     pieces = []
     for i, k in zip(usable, equal_shares(wanted, [slots[i] for i in usable]), strict=True):

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY, config, random_model, run
+from omegaconf import OmegaConf
 
-from evaluation.length import score, scoring_regions, sliding_windows
+from evaluation.length import Region, regions, score, scoring_pieces, windows
 from positional import rope_scaling
 from positional.rope import RoPE, apply_rotary
 from train import train
@@ -61,20 +62,30 @@ def test_yarn_ramp_and_temperature():
     assert rope.rotate(x, torch.arange(5)).norm() == pytest.approx(cos_scale * x.norm().item(), rel=1e-5)
 
 
-def brute_force(model, region, length, mode, stride):
+def window_end(j: int, first: int, n: int, length: int, stride: int) -> tuple[int, int]:
+    """(start, end) of the sliding window that scores target j: windows end every `stride` targets from `first`
+    on, unless the text before `first` is too short, when the first window runs from 0 to `length`."""
+    if min(first + stride, n) < length:
+        if j < min(length, n):
+            return 0, min(length, n)
+        end = min(length + -(-(j + 1 - length) // stride) * stride, n)
+    else:
+        end = min(first + -(-(j + 1 - first) // stride) * stride, n)
+    return end - length, end
+
+
+def brute_force(model, region: Region, length, mode, stride):
     """Per scored token, a forward over exactly the context its window gives it."""
-    n, total, count = len(region) - 1, 0.0, 0
-    for j in range(n):
+    tokens, n, total, count = region.tokens, len(region.tokens) - 1, 0.0, 0
+    for j in range(region.first, n):
         if mode == "nonoverlap":
-            start = j // length * length
-            if start + length > n:
-                continue
-        else:  # the first window scores its whole length, then windows end every `stride` tokens
-            end = length if j < length else min(length + -(-(j + 1 - length) // stride) * stride, n)
-            start = max(0, end - length)
-        x = torch.tensor(region[start : j + 1])[None]
+            start = region.first + (j - region.first) // length * length
+        else:
+            start, _ = window_end(j, region.first, n, length, stride)
+            assert j - start + 1 >= min(length - stride, j + 1)  # context between L - stride and L where there is one
+        x = torch.tensor(tokens[start : j + 1])[None]
         logits = model(x)[0, -1]
-        total += torch.nn.functional.cross_entropy(logits, torch.tensor(region[j + 1])).item()
+        total += torch.nn.functional.cross_entropy(logits, torch.tensor(tokens[j + 1])).item()
         count += 1
     return total, count
 
@@ -82,33 +93,84 @@ def brute_force(model, region, length, mode, stride):
 @pytest.mark.parametrize("mode", ["nonoverlap", "sliding"])
 @pytest.mark.parametrize("name", ["rope", "alibi", "sink"])
 def test_windows_against_brute_force(mode, name):
+    """score() gives every token the context its window gives it: at a document's opening (first = 0), after text
+    that supplies the context (first = 20), and with a scored span that is no multiple of the length."""
     model = random_model(name)
     rng = np.random.default_rng(0)
-    regions = [rng.integers(0, 97, 50), rng.integers(0, 97, 37)]
+    regs = [Region(rng.integers(0, 97, 50), 0), Region(rng.integers(0, 97, 37), 0), Region(rng.integers(0, 97, 61), 20)]
     rt = runtime.Runtime(torch.device("cpu"), torch.float32)
     with torch.no_grad():
-        cell = score(model, regions, 16, mode, 6, 64, rt)
-        want = [brute_force(model, r, 16, mode, 6) for r in regions]
-    assert cell.tokens == sum(c for _, c in want)
+        cell = score(model, regs, 16, mode, 6, 64, rt)
+        want = [brute_force(model, r, 16, mode, 6) for r in regs]
+    assert cell.tokens == sum(c for _, c in want) == 49 + 36 + 40
     assert cell.nll_sum == pytest.approx(sum(t for t, _ in want), rel=1e-5)
+    assert cell.piece_nll == pytest.approx([t for t, _ in want], rel=1e-5)  # the bootstrap's units, per piece
 
 
-def test_every_length_scores_the_same_tokens():
-    docs = [np.arange(n) for n in (5000, 300, 9000, 4097)]
-    regions = scoring_regions(docs, 1024, 6000)
-    assert [len(r) - 1 for r in regions] == [4096, 2048]  # whole multiples of the longest length
-    for length in (64, 128, 256, 512, 1024):
-        for stride in (32, 64):
-            scored = [sum(n - first for _, n, first in sliding_windows(r, length, stride)) for r in regions]
-            assert scored == [4096, 2048]
+def scored(regs: list[Region], length: int, mode: str, stride: int) -> set:
+    """(region, target) of every token a cell scores; fails if one is scored twice."""
+    out = []
+    for r, reg in enumerate(regs):
+        for start, n, first in windows(reg, length, mode, stride):
+            out += [(r, start + i) for i in range(first, n)]
+    assert len(out) == len(set(out))
+    return set(out)
+
+
+def test_pieces_spread_over_every_work_and_every_cell_scores_them():
+    works = [(f"w{i}", np.arange(n)) for i, n in enumerate((5000, 300, 9000, 1500, 20000))]
+    pieces = scoring_pieces(works, 1024, 6000)  # 6 pieces asked, 8 taken: 2 per usable work, water-filled
+    by_work = {w: [p.start for p in pieces if p.work == w] for w in ("w0", "w2", "w3", "w4")}
+    assert {p.work for p in pieces} == set(by_work) and len(pieces) == 8  # w1 holds no whole piece
+    assert by_work == {
+        "w0": [1024, 2048, 3072],  # takes the piece w3 has no room for
+        "w2": [1024, 7 * 1024],  # spread from beginning to end, after a piece's length of context
+        "w3": [0],  # room for one piece only: its opening
+        "w4": [1024, 18 * 1024],
+    }
+    regs = regions(works, pieces, 1024)
+    assert all(len(r.tokens) - 1 - r.first == 1024 for r in regs)
+    every = {(i, r.first + j) for i, r in enumerate(regs) for j in range(1024)}
+    for length in (64, 100, 256, 512, 1024):  # 100 divides nothing: a shorter last window keeps every token
+        for mode, stride in [("nonoverlap", 0), ("sliding", 32), ("sliding", length // 2)]:
+            assert scored(regs, length, mode, stride) == every, (length, mode, stride)
+
+
+def test_many_short_works_give_one_piece_each_from_an_even_selection():
+    works = [(f"w{i}", np.arange(2049)) for i in range(10)]
+    pieces = scoring_pieces(works, 1024, 5 * 1024)
+    assert [(p.work, p.start) for p in pieces] == [(f"w{i}", 1024) for i in (0, 2, 4, 7, 9)]
+    assert len(scoring_pieces(works, 1024, 1)) == 4  # a tiny budget still spans four works
+
+
+def test_pieces_of_the_real_held_out_split(shakespeare_dir):
+    """The default budget on the Shakespeare split: four distinct plays (one spelling of each), each scored at
+    four places from its beginning to its end."""
+    from data.loader import TokenSplit
+    from data.sources import work_of
+    from evaluation.heldout import distinct_works, document_names
+
+    docs = TokenSplit(shakespeare_dir, "val").documents()
+    data = OmegaConf.to_container(config().data)
+    names = document_names(data, len(docs))
+    works = [(names[i], docs[i]) for i in distinct_works(names, "shakespeare")]
+    pieces = scoring_pieces(works, 4096, 65536)
+    plays = [work_of(p.work) for p in pieces]
+    assert len(set(plays)) == 4 and len({p.work for p in pieces}) == 4  # one spelling of each play
+    assert sorted(set(plays)) == sorted(data["val_works"]) and len(pieces) * 4096 == 65536
+    for w in set(plays):
+        starts = [p.start for p in pieces if work_of(p.work) == w]
+        doc = len(works[next(p.doc for p in pieces if work_of(p.work) == w)][1])
+        assert len(starts) == 4 and min(starts) >= 4096 and max(starts) > doc // 2
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, shakespeare_dir):
-    """Two tiny trained runs (seq_len 32), as a sweep folder: rope and learned."""
+    """Three tiny trained runs (seq_len 32), as a sweep folder: rope, learned, and rope again with another seed."""
     sweep = tmp_path_factory.mktemp("sweep")
-    for i, name in enumerate(["rope", "learned"]):
-        train(config(*TINY, f"positional={name}", "train.max_steps=20", "train.warmup_steps=5"), sweep / f"{i}-{name}")
+    for i, (name, seed) in enumerate([("rope", 1), ("learned", 1), ("rope", 2)]):
+        cfg = config(*TINY, f"positional={name}", f"seed={seed}", "train.max_steps=20", "train.warmup_steps=5")
+        train(cfg, sweep / f"{i}-{name}")
     return sweep
 
 
@@ -119,20 +181,23 @@ def test_eval_writes_table_json_and_plot(checkpoints):
     proc = run("eval.py", f"checkpoint={checkpoints / '0-rope'}", *EVAL, "eval.rope_scaling=all", check=True)
     result = json.loads((checkpoints / "0-rope" / "eval" / "length.json").read_text())
     assert result["train_length"] == 32 and result["lengths"] == [16, 32, 64, 128, 256, 512]
-    assert result["stride"] == 16 and result["scheme"] == "rope"
+    assert result["stride"] == "L/2" and result["scheme"] == "rope"
+    assert len(result["works"]) == 4 and len(result["pieces"]) == 4  # 1024 asked: one 512-token piece per play
     rows = result["results"]
     assert len(rows) == 5 * 6 * 2  # variants x lengths x modes
-    assert {r["tokens"] for r in rows} == {1024}
+    assert {r["tokens"] for r in rows} == {2048}
     for r in rows:
-        assert {"variant", "length", "mode", "ppl", "nll", "tokens"} <= r.keys()
-        assert r["ppl"] == pytest.approx(math.exp(r["nll"]))
+        assert {"variant", "length", "mode", "ppl", "nll", "tokens", "ci", "piece_nll"} <= r.keys()
+        assert r["ppl"] == pytest.approx(math.exp(r["nll"])) and r["ci"][0] < r["ppl"] < r["ci"][1]
+        assert r.get("stride", r["length"] // 2) == r["length"] // 2
     none = {(r["length"], r["mode"]): r["ppl"] for r in rows if r["variant"] == "none"}
     for r in rows:  # no extension needed at or below the training length
         if r["length"] <= 32:
             assert r["ppl"] == none[(r["length"], r["mode"])]
     assert len(result["nll_by_position"]["none"]["512"]) > 10
     assert (checkpoints / "0-rope" / "eval" / "length.png").read_bytes()[:4] == b"\x89PNG"
-    assert "rope+yarn" in proc.stdout and "every cell scored the same 1,024 held-out tokens" in proc.stdout
+    assert "rope+yarn" in proc.stdout and "every cell scored the same 2,048 held-out tokens" in proc.stdout
+    assert "[lo, hi]: 95% bootstrap interval" in proc.stdout
     assert "length eval" not in proc.stderr  # no progress bar where stderr is not a terminal
 
 
@@ -145,11 +210,22 @@ def test_learned_table_row_says_na_and_the_run_goes_on(checkpoints):
 
 
 def test_sweep_dir_compares_every_run(checkpoints):
+    """Every run of a training sweep in one table; the two rope runs differ only in seed: one row, two runs."""
     proc = run("eval.py", f"sweep_dir={checkpoints}", *EVAL, "eval.lengths=[16,32,64]", check=True)
     out = checkpoints / "eval"
-    rows = json.loads((out / "compare.json").read_text())["results"]
-    assert {r["scheme"] for r in rows} == {"rope", "learned"}
-    assert (out / "compare.png").exists() and "learned" in proc.stdout.splitlines()[-3]
+    compared = json.loads((out / "compare.json").read_text())
+    assert [(g["label"], g["seeds"]) for g in compared["groups"]] == [("rope", [1, 2]), ("learned", [1])]
+    rows = [r for r in compared["results"] if r["mode"] == "nonoverlap" and r["length"] == 32]
+    assert [(r["scheme"], r["runs"]) for r in rows] == [("rope", 2), ("learned", 1)]
+    per_seed = [
+        next(r for r in json.loads((checkpoints / d / "eval" / "length.json").read_text())["results"]
+             if (r["mode"], r["length"]) == ("nonoverlap", 32))
+        for d in ("0-rope", "2-rope")
+    ]  # fmt: skip
+    assert rows[0]["ppl"] == pytest.approx(math.exp((per_seed[0]["nll"] + per_seed[1]["nll"]) / 2))
+    assert rows[0]["ppl_runs"] == pytest.approx([r["ppl"] for r in per_seed])
+    assert sorted(r.get("mark") for r in rows) in (["", "*"], ["*", "~"])
+    assert (out / "compare.png").exists() and "rope: 2 runs (seed 1, 2)" in proc.stdout
 
 
 def test_multirun_comparison_callback(checkpoints, tmp_path):

@@ -230,6 +230,12 @@ def test_streaming_perplexity_report(runs):
     assert list(result["methods"]) == ["dense", "window 0+32", "sinks 4+28", "recompute 32"]
     for m in result["methods"].values():
         assert m["tokens"] == 400 and len(m["nll"]) == 8 and all(math.isfinite(x) for x in m["nll"])
+        assert len(m["ci"]) == 8 and all(lo < math.exp(x) < hi for x, (lo, hi) in zip(m["nll"], m["ci"], strict=True))
+        assert m["mean"]["ci"][0] < m["mean"]["ppl"] < m["mean"]["ci"][1]
+    # the stream holds every held-out play (one spelling of each), an equal share of each
+    assert [p["work"] for p in result["works"]] == ["coriolanus_gut", "hamlet_gut", "othello_gut", "richard_iii_gut"]
+    assert sorted(p["tokens"] for p in result["works"]) == [100, 100, 100, 101]  # 401: the last target too
+    assert len(result["pairs"]) == 6 and "within noise of each other" in proc.stdout
     assert (runs / "rope" / "eval" / "stream.png").exists() and "tokens seen" in proc.stdout
     assert "tok/s" not in proc.stderr  # no progress bar where stderr is not a terminal
     sink = result["first_token_attention"]

@@ -1,0 +1,66 @@
+"""evaluation/compare.py: runs that differ only in seed become one row with mean and spread; noise is marked."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from evaluation.compare import compare, group_runs
+
+PIECES = [{"work": f"w{i % 4}", "start": 64 * (i // 4 + 1), "tokens": 64} for i in range(16)]
+
+
+def fake_run(scheme: str, seed: int, shift, **train) -> dict:
+    """A length.json as eval.py writes it: one cell, per-piece NLLs that vary a lot from piece to piece."""
+    piece_nll = 4.0 + np.sin(np.arange(16)) + shift
+    nll = float(piece_nll.mean())
+    return {
+        "checkpoint": f"/runs/{scheme}-{seed}/ckpt.pt",
+        "scheme": scheme,
+        "train_length": 32,
+        "step": 20,
+        "pieces": PIECES,
+        "train_config": {
+            "seed": seed,
+            "out_dir": f"/runs/{scheme}-{seed}",  # differs in every run, as in a Hydra sweep
+            "logger": {"group": f"g{seed}"},
+            "positional": {"name": scheme},
+            "train": {"seq_len": 32, "log_interval": seed, **train},
+        },
+        "results": [
+            {"scheme": scheme, "variant": "none", "length": 64, "mode": "nonoverlap", "nll": nll,
+             "ppl": math.exp(nll), "tokens": 1024, "piece_nll": list(piece_nll)}
+        ],
+    }  # fmt: skip
+
+
+def test_two_schemes_two_seeds_make_two_groups_with_their_means(tmp_path):
+    runs = [fake_run("rope", 1, 0.0), fake_run("alibi", 1, 0.5), fake_run("rope", 2, 0.1), fake_run("alibi", 2, 0.7)]
+    groups = group_runs(runs)
+    assert [(g["label"], g["seeds"]) for g in groups] == [("rope", [1, 2]), ("alibi", [1, 2])]
+    text = compare(runs, tmp_path)
+    out = json.loads((tmp_path / "compare.json").read_text())
+    rows = {r["run_label"]: r for r in out["results"]}
+    base = float((4.0 + np.sin(np.arange(16))).mean())
+    for name, shifts in {"rope": (0.0, 0.1), "alibi": (0.5, 0.7)}.items():
+        row, ppls = rows[name], [math.exp(base + s) for s in shifts]
+        assert row["runs"] == 2 and row["seeds"] == [1, 2]
+        assert row["ppl"] == pytest.approx(math.exp(base + np.mean(shifts)))  # exp(mean NLL over seeds)
+        assert row["ppl_runs"] == pytest.approx(ppls) and row["ppl_sd"] == pytest.approx(np.std(ppls, ddof=1))
+        assert row["ci"][0] < row["ppl"] < row["ci"][1]
+    assert rows["rope"]["mark"] == "*" and rows["alibi"]["mark"] == ""  # 0.55 nats worse on every piece: no noise
+    assert not rows["alibi"]["vs_best"]["within_noise"] and rows["alibi"]["vs_best"]["best"] == "rope"
+    assert [p["paired"] for p in out["pairs"]] == [True]
+    assert "±" in text and "rope: 2 runs (seed 1, 2)" in text and (tmp_path / "compare.png").exists()
+
+
+def test_a_difference_inside_the_noise_is_marked_and_other_keys_split_groups(tmp_path):
+    wobble = 0.1 * np.cos(3 * np.arange(16))  # better on some pieces, worse on others, 0.005 nats worse on average
+    runs = [fake_run("rope", 1, 0.0), fake_run("nope", 1, wobble), fake_run("rope", 1, 0.3, seq_len=64)]
+    groups = group_runs(runs)
+    assert [g["label"] for g in groups] == ["rope [train.seq_len=32]", "nope", "rope [train.seq_len=64]"]
+    compare(runs, tmp_path)
+    rows = {r["run_label"]: r for r in json.loads((tmp_path / "compare.json").read_text())["results"]}
+    assert rows["nope"]["mark"] == "~" and rows["nope"]["vs_best"]["within_noise"]
+    assert rows["rope [train.seq_len=32]"]["ppl_sd"] is None  # one run: no spread to give
