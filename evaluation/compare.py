@@ -159,7 +159,7 @@ def compare(results: list[dict], out_dir: Path) -> str:
 def legend(groups: list[dict]) -> str:
     lines = [
         "*: lowest in its column; ~: within noise of it (the 95% interval of the paired bootstrap difference in "
-        "mean NLL on the same pieces holds 0); ±: sd over seeds"
+        "mean NLL, the same pieces drawn for both and a seed group's runs resampled, holds 0); ±: sd over seeds"
     ]
     for g in groups:
         seeds = ", ".join(str(s) for s in g["seeds"])
