@@ -174,10 +174,11 @@ def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict
     if run is None:
         return
     rows = result["results"]
-    columns = sorted({k for r in rows for k in r})
+    columns = sorted({k for r in rows for k in r} - {"piece_nll"})  # the bootstrap's inputs stay in length.json
+    cell = lambda v: str(v) if isinstance(v, list) else v  # an interval as one table cell
     run.log(
         {
-            f"{kind}/table": wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows]),
+            f"{kind}/table": wandb.Table(columns=columns, data=[[cell(r.get(c)) for c in columns] for r in rows]),
             f"{kind}/plot": wandb.Image(str(image)),
         }
     )

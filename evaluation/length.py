@@ -143,28 +143,47 @@ def windows(region: Region, length: int, mode: str, stride: int):
     return sliding_windows(n, region.first, length, stride)
 
 
+def scored_nll(model, inputs: torch.Tensor, targets: torch.Tensor, first: int) -> torch.Tensor:
+    """NLL (B, n - first) of targets[:, first:]. The output head costs half the forward of a short window, so it
+    runs on the scored positions only: a hook on the last block drops the others from its output (the head is
+    all that follows it, row by row; the brute-force test in tests/test_eval.py holds this to exact windows)."""
+    if first == 0:
+        return model(inputs, targets, reduction="none")
+    prefix = model.pe.n_prefix  # learned sink tokens lead the sequence; the model drops them itself
+
+    def drop(module, args, out):
+        return torch.cat((out[:, :prefix], out[:, prefix + first :]), dim=1)
+
+    hook = model.blocks[-1].register_forward_hook(drop)
+    try:
+        return model(inputs, targets[:, first:], reduction="none")
+    finally:
+        hook.remove()
+
+
 @torch.no_grad()
 def score(model, regions: list[Region], length: int, mode: str, stride: int, batch_tokens: int, rt) -> Cell:
-    """Sum the NLL of the scored tokens over all windows of one (length, mode), batching equal-length windows."""
+    """Sum the NLL of the scored tokens over all windows of one (length, mode), batching windows of equal length
+    and equal first scored index."""
     cell = Cell(piece_nll=np.zeros(len(regions)), piece_tokens=np.zeros(len(regions), dtype=np.int64))
     if mode == "nonoverlap":
         cell.by_position, cell.position_count = np.zeros(length), np.zeros(length)
     jobs = {}
     for r, region in enumerate(regions):
         for start, n, first in windows(region, length, mode, stride):
-            jobs.setdefault(n, []).append((r, start, first))
-    for n, items in sorted(jobs.items()):
+            jobs.setdefault((n, first), []).append((r, start))
+    for (n, first), items in sorted(jobs.items()):
         per_batch = min(len(items), max(1, batch_tokens // n))
         for b in range(0, len(items), per_batch):
             chunk = items[b : b + per_batch]
-            rows = [regions[r].tokens[s : s + n + 1] for r, s, _ in chunk]
+            rows = [regions[r].tokens[s : s + n + 1] for r, s in chunk]
             rows += rows[-1:] * (per_batch - len(rows))  # a full last batch: one shape per length
             rows = torch.from_numpy(np.stack(rows).astype(np.int64)).to(rt.device)
             with rt.autocast():
-                nll = model(rows[:, :-1], rows[:, 1:], reduction="none").float().view(per_batch, n)
+                nll = scored_nll(model, rows[:, :-1], rows[:, 1:], first).float().view(per_batch, n - first)
             nll = nll.cpu().numpy().astype(np.float64)
-            for i, (r, _, first) in enumerate(chunk):
-                cell.piece_nll[r] += nll[i, first:].sum()
+            for i, (r, _) in enumerate(chunk):
+                cell.piece_nll[r] += nll[i].sum()
                 cell.piece_tokens[r] += n - first
                 if cell.by_position is not None and n == length:
                     cell.by_position += nll[i]
