@@ -78,6 +78,11 @@ def scored_text(ckpt: dict, ev, max_len: int):
             f"eval length {max_len} is longer than every held-out document (the longest has "
             f"{longest} tokens); ask for shorter eval.lengths"
         )
+    if len(pieces) * max_len < ev.tokens:  # never fewer than asked without saying so
+        say(
+            f"note: eval.tokens={ev.tokens} is more than the held-out works hold in whole {max_len}-token pieces; "
+            f"scoring {len(pieces) * max_len:,}"
+        )
     return pieces, regions(works, pieces, max_len)
 
 
