@@ -100,6 +100,12 @@ def piece_draws(pieces: list[dict]) -> np.ndarray:
     return bootstrap.block_draws(len(pieces), [[p["work"], p["start"], p["tokens"]] for p in pieces])
 
 
+def same_pieces(a: dict, b: dict) -> bool:
+    """Scored on the same pieces, hence drawn with the same block indices: a paired difference. Runs trained at
+    different lengths score different pieces, and their difference is an unpaired one."""
+    return a.get("pieces_key") == b.get("pieces_key")
+
+
 def mark_noise(rows: list[dict], draws: list[np.ndarray | None]) -> list[dict]:
     """Mark each column's best row `*` and the rows within noise of it `~` (row['vs_best']); return every pair's
     paired difference."""
@@ -112,13 +118,12 @@ def mark_noise(rows: list[dict], draws: list[np.ndarray | None]) -> list[dict]:
         rows[best]["mark"] = "*"
         for i in idx:
             if i != best:
-                d = bootstrap.difference(draws[i], draws[best])
+                d = {**bootstrap.difference(draws[i], draws[best]), "paired": same_pieces(rows[i], rows[best])}
                 rows[i]["vs_best"] = {"best": report.label(rows[best]), **d}
                 rows[i]["mark"] = "~" if d["within_noise"] else ""
         for i, j in combinations(idx, 2):
-            paired = rows[i].get("pieces_key") == rows[j].get("pieces_key")
             pair = {"a": report.label(rows[i]), "b": report.label(rows[j]), "length": length, "mode": mode}
-            pairs.append({**pair, **bootstrap.difference(draws[i], draws[j]), "paired": paired})
+            pairs.append({**pair, **bootstrap.difference(draws[i], draws[j]), "paired": same_pieces(rows[i], rows[j])})
     return pairs
 
 
