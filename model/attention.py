@@ -20,6 +20,8 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 BACKENDS = ("auto", "sdpa", "flex", "reference")
 BLOCK_MIN_ROWS = 64  # smallest query block of the dense causal path (32 was slower on the CPU: more calls)
 FLEX_MIN_QUERIES = 128  # below this (decoding) a dense bias is small and flex's block machinery is not worth it
+FLEX_BLOCK = 128  # flex_attention's block size: the shortest length flex is padded to
+PAD_POSITION = 1 << 40  # padded keys sit at +PAD_POSITION, padded queries at -PAD_POSITION
 
 
 @dataclass
@@ -32,6 +34,7 @@ class AttnPlan:
     bias: torch.Tensor | None = None  # (H or 1, Tq, Tk) float32, -inf where masked
     score_mod: object = None
     block_mask: object = None
+    flex_pad: tuple[int, int] = (0, 0)  # query and key rows flex pads on (see flex_length)
     blocks: list | None = None  # query blocks along the diagonal (dense bias, causal full forward): see diagonal_blocks
     q_rot: object = None  # the scheme's rotation state (RoPE: cos, sin) at q_pos and k_pos, made once for every layer
     k_rot: object = None
@@ -63,7 +66,7 @@ def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto"
     plan.q_rot = pe.rotation(q_pos)
     plan.k_rot = plan.q_rot if k_pos is q_pos else pe.rotation(k_pos)
     if backend == "flex":
-        plan.score_mod, plan.block_mask = _flex_mods(pe, q_pos, k_pos, causal)
+        plan.score_mod, plan.block_mask, plan.flex_pad = _flex_mods(pe, q_pos, k_pos, causal)
     elif backend == "sdpa" and plain:
         plan.is_causal = causal
     else:
@@ -86,8 +89,7 @@ def attend(q, k, v, plan: AttnPlan) -> torch.Tensor:
     """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh)."""
     gqa = q.size(1) != k.size(1)
     if plan.backend == "flex":
-        flex = _fused(flex_attention, q.is_cuda)
-        return flex(q, k, v, score_mod=plan.score_mod, block_mask=plan.block_mask, enable_gqa=gqa)
+        return _flex(q, k, v, plan, gqa)
     if plan.backend == "reference":
         return reference_attention(q, k, v, plan.bias)
     # 4-D: on the CPU a 3-D mask sends SDPA to its math path (the whole B x H x T x T matrix), a 4-D one to flash
@@ -118,7 +120,29 @@ def reference_attention(q, k, v, bias):
     return (attention_weights(q, k, bias) @ v).to(q.dtype)
 
 
+def flex_length(n: int) -> int:
+    """The length flex runs at: the next power of two from one 128-row block up. Compiled flex is specialised
+    to its shapes and torch.compile keeps 8 versions per function, so every length maps onto a few."""
+    return max(FLEX_BLOCK, 1 << (n - 1).bit_length())
+
+
+def _flex(q, k, v, plan: AttnPlan, gqa: bool):
+    """flex_attention at the padded lengths; padded queries see no key (their rows are dropped), padded keys
+    are seen by no query, and flex skips the blocks that are wholly padding."""
+    pad_q, pad_k = plan.flex_pad  # padded or not, contiguous: the compiled versions also guard on strides
+    q = F.pad(q, (0, 0, 0, pad_q)) if pad_q else q.contiguous()
+    k, v = (F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))) if pad_k else (k.contiguous(), v.contiguous())
+    flex = _fused(flex_attention, q.is_cuda)
+    y = flex(q, k, v, score_mod=plan.score_mod, block_mask=plan.block_mask, enable_gqa=gqa)
+    return y[:, :, : y.size(2) - pad_q]
+
+
 def _flex_mods(pe, q_pos, k_pos, causal):
+    """score_mod and block mask over positions padded to flex_length: a padded query sits before every key
+    and a padded key after every query, so the causal rule alone hides them (and a non-causal mask tests it)."""
+    pad_q, pad_k = flex_length(len(q_pos)) - len(q_pos), flex_length(len(k_pos)) - len(k_pos)
+    q_pos = F.pad(q_pos, (0, pad_q), value=-PAD_POSITION)
+    k_pos = F.pad(k_pos, (0, pad_k), value=PAD_POSITION)
     score_mod = None
     if pe.score_bias is not None:
 
@@ -126,23 +150,30 @@ def _flex_mods(pe, q_pos, k_pos, causal):
             return score + pe.score_bias(h, q_pos[q_idx], k_pos[kv_idx])
 
     block_mask = None
-    if causal:
+    if causal or pad_k:
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return k_pos[kv_idx] <= q_pos[q_idx]
+            visible = k_pos[kv_idx] <= q_pos[q_idx]
+            return visible if causal else k_pos[kv_idx] < PAD_POSITION
 
         make = _fused(create_block_mask, q_pos.is_cuda)  # eager, it would build the dense Tq x Tk mask first
         block_mask = make(mask_mod, None, None, len(q_pos), len(k_pos), device=q_pos.device)
-    return score_mod, block_mask
+    return score_mod, block_mask, (pad_q, pad_k)
 
 
 _COMPILED = {}
+COMPILE_ON_CPU = False  # tests set it: the compiled flex forward runs on the CPU too (it has no CPU backward)
 
 
 def _fused(fn, cuda: bool):
-    """fn compiled once per process for CUDA use outside a compiled region. Inside one, fn itself is traced
-    and fused with the rest of the graph; on CPU, eager fn is the test path."""
-    if not cuda or torch.compiler.is_compiling():
+    """fn compiled once per process for use outside a compiled region (eval, decoding, an uncompiled model).
+    Inside one, fn itself is traced and fused with the rest of the graph; on CPU, eager fn is the test path.
+
+    Static shapes, since flex runs at the lengths flex_length pads to: one version per (batch, padded lengths),
+    where one per (batch, Tq, Tk) passed torch.compile's 8-version cap after a few lengths and then ran flex
+    eagerly (dense scores). dynamic=True would need no padding, but on the CPU inductor's flex template fails to
+    compile with symbolic lengths and GQA (torch 2.13), and the CPU is where this is tested."""
+    if not (cuda or COMPILE_ON_CPU) or torch.compiler.is_compiling():
         return fn
     if fn not in _COMPILED:
         _COMPILED[fn] = torch.compile(fn, dynamic=False)

@@ -91,8 +91,10 @@ def test_flex_prefill_and_decode_match_the_reference(name):
 
     ref, model = cuda_model(name, "reference"), cuda_model(name, "auto")
     idx = torch.randint(0, 512, (1, 400), device="cuda")
+    with torch.no_grad():
+        want = ref(idx).float()  # fp32 reference
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        want = ref(idx)
+        full = model(idx).float()  # the same backend in one bf16 forward: its distance to want is bf16's noise
         cache = DenseCache(model, 1, 512, dtype=torch.bfloat16)
         got = torch.cat(
             [
@@ -104,7 +106,10 @@ def test_flex_prefill_and_decode_match_the_reference(name):
         )
     q_pos, k_pos = torch.arange(150, 399, device="cuda"), torch.arange(399, device="cuda")
     assert make_plan(model.pe, q_pos, k_pos, True, 4).backend == "flex"
-    assert (got - want).abs().max() < 0.1 * want.abs().max()
+    # within twice bf16's own noise: on the CPU (bf16 autocast, flex eager) noise and error were both 0.20 and
+    # cached keys shifted one position gave 1.3 (ALiBi) and 2.1 (T5), where 0.1 x the largest logit allowed 1.1
+    noise = (full - want).abs().max()
+    assert (got.float() - want).abs().max() <= 2 * noise + 1e-2
 
 
 def test_no_recompiles_from_step_to_step():
