@@ -41,7 +41,6 @@ class AttnPlan:
     blocks: list | None = None  # query blocks along the diagonal (dense bias, causal full forward): see diagonal_blocks
     q_rot: object = None  # the scheme's rotation state (RoPE: cos, sin) at q_pos and k_pos, made once for every layer
     k_rot: object = None
-    sink: bool = False  # a learned sink logit per head (attend's sink argument): never the plain is_causal path
 
 
 def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int) -> torch.Tensor | None:
@@ -67,7 +66,7 @@ def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto"
     if backend == "auto":
         use_flex = q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES
         backend = "flex" if use_flex else "sdpa"
-    plan = AttnPlan(pe, q_pos, k_pos, backend, sink=sink)
+    plan = AttnPlan(pe, q_pos, k_pos, backend)
     plan.q_rot = pe.rotation(q_pos)
     plan.k_rot = plan.q_rot if k_pos is q_pos else pe.rotation(k_pos)
     if backend == "flex":

@@ -68,9 +68,9 @@ class Attention(nn.Module):
         self.c_v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
         self.qk_norm = cfg.qk_norm
-        if cfg.qk_norm == "learned":  # a gain per head and dimension: the logit cap, sqrt(head dim) x the gains'
-            # product, is then each head's own; sinks form head by head, and one gain shared by the heads would
-            # make every head of a layer as sharp as the one that needs it. Ones: step 0 is qk_norm=rms exactly.
+        if cfg.qk_norm == "learned":  # a gain per head and dimension, so the logit cap (sqrt(head dim) at gains of
+            # one) is each head's own: sinks form head by head, and one gain shared by the heads would make every
+            # head of a layer as sharp as the one that needs it. Ones: step 0 is qk_norm=rms exactly.
             self.q_gain = nn.Parameter(torch.ones(cfg.n_head, cfg.head_dim))
             self.k_gain = nn.Parameter(torch.ones(cfg.n_kv_head, cfg.head_dim))
         # zeros: the nothing slot starts as one more key with score 0, a 1/(n+1) share of n visible keys
