@@ -202,7 +202,8 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         runner = torch.compile(runner)
 
     accum = grad_accum_steps(tr, rt.world)
-    train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed)
+    bos_aligned = resolved["data"].get("bos_aligned", False)  # absent from configs older than the option
+    train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed, bos_aligned)
     val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0)
     scaler = grad_scaler(rt, ckpt.get("scaler") if tr.resume else None)
     say(

@@ -8,6 +8,12 @@ make_plan picks the backend from the scheme and the positions:
              (CUDA, bias or non-trivial mask, Tq >= 128): no dense H x T x T tensor is ever built
   reference  explicit softmax in fp32 over the dense bias, for tests
 A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False).
+
+model.sink_logit=true gives each head a learned logit s_h for a "nothing" slot in the softmax denominator
+(gpt-oss): weight_j = exp(score_j) / (exp(s_h) + sum_k exp(score_k)), values unchanged, so a head may attend to
+nothing rather than park its mass on a real key. Every backend computes it exactly: SDPA and the reference
+see the slot as key 0, a zero key and value whose score is s_h; flex rescales its output by
+sigmoid(lse - s_h) = sum / (sum + exp(s_h)), lse = log sum_k exp(score_k) being what flex returns beside it.
 """
 
 import math
@@ -15,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 BACKENDS = ("auto", "sdpa", "flex", "reference")
 BLOCK_MIN_ROWS = 64  # smallest query block of the dense causal path (32 was slower on the CPU: more calls)
@@ -54,11 +60,12 @@ def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int) -> torch.Tensor | No
     return bias
 
 
-def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto") -> AttnPlan:
-    """q_pos is k_pos (the same tensor) marks the plain causal case of a full forward."""
+def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto", sink: bool = False) -> AttnPlan:
+    """q_pos is k_pos (the same tensor) marks the plain causal case of a full forward. sink: the layers pass a
+    sink logit to attend, which SDPA takes as an extra masked key column, so is_causal cannot serve."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
-    plain = pe.score_bias is None and (not causal or q_pos is k_pos)
+    plain = pe.score_bias is None and not sink and (not causal or q_pos is k_pos)
     if backend == "auto":
         use_flex = q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES
         backend = "flex" if use_flex else "sdpa"
@@ -85,39 +92,61 @@ def diagonal_blocks(n: int) -> list[tuple[int, int]] | None:
     return None if n <= size else [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
-def attend(q, k, v, plan: AttnPlan) -> torch.Tensor:
-    """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh)."""
+def attend(q, k, v, plan: AttnPlan, sink=None) -> torch.Tensor:
+    """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh); sink: the layer's sink logits (H,) or None."""
     gqa = q.size(1) != k.size(1)
     if plan.backend == "flex":
-        return _flex(q, k, v, plan, gqa)
+        return _flex(q, k, v, plan, gqa, sink)
     if plan.backend == "reference":
-        return reference_attention(q, k, v, plan.bias)
+        return reference_attention(q, k, v, plan.bias, sink)
     # 4-D: on the CPU a 3-D mask sends SDPA to its math path (the whole B x H x T x T matrix), a 4-D one to flash
     mask = None if plan.bias is None else plan.bias.to(q.dtype)[None]
+    n = 0  # keys before the first real one
+    if sink is not None:
+        if plan.is_causal:  # is_causal has no room for the slot's column: the plan must be made with sink=True
+            raise ValueError("attend got a sink logit but its plan was made without sink=True")
+        k, v, mask = with_nothing_slot(k, v, mask, sink.to(q.dtype), q.size(2))
+        n = 1
     if plan.blocks:  # keys past a block's last query are masked for all of it: leave them out
-        sdpa = F.scaled_dot_product_attention
-        return torch.cat(
-            [
-                sdpa(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask[:, :, s:e, :e], enable_gqa=gqa)
-                for s, e in plan.blocks
-            ],
-            dim=2,
-        )
+
+        def block(s, e):  # queries s..e-1 see keys 0..e-1, which follow the n leading slots
+            t = n + e
+            return F.scaled_dot_product_attention(
+                q[:, :, s:e], k[:, :, :t], v[:, :, :t], attn_mask=mask[:, :, s:e, :t], enable_gqa=gqa
+            )
+
+        return torch.cat([block(s, e) for s, e in plan.blocks], dim=2)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan.is_causal, enable_gqa=gqa)
 
 
-def attention_weights(q, k, bias) -> torch.Tensor:
-    """The fp32 softmax probabilities (B, H, Tq, Tk) of queries q over keys k (GQA heads shared), plus bias."""
+def with_nothing_slot(k, v, mask, sink, n_queries: int):
+    """Keys and values with a zero key 0 (score 0) and zero value, and the 4-D mask with column 0 = the sink logit
+    (B or 1, H, Tq, 1 + Tk): SDPA's softmax then has exp(s_h) in its denominator and adds nothing to the output.
+    Key 0 rather than last, so a diagonal block's keys stay one prefix slice."""
+    zero = k.new_zeros(k.size(0), k.size(1), 1, k.size(3))
+    k, v = torch.cat((zero, k), dim=2), torch.cat((zero, v), dim=2)
+    n_head, n_keys = sink.size(0), k.size(2) - 1
+    body = (sink.new_zeros(1, 1, 1, 1) if mask is None else mask).expand(1, n_head, n_queries, n_keys)
+    column = sink.view(1, n_head, 1, 1).expand(1, n_head, n_queries, 1)
+    return k, v, torch.cat((column, body), dim=-1)
+
+
+def attention_weights(q, k, bias, sink=None) -> torch.Tensor:
+    """The fp32 softmax probabilities (B, H, Tq, Tk) of queries q over keys k (GQA heads shared), plus bias. With
+    sink logits (H,), the nothing slot's exp(s_h) is in the denominator: rows sum to one less its share."""
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1).float()
     scores = q.float() @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if bias is not None:
         scores = scores + bias
-    return scores.softmax(dim=-1)
+    if sink is None:
+        return scores.softmax(dim=-1)
+    column = sink.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.cat((column, scores), dim=-1).softmax(dim=-1)[..., 1:]
 
 
-def reference_attention(q, k, v, bias):
+def reference_attention(q, k, v, bias, sink=None):
     v = v.repeat_interleave(q.size(1) // v.size(1), dim=1).float()
-    return (attention_weights(q, k, bias) @ v).to(q.dtype)
+    return (attention_weights(q, k, bias, sink) @ v).to(q.dtype)
 
 
 def flex_length(n: int) -> int:
@@ -126,15 +155,21 @@ def flex_length(n: int) -> int:
     return max(FLEX_BLOCK, 1 << (n - 1).bit_length())
 
 
-def _flex(q, k, v, plan: AttnPlan, gqa: bool):
+def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None):
     """flex_attention at the padded lengths; padded queries see no key (their rows are dropped), padded keys
     are seen by no query, and flex skips the blocks that are wholly padding."""
     pad_q, pad_k = plan.flex_pad  # padded or not, contiguous: the compiled versions also guard on strides
+    n_q = q.size(2)
     q = F.pad(q, (0, 0, 0, pad_q)) if pad_q else q.contiguous()
     k, v = (F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))) if pad_k else (k.contiguous(), v.contiguous())
     flex = _fused(flex_attention, q.is_cuda)
-    y = flex(q, k, v, score_mod=plan.score_mod, block_mask=plan.block_mask, enable_gqa=gqa)
-    return y[:, :, : y.size(2) - pad_q]
+    kw = {"score_mod": plan.score_mod, "block_mask": plan.block_mask, "enable_gqa": gqa}
+    if sink is None:
+        return flex(q, k, v, **kw)[:, :, :n_q]
+    out, aux = flex(q, k, v, **kw, return_aux=AuxRequest(lse=True))
+    out, lse = out[:, :, :n_q], aux.lse[:, :, :n_q]
+    # exp(z_j) / (e^s + S) = softmax_j * S / (S + e^s), S = e^lse, and S / (S + e^s) = sigmoid(lse - s)
+    return out * torch.sigmoid(lse - sink.float()[:, None]).unsqueeze(-1).to(out.dtype)
 
 
 def _flex_mods(pe, q_pos, k_pos, causal):

@@ -142,6 +142,23 @@ def test_sigterm_saves_and_resume_continues_the_same_loss_curve(tmp_path, shakes
         assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-5), x["step"]
 
 
+def test_sink_options_train_save_and_resume_on_the_same_loss_curve(tmp_path, shakespeare_dir):
+    """model.qk_norm=learned, model.sink_logit=true and data.bos_aligned=true: the gains and sink logits learn and
+    are saved, and a resumed run reads the same BOS-aligned rows, so it continues the same loss curve."""
+    opts = [*TINY, "model.qk_norm=learned", "model.sink_logit=true", "data.bos_aligned=true"]
+    opts += ["train.schedule=constant", "train.warmup_steps=1", "train.eval_interval=100"]
+    train(config(*opts, "train.max_steps=6"), tmp_path / "straight")
+    train(config(*opts, "train.max_steps=3"), tmp_path / "stopped")
+    train(config(*opts, "train.max_steps=6", "train.resume=true"), tmp_path / "stopped")
+    a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "stopped")
+    assert [m["step"] for m in b] == list(range(1, 7))
+    for x, y in zip(a, b, strict=True):
+        assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-5), x["step"]
+    state = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=True)["model"]
+    assert not torch.equal(state["blocks.0.attn.q_gain"], torch.ones(4, 8))
+    assert not torch.equal(state["blocks.1.attn.sink"], torch.zeros(4))
+
+
 def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, shakespeare_dir):
     proc = run(
         "train.py",
