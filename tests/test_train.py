@@ -255,6 +255,26 @@ def trained(tmp_path_factory):
     return out
 
 
+def test_resume_refuses_another_row_order(trained, tmp_path):
+    """data.bos_aligned picks other training rows: resuming with it flipped would silently read other data."""
+    shutil.copy(trained / "ckpt.pt", tmp_path / "ckpt.pt")
+    one_line_error(
+        run("train.py", *TINY, f"out_dir={tmp_path}", "train.resume=true", "data.bos_aligned=true"),
+        "does not match this run",
+        "bos_aligned",
+    )
+
+
+def test_a_checkpoint_from_before_the_attention_options_resumes(trained, tmp_path):
+    """Checkpoints written before model.qk_norm, model.sink_logit and data.bos_aligned existed were trained with
+    their defaults, and resume."""
+    ckpt = torch.load(trained / "ckpt.pt", weights_only=True)
+    del ckpt["bos_aligned"], ckpt["model_config"]["qk_norm"], ckpt["model_config"]["sink_logit"]
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    train(config(*TINY, "train.max_steps=4", "train.resume=true"), tmp_path)
+    assert metrics(tmp_path)[-1]["step"] == 4
+
+
 def test_existing_checkpoint_is_never_overwritten_by_accident(trained):
     before = (trained / "ckpt.pt").read_bytes()
     one_line_error(run("train.py", *TINY, f"out_dir={trained}"), "train.resume=true", "train.overwrite=true")
