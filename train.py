@@ -28,7 +28,9 @@ from utils.compiling import should_compile
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, start_wandb
 
-MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "optimizer_format")  # what a resumed run shares with its ckpt
+MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "bos_aligned", "optimizer_format")  # a resume shares these
+# options added after checkpoints were written: an older checkpoint was trained with their defaults
+OLDER = {"bos_aligned": False, "model_config": {"qk_norm": "rms", "sink_logit": False}}
 
 
 class StopFlag:
@@ -75,7 +77,12 @@ def check_out_dir(out_dir: Path, tr):
 
 
 def check_resume(ckpt: dict, run: dict, path):
-    diff = [k for k in MATCH_KEYS if ckpt.get(k) != run[k]]
+    def saved(k):
+        if isinstance(OLDER.get(k), dict) and isinstance(ckpt.get(k), dict):
+            return {**OLDER[k], **ckpt[k]}
+        return ckpt.get(k, OLDER.get(k))
+
+    diff = [k for k in MATCH_KEYS if saved(k) != run[k]]
     if diff:
         raise UserError(
             f"checkpoint {path} does not match this run ({', '.join(diff)} differ); resume with the "
@@ -183,6 +190,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         "model_config": model_config,
         "tokenizer": tok_spec,
         "seq_len": tr.seq_len,
+        "bos_aligned": bool(resolved["data"].get("bos_aligned", False)),  # another row order: another run
         "optimizer_format": parallel.optimizer_format(rt, tr.parallel),
     }  # what a resumed run must match
 
@@ -202,7 +210,8 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         runner = torch.compile(runner)
 
     accum = grad_accum_steps(tr, rt.world)
-    train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed)
+    bos_aligned = resolved["data"].get("bos_aligned", False)  # absent from configs older than the option
+    train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed, bos_aligned)
     val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0)
     scaler = grad_scaler(rt, ckpt.get("scaler") if tr.resume else None)
     say(

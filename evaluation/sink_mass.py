@@ -2,7 +2,9 @@
 
 python eval.py checkpoint=out/rope eval.mode=stream      (reported beside the streaming perplexity)
 StreamingLLM's window attention collapses when the evicted first token held a large share of every query's
-attention; a model whose first token gets about 1/(keys visible) of it has no sink to lose.
+attention; a model whose first token gets about 1/(keys visible) of it has no sink to lose. With
+model.sink_logit=true the learned "nothing" slot is in every softmax denominator, so a share here is the true
+share of the query's attention, and the rows sum to one less what went to nothing.
 The windows are spread evenly along the stream eval.mode=stream feeds, which holds every held-out work
 (evaluation/stream.py), so the measure is not one play's.
 """
@@ -22,7 +24,8 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
         x, plan = args[0], args[1]
         q, k, _ = attn.project(x)
         q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate(k, plan.k_pos, plan.k_rot)
-        probs.append(attention_weights(q, k, dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head)))
+        bias = dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head)
+        probs.append(attention_weights(q, k, bias, attn.sink))
 
     for block in model.blocks:
         hooks.append(block.attn.register_forward_pre_hook(capture))

@@ -8,6 +8,12 @@ make_plan picks the backend from the scheme and the positions:
              (CUDA, bias or non-trivial mask, Tq >= 128): no dense H x T x T tensor is ever built
   reference  explicit softmax in fp32 over the dense bias, for tests
 A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False).
+
+model.sink_logit=true gives each head a learned logit s_h for a "nothing" slot in the softmax denominator
+(gpt-oss): weight_j = exp(score_j) / (exp(s_h) + sum_k exp(score_k)), values unchanged, so a head may attend to
+nothing rather than park its mass on a real key. Every backend computes it exactly: SDPA and the reference
+see the slot as key 0, a zero key and value whose score is s_h; flex rescales its output by
+sigmoid(lse - s_h) = sum / (sum + exp(s_h)), lse = log sum_k exp(score_k) being what flex returns beside it.
 """
 
 import math
@@ -15,11 +21,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 BACKENDS = ("auto", "sdpa", "flex", "reference")
 BLOCK_MIN_ROWS = 64  # smallest query block of the dense causal path (32 was slower on the CPU: more calls)
 FLEX_MIN_QUERIES = 128  # below this (decoding) a dense bias is small and flex's block machinery is not worth it
+FLEX_BLOCK = 128  # flex_attention's block size: the shortest length flex is padded to
+PAD_POSITION = 1 << 40  # padded keys sit at +PAD_POSITION, padded queries at -PAD_POSITION
 
 
 @dataclass
@@ -32,6 +40,7 @@ class AttnPlan:
     bias: torch.Tensor | None = None  # (H or 1, Tq, Tk) float32, -inf where masked
     score_mod: object = None
     block_mask: object = None
+    flex_pad: tuple[int, int] = (0, 0)  # query and key rows flex pads on (see flex_length)
     blocks: list | None = None  # query blocks along the diagonal (dense bias, causal full forward): see diagonal_blocks
     q_rot: object = None  # the scheme's rotation state (RoPE: cos, sin) at q_pos and k_pos, made once for every layer
     k_rot: object = None
@@ -51,11 +60,12 @@ def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int) -> torch.Tensor | No
     return bias
 
 
-def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto") -> AttnPlan:
-    """q_pos is k_pos (the same tensor) marks the plain causal case of a full forward."""
+def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto", sink: bool = False) -> AttnPlan:
+    """q_pos is k_pos (the same tensor) marks the plain causal case of a full forward. sink: the layers pass a
+    sink logit to attend, which SDPA takes as an extra masked key column, so is_causal cannot serve."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
-    plain = pe.score_bias is None and (not causal or q_pos is k_pos)
+    plain = pe.score_bias is None and not sink and (not causal or q_pos is k_pos)
     if backend == "auto":
         use_flex = q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES
         backend = "flex" if use_flex else "sdpa"
@@ -63,7 +73,7 @@ def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto"
     plan.q_rot = pe.rotation(q_pos)
     plan.k_rot = plan.q_rot if k_pos is q_pos else pe.rotation(k_pos)
     if backend == "flex":
-        plan.score_mod, plan.block_mask = _flex_mods(pe, q_pos, k_pos, causal)
+        plan.score_mod, plan.block_mask, plan.flex_pad = _flex_mods(pe, q_pos, k_pos, causal)
     elif backend == "sdpa" and plain:
         plan.is_causal = causal
     else:
@@ -82,43 +92,92 @@ def diagonal_blocks(n: int) -> list[tuple[int, int]] | None:
     return None if n <= size else [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
-def attend(q, k, v, plan: AttnPlan) -> torch.Tensor:
-    """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh)."""
+def attend(q, k, v, plan: AttnPlan, sink=None) -> torch.Tensor:
+    """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh); sink: the layer's sink logits (H,) or None."""
     gqa = q.size(1) != k.size(1)
     if plan.backend == "flex":
-        flex = _fused(flex_attention, q.is_cuda)
-        return flex(q, k, v, score_mod=plan.score_mod, block_mask=plan.block_mask, enable_gqa=gqa)
+        return _flex(q, k, v, plan, gqa, sink)
     if plan.backend == "reference":
-        return reference_attention(q, k, v, plan.bias)
+        return reference_attention(q, k, v, plan.bias, sink)
     # 4-D: on the CPU a 3-D mask sends SDPA to its math path (the whole B x H x T x T matrix), a 4-D one to flash
     mask = None if plan.bias is None else plan.bias.to(q.dtype)[None]
+    n = 0  # keys before the first real one
+    if sink is not None:
+        if plan.is_causal:  # is_causal has no room for the slot's column: the plan must be made with sink=True
+            raise ValueError("attend got a sink logit but its plan was made without sink=True")
+        k, v, mask = with_nothing_slot(k, v, mask, sink.to(q.dtype), q.size(2))
+        n = 1
     if plan.blocks:  # keys past a block's last query are masked for all of it: leave them out
-        sdpa = F.scaled_dot_product_attention
-        return torch.cat(
-            [
-                sdpa(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask[:, :, s:e, :e], enable_gqa=gqa)
-                for s, e in plan.blocks
-            ],
-            dim=2,
-        )
+
+        def block(s, e):  # queries s..e-1 see keys 0..e-1, which follow the n leading slots
+            t = n + e
+            return F.scaled_dot_product_attention(
+                q[:, :, s:e], k[:, :, :t], v[:, :, :t], attn_mask=mask[:, :, s:e, :t], enable_gqa=gqa
+            )
+
+        return torch.cat([block(s, e) for s, e in plan.blocks], dim=2)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan.is_causal, enable_gqa=gqa)
 
 
-def attention_weights(q, k, bias) -> torch.Tensor:
-    """The fp32 softmax probabilities (B, H, Tq, Tk) of queries q over keys k (GQA heads shared), plus bias."""
+def with_nothing_slot(k, v, mask, sink, n_queries: int):
+    """Keys and values with a zero key 0 (score 0) and zero value, and the 4-D mask with column 0 = the sink logit
+    (B or 1, H, Tq, 1 + Tk): SDPA's softmax then has exp(s_h) in its denominator and adds nothing to the output.
+    Key 0 rather than last, so a diagonal block's keys stay one prefix slice."""
+    zero = k.new_zeros(k.size(0), k.size(1), 1, k.size(3))
+    k, v = torch.cat((zero, k), dim=2), torch.cat((zero, v), dim=2)
+    n_head, n_keys = sink.size(0), k.size(2) - 1
+    body = (sink.new_zeros(1, 1, 1, 1) if mask is None else mask).expand(1, n_head, n_queries, n_keys)
+    column = sink.view(1, n_head, 1, 1).expand(1, n_head, n_queries, 1)
+    return k, v, torch.cat((column, body), dim=-1)
+
+
+def attention_weights(q, k, bias, sink=None) -> torch.Tensor:
+    """The fp32 softmax probabilities (B, H, Tq, Tk) of queries q over keys k (GQA heads shared), plus bias. With
+    sink logits (H,), the nothing slot's exp(s_h) is in the denominator: rows sum to one less its share."""
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1).float()
     scores = q.float() @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     if bias is not None:
         scores = scores + bias
-    return scores.softmax(dim=-1)
+    if sink is None:
+        return scores.softmax(dim=-1)
+    column = sink.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.cat((column, scores), dim=-1).softmax(dim=-1)[..., 1:]
 
 
-def reference_attention(q, k, v, bias):
+def reference_attention(q, k, v, bias, sink=None):
     v = v.repeat_interleave(q.size(1) // v.size(1), dim=1).float()
-    return (attention_weights(q, k, bias) @ v).to(q.dtype)
+    return (attention_weights(q, k, bias, sink) @ v).to(q.dtype)
+
+
+def flex_length(n: int) -> int:
+    """The length flex runs at: the next power of two from one 128-row block up. Compiled flex is specialised
+    to its shapes and torch.compile keeps 8 versions per function, so every length maps onto a few."""
+    return max(FLEX_BLOCK, 1 << (n - 1).bit_length())
+
+
+def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None):
+    """flex_attention at the padded lengths; padded queries see no key (their rows are dropped), padded keys
+    are seen by no query, and flex skips the blocks that are wholly padding."""
+    pad_q, pad_k = plan.flex_pad  # padded or not, contiguous: the compiled versions also guard on strides
+    n_q = q.size(2)
+    q = F.pad(q, (0, 0, 0, pad_q)) if pad_q else q.contiguous()
+    k, v = (F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))) if pad_k else (k.contiguous(), v.contiguous())
+    flex = _fused(flex_attention, q.is_cuda)
+    kw = {"score_mod": plan.score_mod, "block_mask": plan.block_mask, "enable_gqa": gqa}
+    if sink is None:
+        return flex(q, k, v, **kw)[:, :, :n_q]
+    out, aux = flex(q, k, v, **kw, return_aux=AuxRequest(lse=True))
+    out, lse = out[:, :, :n_q], aux.lse[:, :, :n_q]
+    # exp(z_j) / (e^s + S) = softmax_j * S / (S + e^s), S = e^lse, and S / (S + e^s) = sigmoid(lse - s)
+    return out * torch.sigmoid(lse - sink.float()[:, None]).unsqueeze(-1).to(out.dtype)
 
 
 def _flex_mods(pe, q_pos, k_pos, causal):
+    """score_mod and block mask over positions padded to flex_length: a padded query sits before every key
+    and a padded key after every query, so the causal rule alone hides them (and a non-causal mask tests it)."""
+    pad_q, pad_k = flex_length(len(q_pos)) - len(q_pos), flex_length(len(k_pos)) - len(k_pos)
+    q_pos = F.pad(q_pos, (0, pad_q), value=-PAD_POSITION)
+    k_pos = F.pad(k_pos, (0, pad_k), value=PAD_POSITION)
     score_mod = None
     if pe.score_bias is not None:
 
@@ -126,23 +185,30 @@ def _flex_mods(pe, q_pos, k_pos, causal):
             return score + pe.score_bias(h, q_pos[q_idx], k_pos[kv_idx])
 
     block_mask = None
-    if causal:
+    if causal or pad_k:
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return k_pos[kv_idx] <= q_pos[q_idx]
+            visible = k_pos[kv_idx] <= q_pos[q_idx]
+            return visible if causal else k_pos[kv_idx] < PAD_POSITION
 
         make = _fused(create_block_mask, q_pos.is_cuda)  # eager, it would build the dense Tq x Tk mask first
         block_mask = make(mask_mod, None, None, len(q_pos), len(k_pos), device=q_pos.device)
-    return score_mod, block_mask
+    return score_mod, block_mask, (pad_q, pad_k)
 
 
 _COMPILED = {}
+COMPILE_ON_CPU = False  # tests set it: the compiled flex forward runs on the CPU too (it has no CPU backward)
 
 
 def _fused(fn, cuda: bool):
-    """fn compiled once per process for CUDA use outside a compiled region. Inside one, fn itself is traced
-    and fused with the rest of the graph; on CPU, eager fn is the test path."""
-    if not cuda or torch.compiler.is_compiling():
+    """fn compiled once per process for use outside a compiled region (eval, decoding, an uncompiled model).
+    Inside one, fn itself is traced and fused with the rest of the graph; on CPU, eager fn is the test path.
+
+    Static shapes, since flex runs at the lengths flex_length pads to: one version per (batch, padded lengths),
+    where one per (batch, Tq, Tk) passed torch.compile's 8-version cap after a few lengths and then ran flex
+    eagerly (dense scores). dynamic=True would need no padding, but on the CPU inductor's flex template fails to
+    compile with symbolic lengths and GQA (torch 2.13), and the CPU is where this is tested."""
+    if not (cuda or COMPILE_ON_CPU) or torch.compiler.is_compiling():
         return fn
     if fn not in _COMPILED:
         _COMPILED[fn] = torch.compile(fn, dynamic=False)

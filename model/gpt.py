@@ -1,9 +1,12 @@
 """A nanochat-style decoder whose positional scheme is one swappable module.
 
 python train.py model=tiny positional=alibi
+python train.py model.qk_norm=learned model.sink_logit=true      (the options that let a head form a sink)
 Functional RMSNorm (no weights), QK-norm, ReLU^2 MLP, untied embeddings, grouped-query attention, logit
 softcap, no biases, zero-initialised output projections. The scheme (positional/) acts on the embeddings,
 on queries and keys, and/or on the attention scores; this file never asks which scheme it is.
+model.qk_norm: rms (gain-free: every logit within +-sqrt(head dim)), learned (a trainable gain on the normed q and
+k, 1 at init), none. model.sink_logit: a learned per-head logit for attending to nothing (model/attention.py).
 """
 
 from dataclasses import dataclass, field
@@ -18,6 +21,8 @@ from .attention import BACKENDS, attend, make_plan
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
 
+QK_NORMS = ("rms", "learned", "none")
+
 
 @dataclass
 class GPTConfig:
@@ -30,6 +35,8 @@ class GPTConfig:
     softcap: float = 15.0
     positional: dict = field(default_factory=lambda: {"name": "rope"})
     attn_backend: str = "auto"
+    qk_norm: str = "rms"
+    sink_logit: bool = False
 
     def __post_init__(self):
         if self.d_model % self.n_head:
@@ -40,6 +47,8 @@ class GPTConfig:
             )
         if self.attn_backend not in BACKENDS:
             raise ValueError(f"model.attn_backend={self.attn_backend} is not one of {', '.join(BACKENDS)}")
+        if self.qk_norm not in QK_NORMS:
+            raise ValueError(f"model.qk_norm={self.qk_norm} is not one of {', '.join(QK_NORMS)}")
 
     @property
     def head_dim(self) -> int:
@@ -58,6 +67,14 @@ class Attention(nn.Module):
         self.c_k = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm == "learned":  # a gain per head and dimension, so the logit cap (sqrt(head dim) at gains of
+            # one) is each head's own: sinks form head by head, and one gain shared by the heads would make every
+            # head of a layer as sharp as the one that needs it. Ones: step 0 is qk_norm=rms exactly.
+            self.q_gain = nn.Parameter(torch.ones(cfg.n_head, cfg.head_dim))
+            self.k_gain = nn.Parameter(torch.ones(cfg.n_kv_head, cfg.head_dim))
+        # zeros: the nothing slot starts as one more key with score 0, a 1/(n+1) share of n visible keys
+        self.sink = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.sink_logit else None
 
     def project(self, x):
         """Queries, keys (QK-normed, not yet rotated) and values, each (B, heads, T, head dim).
@@ -70,7 +87,12 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        return norm(q), norm(k), v
+        if self.qk_norm == "none":
+            return q, k, v
+        q, k = norm(q), norm(k)
+        if self.qk_norm == "learned":  # gains cast to the activations' dtype, so autocast keeps q and k in bf16
+            q, k = q * self.q_gain.to(q.dtype)[:, None], k * self.k_gain.to(k.dtype)[:, None]
+        return q, k, v
 
     def forward(self, x, plan, cache=None):
         B, T, _ = x.shape
@@ -80,7 +102,7 @@ class Attention(nn.Module):
             k = plan.pe.rotate(k, plan.k_pos, plan.k_rot)
         else:  # the cache rotates keys at the positions it gives them and returns all it holds
             k, v = cache.update(self.layer_idx, k, v, plan)
-        y = attend(q, k, v, plan)
+        y = attend(q, k, v, plan, self.sink)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -135,7 +157,7 @@ class GPT(nn.Module):
             x = torch.cat((self.pe.prefix().to(x.dtype).expand(x.size(0), -1, -1), x), dim=1)
             pos = torch.cat((pos[:1] - n_prefix + torch.arange(n_prefix, device=pos.device), pos))
         x = self.pe.embed(x, pos)
-        plan = make_plan(self.pe, pos, pos, True, self.cfg.n_head, self.cfg.attn_backend)
+        plan = make_plan(self.pe, pos, pos, True, self.cfg.n_head, self.cfg.attn_backend, self.cfg.sink_logit)
         for block in self.blocks:
             x = block(x, plan)
         return self._head(x[:, n_prefix:], targets, reduction)
@@ -157,7 +179,7 @@ class GPT(nn.Module):
             n = min(cache.room(), x.size(1) - start)
             q_pos, k_pos = cache.advance(n)
             h = self.pe.embed(x[:, start : start + n], q_pos)
-            plan = make_plan(self.pe, q_pos, k_pos, n > 1, self.cfg.n_head, self.cfg.attn_backend)
+            plan = make_plan(self.pe, q_pos, k_pos, n > 1, self.cfg.n_head, self.cfg.attn_backend, self.cfg.sink_logit)
             for block in self.blocks:
                 h = block(h, plan, cache)
             outs.append(h)
@@ -171,8 +193,7 @@ class GPT(nn.Module):
         return head_loss(norm(x), self.lm_head.weight, targets, self.cfg.softcap, reduction)
 
     def num_params(self, matmul_only: bool = False) -> int:
-        """All parameters, or only those in matrix multiplies (for FLOPs: no embedding lookups)."""
-        skip = {id(self.wte.weight)} if matmul_only else set()
+        """All parameters, or only those in matrix multiplies (for FLOPs: no embedding lookups, gains or logits)."""
         if matmul_only:
-            skip |= {id(p) for p in self.pe.parameters()}
-        return sum(p.numel() for p in self.parameters() if id(p) not in skip)
+            return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        return sum(p.numel() for p in self.parameters())

@@ -44,7 +44,7 @@ class StaticDecoder:
     def _step(self, tok):
         m = self.model
         h = m.pe.embed(m.wte(tok), self.q_pos)
-        plan = make_plan(m.pe, self.q_pos, self.k_pos, True, m.cfg.n_head, "sdpa")
+        plan = make_plan(m.pe, self.q_pos, self.k_pos, True, m.cfg.n_head, "sdpa", m.cfg.sink_logit)
         for block in m.blocks:
             h = block(h, plan, self)
         return m._head(h)[:, -1]

@@ -22,10 +22,10 @@ def spec(name):
     return scheme_spec(name, 1024)
 
 
-def cuda_model(name, backend, seed=0):
+def cuda_model(name, backend, seed=0, **kw):
     torch.manual_seed(seed)
     cfg = GPTConfig(
-        vocab_size=512, n_layer=2, n_head=4, n_kv_head=2, d_model=128, positional=spec(name), attn_backend=backend
+        vocab_size=512, n_layer=2, n_head=4, n_kv_head=2, d_model=128, positional=spec(name), attn_backend=backend, **kw
     )
     model = GPT(cfg).cuda()
     with torch.no_grad():
@@ -37,7 +37,18 @@ def cuda_model(name, backend, seed=0):
 @pytest.mark.parametrize("name", VARIANTS)
 @pytest.mark.parametrize("backend", ["auto", "sdpa", "flex"])
 def test_backends_agree_in_bf16_forward_and_backward(name, backend):
-    ref, other = cuda_model(name, "reference"), cuda_model(name, backend)
+    backends_agree(cuda_model(name, "reference"), cuda_model(name, backend))
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "sink-alibi"])
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "flex"])
+def test_sink_logit_and_learned_gains_agree_in_bf16(name, backend):
+    """model.sink_logit on CUDA: flex rescales by sigmoid(lse - s) and its backward goes through lse."""
+    kw = {"sink_logit": True, "qk_norm": "learned"}
+    backends_agree(cuda_model(name, "reference", **kw), cuda_model(name, backend, **kw))
+
+
+def backends_agree(ref, other):
     idx = torch.randint(0, 512, (2, T), device="cuda")
     tgt = torch.randint(0, 512, (2, T), device="cuda")
     losses, grads = [], []
@@ -53,9 +64,10 @@ def test_backends_agree_in_bf16_forward_and_backward(name, backend):
         assert torch.allclose(a, b, atol=5e-2, rtol=5e-2) or (a - b).norm() <= 0.05 * a.norm()
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", VARIANTS + ["rope+sink_logit", "alibi+sink_logit"])
 def test_training_step_compiles_without_graph_breaks_and_lowers_the_loss(name):
-    model = cuda_model(name, "auto")
+    name, _, option = name.partition("+")
+    model = cuda_model(name, "auto", **({"sink_logit": True, "qk_norm": "learned"} if option else {}))
     step_fn = torch.compile(model, fullgraph=True)  # a graph break is an error here
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
     idx = torch.randint(0, 512, (4, T + 1), device="cuda")
@@ -91,8 +103,10 @@ def test_flex_prefill_and_decode_match_the_reference(name):
 
     ref, model = cuda_model(name, "reference"), cuda_model(name, "auto")
     idx = torch.randint(0, 512, (1, 400), device="cuda")
+    with torch.no_grad():
+        want = ref(idx).float()  # fp32 reference
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        want = ref(idx)
+        full = model(idx).float()  # the same backend in one bf16 forward: its distance to want is bf16's noise
         cache = DenseCache(model, 1, 512, dtype=torch.bfloat16)
         got = torch.cat(
             [
@@ -104,7 +118,10 @@ def test_flex_prefill_and_decode_match_the_reference(name):
         )
     q_pos, k_pos = torch.arange(150, 399, device="cuda"), torch.arange(399, device="cuda")
     assert make_plan(model.pe, q_pos, k_pos, True, 4).backend == "flex"
-    assert (got - want).abs().max() < 0.1 * want.abs().max()
+    # within twice bf16's own noise: on the CPU (bf16 autocast, flex eager) noise and error were both 0.20 and
+    # cached keys shifted one position gave 1.3 (ALiBi) and 2.1 (T5), where 0.1 x the largest logit allowed 1.1
+    noise = (full - want).abs().max()
+    assert (got.float() - want).abs().max() <= 2 * noise + 1e-2
 
 
 def test_no_recompiles_from_step_to_step():

@@ -176,3 +176,61 @@ def test_hf_datasets_path_on_a_local_file(tmp_path):
     assert len(train) == 27 and not set(val) & set(train)
     out = prepare(cfg, {"kind": "bpe", "vocab_size": 300, "train_chars": 10**6}, log=None)
     assert TokenSplit(out, "val").n_tokens > 0
+
+
+def fake_split(folder, docs, bos=99):
+    """A prepared train split of one shard holding docs (lists of token ids, each written after a BOS)."""
+    stream = np.concatenate([[bos, *d] for d in docs]).astype(np.uint16)
+    stream.tofile(folder / "train_000.bin")
+    np.save(folder / "train_docs.npy", np.cumsum([0] + [len(d) + 1 for d in docs[:-1]]))
+    info = {"shards": [{"file": "train_000.bin", "tokens": len(stream)}], "n_docs": len(docs), "n_tokens": len(stream)}
+    meta = {"vocab_size": 100, "bos": bos, "dtype": "uint16", "splits": {"train": info}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return TokenSplit(folder, "train"), stream
+
+
+def test_bos_aligned_rows_start_at_documents(tmp_path):
+    """Rows of 4 targets over documents of 9, 1, 2 and 6 tokens: a long document's rest starts rows behind a BOS,
+    short documents are packed whole, a cut one starts the next row at its own BOS, the shard's end is dropped."""
+    split, stream = fake_split(tmp_path, [list(range(1, 10)), [11], [21, 22], list(range(31, 37))])
+    sampler = RowSampler(split, 4, seed=0, bos_aligned=True)
+    rows = {tuple(sampler._row(k)) for k in range(sampler.n_rows)}  # as stored; batch() makes the first token BOS
+    assert rows == {
+        (99, 1, 2, 3, 4),  # the first document from its BOS
+        (4, 5, 6, 7, 8),  # its rest: the first token becomes a BOS
+        (8, 9, 99, 11, 99),  # its last row holds the next document whole, then the start of the one after
+        (99, 21, 22, 99, 31),  # which starts its own row (21, 22 are read twice)
+        (99, 31, 32, 33, 34),  # (35, 36: past the shard's last full row)
+    }
+    x, y = sampler.batch(0, sampler.n_rows)
+    assert (x[:, 0] == 99).all() and sorted(map(tuple, y.tolist())) == sorted(r[1:] for r in rows)
+    plain = RowSampler(split, 4, seed=0)
+    assert {tuple(plain._row(k)) for k in range(plain.n_rows)} == {tuple(stream[i : i + 5]) for i in range(0, 17, 4)}
+
+
+def test_bos_aligned_rows_on_the_corpus(shakespeare_dir):
+    """Every training row starts with BOS and is the stored stream after it; every token is a target (but the
+    shard's last partial row, and a document's BOS where a row ends just before it); rows are a pure function of
+    (seed, row), so a resumed run and each DDP rank read the rows they would have; the default is the plain
+    tiling, unchanged."""
+    split = TokenSplit(shakespeare_dir, "train")
+    aligned, plain = RowSampler(split, 64, 3, bos_aligned=True), RowSampler(split, 64, 3)
+    x, y = aligned.batch(0, aligned.n_rows)
+    assert (x[:, 0] == split.bos).all()
+    stream = np.asarray(split.shards[0], dtype=np.int64)
+    starts = aligned.starts[0]
+    assert np.array_equal(np.sort(starts), np.unique(starts))  # an epoch reads each row once
+    order = aligned._order
+    assert np.array_equal(y.numpy(), stream[starts[order][:, None] + np.arange(1, 65)])
+    targets = np.zeros(len(stream), dtype=bool)
+    for s in starts:
+        targets[s + 1 : s + 65] = True
+    bos = stream == split.bos  # a BOS is no target where a row ends just before it
+    assert (targets | bos)[: starts.max()].all() and len(stream) - 1 - np.flatnonzero(targets).max() < 64
+    at_doc_start = np.isin(starts, split.doc_starts)
+    assert at_doc_start.sum() == len(split.doc_starts) and not at_doc_start.all()  # a document's rest behind a BOS
+    resumed = RowSampler(split, 64, 3, bos_aligned=True).batch(100, 8)[0]
+    assert np.array_equal(resumed.numpy(), x[100:108].numpy())
+    px, _ = plain.batch(0, 8)
+    r = plain._order[:8]  # one shard: plain row r starts at r * seq_len
+    assert np.array_equal(px.numpy(), stream[r[:, None] * 64 + np.arange(64)]) and not (px[:, 0] == split.bos).all()

@@ -142,6 +142,23 @@ def test_sigterm_saves_and_resume_continues_the_same_loss_curve(tmp_path, shakes
         assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-5), x["step"]
 
 
+def test_sink_options_train_save_and_resume_on_the_same_loss_curve(tmp_path, shakespeare_dir):
+    """model.qk_norm=learned, model.sink_logit=true and data.bos_aligned=true: the gains and sink logits learn and
+    are saved, and a resumed run reads the same BOS-aligned rows, so it continues the same loss curve."""
+    opts = [*TINY, "model.qk_norm=learned", "model.sink_logit=true", "data.bos_aligned=true"]
+    opts += ["train.schedule=constant", "train.warmup_steps=1", "train.eval_interval=100"]
+    train(config(*opts, "train.max_steps=6"), tmp_path / "straight")
+    train(config(*opts, "train.max_steps=3"), tmp_path / "stopped")
+    train(config(*opts, "train.max_steps=6", "train.resume=true"), tmp_path / "stopped")
+    a, b = metrics(tmp_path / "straight"), metrics(tmp_path / "stopped")
+    assert [m["step"] for m in b] == list(range(1, 7))
+    for x, y in zip(a, b, strict=True):
+        assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-5), x["step"]
+    state = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=True)["model"]
+    assert not torch.equal(state["blocks.0.attn.q_gain"], torch.ones(4, 8))
+    assert not torch.equal(state["blocks.1.attn.sink"], torch.zeros(4))
+
+
 def test_diverging_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, shakespeare_dir):
     proc = run(
         "train.py",
@@ -236,6 +253,26 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("trained")
     train(config(*TINY, "train.max_steps=3"), out)
     return out
+
+
+def test_resume_refuses_another_row_order(trained, tmp_path):
+    """data.bos_aligned picks other training rows: resuming with it flipped would silently read other data."""
+    shutil.copy(trained / "ckpt.pt", tmp_path / "ckpt.pt")
+    one_line_error(
+        run("train.py", *TINY, f"out_dir={tmp_path}", "train.resume=true", "data.bos_aligned=true"),
+        "does not match this run",
+        "bos_aligned",
+    )
+
+
+def test_a_checkpoint_from_before_the_attention_options_resumes(trained, tmp_path):
+    """Checkpoints written before model.qk_norm, model.sink_logit and data.bos_aligned existed were trained with
+    their defaults, and resume."""
+    ckpt = torch.load(trained / "ckpt.pt", weights_only=True)
+    del ckpt["bos_aligned"], ckpt["model_config"]["qk_norm"], ckpt["model_config"]["sink_logit"]
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    train(config(*TINY, "train.max_steps=4", "train.resume=true"), tmp_path)
+    assert metrics(tmp_path)[-1]["step"] == 4
 
 
 def test_existing_checkpoint_is_never_overwritten_by_accident(trained):

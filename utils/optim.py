@@ -2,20 +2,25 @@
 
 python train.py optim=adamw optim.lr=3e-3     python train.py optim=muon optim.lr=0.02
 adamw: one AdamW; weight decay on the block matrices and the head only.
-muon:  torch.optim.Muon for the block matrices, AdamW (optim.adam_lr) for embeddings, head and positional
-       parameters (Muon orthogonalizes 2-D updates; it is not meant for embeddings or scalars).
+muon:  torch.optim.Muon for the block matrices, AdamW (optim.adam_lr) for embeddings, head, positional
+       parameters, QK-norm gains and sink logits (Muon orthogonalizes 2-D updates; it is not meant for
+       embeddings, gains or scalars).
 """
 
 import math
 
 import torch
+from torch import nn
 
 
 def param_groups(model):
-    blocks = {id(p) for p in model.blocks.parameters()}
-    matrices = [p for p in model.blocks.parameters() if p.dim() == 2]
+    """(block matrices: the weights of the blocks' linear layers, head, the rest). The rest take no weight decay:
+    decay would pull embeddings, QK-norm gains (model.qk_norm=learned, a (heads, head dim) matrix that is no
+    projection) and sink logits towards zero, which for a gain means flatter attention, not a smaller model."""
+    matrices = [m.weight for m in model.blocks.modules() if isinstance(m, nn.Linear)]
     head = [model.lm_head.weight]
-    rest = [p for p in model.parameters() if id(p) not in blocks and p is not model.lm_head.weight]
+    taken = {id(p) for p in matrices + head}
+    rest = [p for p in model.parameters() if id(p) not in taken]
     return matrices, head, rest
 
 

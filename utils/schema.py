@@ -33,6 +33,8 @@ class Model:
     mlp_ratio: int = MISSING
     softcap: float = MISSING
     attn_backend: str = MISSING
+    qk_norm: str = MISSING
+    sink_logit: bool = MISSING
     lr: float = MISSING  # the AdamW learning rate that suits this size; optim.lr follows it unless given
 
 
@@ -223,6 +225,8 @@ TRAIN_CHOICES = {
     "logger.mode": ("auto", "online", "offline", "disabled"),
     "optim.name": ("adamw", "muon"),
     "optim.adjust_lr_fn": (None, "original", "match_rms_adamw"),
+    "model.qk_norm": ("rms", "learned", "none"),
+    "data.bos_aligned": (True, False),  # data options are a plain dict (they differ by source): checked here
 }
 EVAL_RULES = [
     ("eval.stride", ">=", 1, "pass a token count, or null for half the training length"),
