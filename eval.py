@@ -15,6 +15,7 @@ from pathlib import Path
 
 import hydra
 import torch
+import torch._dynamo
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -218,7 +219,10 @@ def run(cfg: DictConfig, job_dir: Path | None = None):
             raise UserError(
                 f"no */{checkpoint.NAME} under sweep_dir={cfg.sweep_dir}; point it at a training sweep folder"
             )
-        results = [evaluate_one(p, cfg, rt) for p in found]
+        results = []
+        for p in found:
+            torch._dynamo.reset()  # each model's compiled flex versions are its own: never add up to the cap
+            results.append(evaluate_one(p, cfg, rt))
         if cfg.eval.mode == "length":
             print(compare.compare(results, Path(cfg.sweep_dir) / "eval"))
         return results

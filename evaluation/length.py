@@ -144,21 +144,8 @@ def windows(region: Region, length: int, mode: str, stride: int):
 
 
 def scored_nll(model, inputs: torch.Tensor, targets: torch.Tensor, first: int) -> torch.Tensor:
-    """NLL (B, n - first) of targets[:, first:]. The output head costs half the forward of a short window, so it
-    runs on the scored positions only: a hook on the last block drops the others from its output (the head is
-    all that follows it, row by row; the brute-force test in tests/test_eval.py holds this to exact windows)."""
-    if first == 0:
-        return model(inputs, targets, reduction="none")
-    prefix = model.pe.n_prefix  # learned sink tokens lead the sequence; the model drops them itself
-
-    def drop(module, args, out):
-        return torch.cat((out[:, :prefix], out[:, prefix + first :]), dim=1)
-
-    hook = model.blocks[-1].register_forward_hook(drop)
-    try:
-        return model(inputs, targets[:, first:], reduction="none")
-    finally:
-        hook.remove()
+    """NLL (B, n - first) of targets[:, first:]; the head runs on the scored positions only (keep_from)."""
+    return model(inputs, targets[:, first:], reduction="none", keep_from=first)
 
 
 @torch.no_grad()

@@ -147,8 +147,11 @@ class GPT(nn.Module):
             nn.init.zeros_(block.attn.c_proj.weight)
             nn.init.zeros_(block.mlp.c_proj.weight)
 
-    def forward(self, idx, targets=None, pos=None, reduction: str = "mean"):
-        """idx (B, T) at positions pos (T,), default 0..T-1 -> logits (B, T, V), or the loss if targets given."""
+    def forward(self, idx, targets=None, pos=None, reduction: str = "mean", keep_from: int = 0):
+        """idx (B, T) at positions pos (T,), default 0..T-1 -> logits (B, T, V), or the loss if targets given.
+
+        keep_from: only positions keep_from.. reach the head (and targets covers only them): a sliding evaluation
+        scores a window's last tokens, and the head is the largest part of a short window's forward."""
         if pos is None:
             pos = torch.arange(idx.size(1), device=idx.device)
         x = self.wte(idx)
@@ -160,7 +163,7 @@ class GPT(nn.Module):
         plan = make_plan(self.pe, pos, pos, True, self.cfg.n_head, self.cfg.attn_backend, self.cfg.sink_logit)
         for block in self.blocks:
             x = block(x, plan)
-        return self._head(x[:, n_prefix:], targets, reduction)
+        return self._head(x[:, n_prefix + keep_from :], targets, reduction)
 
     def decode(self, idx, cache):
         """Feed idx (B, T) through a KV cache and return logits (B, T, V) for these tokens.
