@@ -7,11 +7,18 @@ model.sink_logit=true the learned "nothing" slot is in every softmax denominator
 share of the query's attention, and the rows sum to one less what went to nothing.
 The windows are spread evenly along the stream eval.mode=stream feeds, which holds every held-out work
 (evaluation/stream.py), so the measure is not one play's.
+Sink heads (Gu et al. 2024, "When Attention Sink Emerges"): a head whose mean attention on the first token exceeds
+SINK_THRESHOLD = 0.3 is counted as a sink head; the share of such heads is reported per layer and over all layers.
+It is measured in windows of the training length (queries in each window's second half), where the model sees
+what it saw in training. With positional=sink the "first token" is the learned sink token (key 0 of the forward,
+before the window's first text token), the token StreamingLLM's 1 + (W - 1) cache keeps.
 """
 
 import torch
 
 from model.attention import attention_weights, dense_bias
+
+SINK_THRESHOLD = 0.3  # Gu et al. 2024: a head with more than this mean attention on the first token is a sink head
 
 
 @torch.no_grad()
@@ -37,16 +44,46 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
     return probs
 
 
+def sink_shares(per_head: list[list[float]], threshold: float = SINK_THRESHOLD) -> dict:
+    """From each layer's per-head mean attention on the first token: the share of heads above threshold per layer,
+    and over every head of every layer."""
+    above = [sum(m > threshold for m in layer) for layer in per_head]
+    total = sum(len(layer) for layer in per_head)
+    return {
+        "sink_share": [round(n / len(layer), 4) for n, layer in zip(above, per_head, strict=True)],
+        "sink_share_all": round(sum(above) / total, 4),
+    }
+
+
 def first_token_attention(model, tokens: torch.Tensor, window: int, n_windows: int = 16) -> dict:
-    """Mean attention on the first key (per layer, averaged over heads, and its largest head) from the queries in
-    the second half of n_windows windows of `window` tokens cut from tokens, against a uniform share."""
+    """Mean attention on the first key (per layer, averaged over heads, its largest head, every head, and the share
+    of heads above SINK_THRESHOLD) from the queries in the second half of n_windows windows of `window` tokens cut
+    from tokens, against a uniform share. The first key is the learned sink token where the scheme has one."""
     starts = torch.linspace(0, len(tokens) - window, n_windows).long().tolist()
     idx = torch.stack([tokens[s : s + window] for s in starts])
     half = window // 2 + model.pe.n_prefix
     per_layer = [p[:, :, half:, 0].mean(dim=(0, 2)) for p in attention_probs(model, idx)]  # (H,) each
     visible = torch.arange(half, window + model.pe.n_prefix, dtype=torch.float) + 1
+    heads = [[round(float(m), 4) for m in h] for h in per_layer]
     return {
         "mean": [round(float(h.mean()), 4) for h in per_layer],
         "max_head": [round(float(h.max()), 4) for h in per_layer],
         "uniform": round(float((1 / visible).mean()), 4),
+        "heads": heads,
+        "threshold": SINK_THRESHOLD,
+        "window": window,
+        "first_token": "the learned sink token" if model.pe.n_prefix else "the window's first token",
+        **sink_shares([h.tolist() for h in per_layer]),
     }
+
+
+def describe(sink: dict) -> str:
+    """Lines for the streaming table: the share of sink heads per layer, and the mean attention on the first token."""
+    layers = " ".join(f"{s:.2f}" for s in sink["sink_share"])
+    means = " ".join(f"{m:.3f}" for m in sink["mean"])
+    return (
+        f"sink heads (mean attention on {sink['first_token']} > {sink['threshold']}, Gu et al. 2024; windows of "
+        f"{sink['window']} tokens), share per layer: {layers}; all layers: {sink['sink_share_all']:.2f}\n"
+        f"mean attention on it, per layer: {means} (largest head {max(sink['max_head']):.3f}; "
+        f"a uniform share is {sink['uniform']:.4f})"
+    )

@@ -7,8 +7,10 @@ import pytest
 import torch
 from conftest import RELATIVE, TINY, config, random_model, run
 
+import evaluation.sink_mass as sink_mass
 import model.attention as attention
-from evaluation.sink_mass import attention_probs, first_token_attention
+from evaluation.attention_map import pick_heads, plot_attention_maps
+from evaluation.sink_mass import SINK_THRESHOLD, attention_probs, first_token_attention, sink_shares
 from model.generate import sample_next
 from model.kv_cache import CacheError, DenseCache, SinkCache, build_cache
 from model.static_decode import StaticDecoder
@@ -267,6 +269,39 @@ def test_uniform_attention_has_no_sink():
         torch.nn.init.zeros_(block.attn.c_q.weight)
     sink = first_token_attention(model, tokens(200)[0], window=16, n_windows=4)
     assert sink["mean"] == [sink["uniform"]] * 2 and sink["uniform"] == round(sum(1 / n for n in range(9, 17)) / 8, 4)
+    assert sink["sink_share"] == [0.0, 0.0] and sink["sink_share_all"] == 0.0
+
+
+def test_sink_share_counts_heads_above_the_threshold():
+    """Gu et al.'s count: strictly above 0.3, per layer and over every head."""
+    shares = sink_shares([[0.9, 0.31, 0.3, 0.01], [0.05, 0.05, 0.05, 0.05], [0.5, 0.0]])
+    assert shares == {"sink_share": [0.5, 0.0, 0.5], "sink_share_all": 0.3}
+
+
+def test_a_head_that_parks_on_the_first_token_is_counted(monkeypatch):
+    """Attention set by hand: one head of layer 0 puts half of every query's attention on key 0, every other head
+    attends uniformly; only that head is a sink head, and its mean is read from the second half's queries."""
+    T = 16
+
+    def probs(model, idx):
+        uniform = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
+        sinky = torch.cat((torch.full((T, 1), 0.5), uniform[:, 1:] * 0.5 / uniform[:, 1:].sum(-1, keepdim=True)), -1)
+        sinky[0] = uniform[0]  # the first query sees key 0 only (and divided 0 by 0 above)
+        layer0 = torch.stack([uniform, sinky, uniform, uniform])[None].expand(len(idx), -1, -1, -1)
+        return [layer0, torch.stack([uniform] * 4)[None].expand(len(idx), -1, -1, -1)]
+
+    monkeypatch.setattr(sink_mass, "attention_probs", probs)
+    sink = first_token_attention(random_model("nope"), tokens(200)[0], window=T, n_windows=4)
+    assert sink["heads"][0][1] == 0.5 and sink["heads"][0][0] == sink["uniform"] < SINK_THRESHOLD
+    assert sink["sink_share"] == [0.25, 0.0] and sink["sink_share_all"] == 0.125 and sink["max_head"][0] == 0.5
+
+
+def test_attention_picture_shows_the_first_and_last_layer_and_the_strongest_heads(tmp_path):
+    per_head = [[0.1, 0.2, 0.0, 0.0], [0.9, 0.8, 0.7, 0.6], [0.05, 0.0, 0.01, 0.0]]
+    assert pick_heads(per_head) == [(0, 1), (1, 0), (1, 1), (2, 0)]
+    model = random_model("sink", n_layer=3)
+    heads = plot_attention_maps(model, tokens(100)[0], 16, per_head, tmp_path / "sink_attention.png")
+    assert heads == [(0, 1), (1, 0), (1, 1), (2, 0)] and (tmp_path / "sink_attention.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("name", ["sink", "rope"])

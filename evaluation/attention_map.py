@@ -1,0 +1,54 @@
+"""A picture of the attention sink: the attention map (queries x keys) of a few heads over one window.
+
+python eval.py checkpoint=out/rope eval.mode=stream      (writes sink_attention.png beside stream.png)
+The heads shown: the largest first-token share in the first layer and in the last, then the largest anywhere,
+so a map of a head with a sink and one without usually sit side by side. The window is the training length,
+cut from the middle of the held-out stream (not its opening, so its first token is an ordinary token, not BOS;
+with positional=sink, key 0 is the learned sink token). Colour is log-scaled: a sink is a bright first column.
+"""
+
+import torch
+
+from evaluation.sink_mass import attention_probs
+
+
+def pick_heads(per_head: list[list[float]], n: int = 4) -> list[tuple[int, int]]:
+    """(layer, head) pairs: the largest first-token share in the first and last layer, then the largest overall."""
+    scored = [(m, layer, h) for layer, heads in enumerate(per_head) for h, m in enumerate(heads)]
+    first = max(x for x in scored if x[1] == 0)
+    last = max(x for x in scored if x[1] == len(per_head) - 1)
+    picks = []
+    for _, layer, h in [first, last, *sorted(scored, reverse=True)]:
+        if (layer, h) not in picks and len(picks) < n:
+            picks.append((layer, h))
+    return sorted(picks)
+
+
+@torch.no_grad()
+def plot_attention_maps(model, tokens: torch.Tensor, window: int, per_head: list[list[float]], path, n: int = 4):
+    """Write the attention maps of n heads (pick_heads) over the window of `window` tokens in the middle of
+    tokens to path; per_head: each layer's mean attention on the first token (sink_mass.first_token_attention)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.colors
+    import matplotlib.pyplot as plt
+
+    start = max(0, (len(tokens) - window) // 2)
+    probs = attention_probs(model, tokens[None, start : start + window])
+    heads = pick_heads(per_head, n)
+    fig, axes = plt.subplots(1, len(heads), figsize=(3.2 * len(heads) + 1, 3.6), squeeze=False, layout="constrained")
+    norm = matplotlib.colors.LogNorm(vmin=1e-4, vmax=1)
+    for ax, (layer, h) in zip(axes[0], heads, strict=True):
+        p = probs[layer][0, h].cpu()
+        p = p.masked_fill(torch.ones_like(p, dtype=torch.bool).triu(1), float("nan"))  # keys after the query
+        image = ax.imshow(p.clamp(min=1e-4).numpy(), norm=norm, cmap="magma", interpolation="nearest")
+        ax.set_title(f"layer {layer} head {h}: mean {per_head[layer][h]:.2f} on key 0", fontsize=9)
+        ax.set_xlabel("key")
+    axes[0, 0].set_ylabel("query")
+    first = "key 0: the learned sink token" if model.pe.n_prefix else "key 0: the window's first token"
+    fig.suptitle(f"{model.pe.name}: attention over one {window}-token window ({first}; log colour)", fontsize=10)
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="attention")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return heads
