@@ -3,14 +3,18 @@
 python eval.py checkpoint=out/rope eval.mode=stream eval.stream_tokens=12800 cache.window=252
 Methods, each scoring the same stream:
   dense      every token kept, as far as eval.dense_limit (memory) or the scheme's table allows
-  window     a plain window of the W = sinks + window most recent tokens (0 + W)
-  sinks      the first `sinks` tokens plus the window most recent (sinks + window, the same memory)
+  window     a plain window of the W most recent tokens (0 + W); W = cache.sinks + cache.window, by default the
+             training length plus the scheme's learned sink tokens
+  sinks      the first s tokens plus the W - s most recent (s + (W - s), the same memory), for s = 1 and 4 (and
+             cache.sinks, or the scheme's learned sink count, where that differs); with positional=sink the
+             stream's first token is its learned sink, so 1 + (W - 1) keeps exactly that
   recompute  each token predicted by a fresh forward over the W tokens before it, at positions 0..W-1 (the oracle;
              with positional=sink its learned sink leads every window, as in training)
 The stream: one document of each distinct held-out work (evaluation/heldout.py), an equal share of the tokens from
 each, end to end, each from its own opening (its BOS), as StreamingLLM feeds whole books one after another.
-Also reports how much attention the model puts on the first token of a window (evaluation/sink_mass.py), over
-windows spread along the same stream.
+Also reports how much attention the model puts on the first token of a window and the share of sink heads
+(evaluation/sink_mass.py), over windows spread along the same stream, with a picture of a few heads' attention
+(sink_attention.png, evaluation/attention_map.py).
 Reports NLL and perplexity per block of eval.block tokens as stream.json, a table and stream.png, with 95%
 bootstrap intervals (evaluation/bootstrap.py): a block's resamples its runs of eval.block / 16 consecutive tokens;
 a method's mean over the stream resamples the blocks, with the same draws for every method, so the difference of
@@ -25,9 +29,10 @@ import numpy as np
 import torch
 
 from evaluation import bootstrap
+from evaluation.attention_map import plot_attention_maps
 from evaluation.heldout import held_out_works
 from evaluation.length import equal_shares
-from evaluation.sink_mass import first_token_attention
+from evaluation.sink_mass import describe, first_token_attention
 from model.kv_cache import CacheError, DenseCache, SinkCache
 from utils import checkpoint
 from utils.errors import UserError
@@ -119,6 +124,12 @@ def summarize(results: dict, raw: dict, size: int) -> list[dict]:
     ]
 
 
+def sink_counts(sinks: int, size: int) -> list[int]:
+    """How many first tokens each sinks row keeps: 1 (a learned sink, or StreamingLLM's minimum) and 4 (its
+    default), plus `sinks` (cache.sinks, or the scheme's learned sink count) where that differs; each below W."""
+    return sorted(s for s in {1, 4, sinks} if 0 < s < size)
+
+
 def run_stream(path, cfg, rt, out_dir):
     model, ckpt = checkpoint.load_model(path, rt.device)
     pe, train_length, ev = model.pe, ckpt["seq_len"], cfg.eval
@@ -130,8 +141,9 @@ def run_stream(path, cfg, rt, out_dir):
     methods = {
         "dense": lambda: DenseCache(model, 1, min(ev.dense_limit, ev.stream_tokens) + pe.n_prefix),
         f"window 0+{size}": lambda: SinkCache(model, 1, 0, size),
-        f"sinks {sinks}+{window}": lambda: SinkCache(model, 1, sinks, window),
     }
+    for s in sink_counts(sinks, size):  # s=s: each cache its own count, not the loop's last
+        methods[f"sinks {s}+{size - s}"] = lambda s=s: SinkCache(model, 1, s, size - s)
     results, raw, t_all = {}, {}, time.time()
     for name, make in methods.items():
         t = time.time()
@@ -148,12 +160,6 @@ def run_stream(path, cfg, rt, out_dir):
             flush=True,
         )
     sink = first_token_attention(model, tokens, train_length)
-    print(
-        "  attention on the first token, per layer: "
-        + " ".join(f"{m:.3f}" for m in sink["mean"])
-        + f" (largest head {max(sink['max_head']):.3f}; a uniform share is {sink['uniform']:.4f})",
-        flush=True,
-    )
     if pe.max_positions is None or size <= pe.max_positions:
         t = time.time()
         nll = recompute_nll(model, tokens, size - pe.n_prefix, rt)  # the model adds its learned sinks itself
@@ -170,6 +176,7 @@ def run_stream(path, cfg, rt, out_dir):
         "block": ev.block,
         "sinks": sinks,
         "window": window,
+        "cache_size": size,
         "device": str(rt.device),
         "seconds": round(time.time() - t_all, 1),
         "methods": results,
@@ -180,7 +187,8 @@ def run_stream(path, cfg, rt, out_dir):
     (out_dir / "stream.json").write_text(json.dumps(result, indent=1))
     print(stream_table(result))
     plot_stream(result, out_dir / "stream.png")
-    print(f"written {out_dir}/stream.json and stream.png ({result['seconds']} s)")
+    plot_attention_maps(model, tokens, train_length, sink["heads"], out_dir / "sink_attention.png")
+    print(f"written {out_dir}/stream.json, stream.png and sink_attention.png ({result['seconds']} s)")
     return result
 
 
@@ -212,6 +220,8 @@ def stream_table(result: dict, rows: int = 10) -> str:
     same = [f"{p['a']} ~ {p['b']}" for p in result.get("pairs", []) if p["within_noise"]]
     lines.append("within noise of each other over the stream (paired): " + ("; ".join(same) or "none"))
     lines += [f"{n}: {m['note']}" for n, m in methods.items() if m.get("note")]
+    if "first_token_attention" in result:
+        lines.append(describe(result["first_token_attention"]))
     return "\n".join(lines)
 
 

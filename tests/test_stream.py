@@ -225,11 +225,15 @@ def test_dense_cache_past_a_learned_table_says_use_sink(runs):
     assert proc.returncode == 2 and "must be true or false" in proc.stderr
 
 
+def stream_eval(runs, name, *overrides):
+    proc = run("eval.py", f"checkpoint={runs / name}", "eval.mode=stream", "eval.stream_tokens=400", "eval.block=50",
+               "logger.wandb=false", "device=cpu", *overrides, check=True)  # fmt: skip
+    return proc, json.loads((runs / name / "eval" / "stream.json").read_text())
+
+
 def test_streaming_perplexity_report(runs):
-    proc = run("eval.py", f"checkpoint={runs / 'rope'}", "eval.mode=stream", "eval.stream_tokens=400", "eval.block=50",
-               "logger.wandb=false", "device=cpu", check=True)  # fmt: skip
-    result = json.loads((runs / "rope" / "eval" / "stream.json").read_text())
-    assert list(result["methods"]) == ["dense", "window 0+32", "sinks 4+28", "recompute 32"]
+    proc, result = stream_eval(runs, "rope")
+    assert list(result["methods"]) == ["dense", "window 0+32", "sinks 1+31", "sinks 4+28", "recompute 32"]
     for m in result["methods"].values():
         assert m["tokens"] == 400 and len(m["nll"]) == 8 and all(math.isfinite(x) for x in m["nll"])
         assert len(m["ci"]) == 8 and all(lo < math.exp(x) < hi for x, (lo, hi) in zip(m["nll"], m["ci"], strict=True))
@@ -237,11 +241,34 @@ def test_streaming_perplexity_report(runs):
     # the stream holds every held-out play (one spelling of each), an equal share of each
     assert [p["work"] for p in result["works"]] == ["coriolanus_gut", "hamlet_gut", "othello_gut", "richard_iii_gut"]
     assert sorted(p["tokens"] for p in result["works"]) == [100, 100, 100, 101]  # 401: the last target too
-    assert len(result["pairs"]) == 6 and "within noise of each other" in proc.stdout
+    assert len(result["pairs"]) == 10 and "within noise of each other" in proc.stdout
     assert (runs / "rope" / "eval" / "stream.png").exists() and "tokens seen" in proc.stdout
     assert "tok/s" not in proc.stderr  # no progress bar where stderr is not a terminal
     sink = result["first_token_attention"]
     assert len(sink["mean"]) == 2 and all(0 <= m <= h <= 1 for m, h in zip(sink["mean"], sink["max_head"], strict=True))
+    # the sink-head shares, per layer and overall, agree with the per-head means stored beside them
+    assert [len(h) for h in sink["heads"]] == [4, 4] and sink["threshold"] == SINK_THRESHOLD and sink["window"] == 32
+    assert sink["sink_share"] == [sum(m > 0.3 for m in h) / 4 for h in sink["heads"]]
+    assert sink["sink_share_all"] == sum(sink["sink_share"]) / 2 and sink["first_token"] == "the window's first token"
+    assert "sink heads (mean attention on the window's first token > 0.3" in proc.stdout
+    picture = runs / "rope" / "eval" / "sink_attention.png"
+    assert picture.stat().st_size > 10_000 and "sink_attention.png" in proc.stdout
+
+
+def test_streaming_a_learned_sink_keeps_it_in_every_sinks_row(runs):
+    """positional=sink: W counts the learned sink; 1 + (W - 1) keeps exactly it, and the sink measure reads it."""
+    proc, result = stream_eval(runs, "sink", "cache.sinks=2")
+    assert list(result["methods"]) == ["dense", "window 0+33", "sinks 1+32", "sinks 2+31", "sinks 4+29", "recompute 33"]
+    assert all(m["tokens"] == 400 and m["note"] is None for m in result["methods"].values())
+    assert result["first_token_attention"]["first_token"] == "the learned sink token"
+    assert len(result["first_token_attention"]["sink_share"]) == 2 and "the learned sink token > 0.3" in proc.stdout
+
+
+def test_absolute_scheme_streams_dense_and_says_why_not_the_rest(runs):
+    _, result = stream_eval(runs, "learned", "eval.stream_tokens=100")
+    assert list(result["methods"]) == ["dense", "window 0+32", "sinks 1+31", "sinks 4+28", "recompute 32"]
+    refused = [(m["note"] or "").startswith("n/a: cache=sink needs a relative") for m in result["methods"].values()]
+    assert refused == [False, True, True, True, False]
 
 
 @pytest.mark.parametrize("name", ["rope", "alibi", "sink", "learned"])
