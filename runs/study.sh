@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The whole comparison in one command: every scheme x 3 seeds, length and stream evaluation, one report.
+#
+#   bash runs/study.sh                                   # study/ on this machine's defaults (CPU: the tiny model)
+#   STUDY=study-gpu bash runs/study.sh model=small       # any train.py override applies to every run
+#   SCHEMES="rope alibi" SEEDS="1 2" bash runs/study.sh  # a smaller study
+#   EVAL_ARGS="eval.tokens=131072" STREAM_ARGS="eval.stream_tokens=25600" bash runs/study.sh   # eval.py overrides
+#
+# It resumes where it stopped: a finished run (its DONE file) is skipped, an interrupted one resumes from its
+# checkpoint, an evaluated run (eval/length.json, eval/stream.json) is not evaluated again. Writes
+# $STUDY/REPORT.md (the tables, with 95% intervals, and the plots) and $STUDY/eval/compare.{json,txt,png}.
+# Time on 2 CPU cores at the defaults: about 7.5 min per training run and 3.5 min per length eval (README).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STUDY=${STUDY:-study}
+SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope sink t5"}
+SEEDS=${SEEDS:-"1 2 3"}
+PY=${PYTHON:-python}
+read -r -a eval_args <<< "${EVAL_ARGS:-}"
+read -r -a stream_args <<< "${STREAM_ARGS:-}"
+
+for scheme in $SCHEMES; do
+  for seed in $SEEDS; do
+    run="$STUDY/$scheme-s$seed"
+    if [ -f "$run/DONE" ]; then
+      echo "== $run: trained"
+      continue
+    fi
+    resume=()
+    [ -f "$run/ckpt.pt" ] && resume=(train.resume=true)
+    echo "== $run: training ${resume[*]}"
+    "$PY" train.py positional="$scheme" seed="$seed" out_dir="$run" logger.group="$STUDY" "${resume[@]}" "$@"
+    touch "$run/DONE"
+  done
+done
+
+for scheme in $SCHEMES; do
+  for seed in $SEEDS; do
+    run="$STUDY/$scheme-s$seed"
+    [ -f "$run/eval/length.json" ] || "$PY" eval.py checkpoint="$run" logger.wandb=false "${eval_args[@]}"
+  done
+  first="$STUDY/$scheme-s${SEEDS%% *}"  # streaming is one long stream per scheme: its first seed
+  [ -f "$first/eval/stream.json" ] || "$PY" eval.py checkpoint="$first" eval.mode=stream logger.wandb=false "${stream_args[@]}"
+done
+
+"$PY" -m evaluation.study "$STUDY"
