@@ -112,6 +112,7 @@ CHECKS = {"train": schema.check_train, "eval": schema.check_eval, "sample": sche
         ("train", ["optim=muon", "optim.momentum=1.5"], "optim.momentum"),
         ("train", ["positional.base=abc"], "positional.base"),
         ("train", ["positional=t5", "positional.num_buckets=1"], "positional.num_buckets"),
+        ("train", ["positional=sinusoidal", "positional.scale=-1"], "positional.scale"),
         ("train", ["positional=learned", "positional.max_positions=16"], "positional.max_positions"),
         ("train", ["positional=sink", "positional.inner={name:learned}"], "positional=learned"),
         ("eval", ["eval.stride=0"], "eval.stride"),

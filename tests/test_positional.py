@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from conftest import SCHEMES, scheme_spec
+from conftest import ROOT, SCHEMES, scheme_spec
 
 import positional
 from positional.alibi import alibi_slopes
@@ -48,6 +48,22 @@ def test_sinusoidal_matches_formula():
             angle = p / 10000 ** (2 * i / 16)
             assert got[row, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-4)
             assert got[row, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-4)
+
+
+def test_sinusoidal_scale_multiplies_the_sinusoids_and_defaults_as_configured():
+    """The config's scale (0.1) is applied; a spec saved before the option existed builds the unscaled formula."""
+    from omegaconf import OmegaConf
+
+    pos = torch.arange(7)
+    unit = positional.build({"name": "sinusoidal"}, 4, 8, 16).embed(torch.zeros(1, 7, 16), pos)
+    spec = OmegaConf.to_container(OmegaConf.load(ROOT / "configs/positional/sinusoidal.yaml"))
+    scaled = positional.build(spec, 4, 8, 16).embed(torch.zeros(1, 7, 16), pos)
+    assert spec["scale"] == 0.1 and torch.allclose(scaled, 0.1 * unit)
+
+
+def test_learned_table_starts_at_its_configured_std():
+    pe = positional.build({"name": "learned", "max_positions": 4096, "init_std": 0.1}, 4, 8, 64)
+    assert pe.table.weight.std().item() == pytest.approx(0.1, rel=0.02)
 
 
 def test_rope_scores_depend_only_on_distance():

@@ -260,6 +260,8 @@ POSITIONAL_OPTIONS = {
     "n_sink": (int, ">=", 1, "pass how many learned sink tokens to prepend"),
     "num_buckets": (int, ">=", 2, "pass at least 2 buckets"),
     "max_distance": (int, ">=", 1, "pass a positive distance"),
+    "scale": (float, ">", 0, "pass a positive scale for the sinusoids"),
+    "init_std": (float, ">", 0, "pass a positive init std for the table"),
 }
 
 
