@@ -253,6 +253,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         runtime.barrier()
 
     tokens_per_step = accum * tr.batch_size * tr.seq_len * rt.world
+    flops_per_token, peak = model.flops_per_token(tr.seq_len), runtime.datasheet_peak(rt)
     val_loss, train_loss, t_start = None, float("nan"), time.time()
     t_log, tokens_since = time.time(), 0
     while step < tr.max_steps:
@@ -275,9 +276,15 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                 "lr": lr * opts[0].param_groups[0]["base_lr"],
                 "grad_norm": round(grad_norm, 4),
                 "tokens_per_sec": round(tokens_since / (time.time() - t_log), 1),
+                "tflops_per_sec": None,  # model FLOPs done per second, over all processes
+                "mfu": None,  # against the datasheet bf16 peak of every GPU (null where none is known)
                 "tokens": step * tokens_per_step,
                 "elapsed_s": round(time.time() - t_start, 2),
             }
+            flops = metrics["tokens_per_sec"] * flops_per_token
+            metrics["tflops_per_sec"] = float(f"{flops / 1e12:.4g}")
+            if peak:
+                metrics["mfu"] = round(flops / (peak * rt.world), 4)
             if measure:
                 metrics["val_loss"] = round(val_loss, 5)
             if logger:

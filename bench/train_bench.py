@@ -25,9 +25,7 @@ from bench.configs import SCHEMES, SIZES, model_config  # noqa: E402
 from bench.table import fmt, publish  # noqa: E402
 from model.attention import make_plan  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
-from utils.runtime import keep_freed_memory  # noqa: E402
-
-DATASHEET_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s of the SXM parts
+from utils.runtime import DATASHEET_BF16, keep_freed_memory  # noqa: E402
 
 
 def sync(device):
@@ -50,8 +48,7 @@ def peak_flops(device, dtype) -> float:
 
 
 def flops_per_token(model: GPT, seq: int) -> float:
-    c = model.cfg
-    return 6 * model.num_params(matmul_only=True) + 12 * c.n_layer * c.n_head * c.head_dim * seq
+    return model.flops_per_token(seq)
 
 
 def graph_count() -> int:

@@ -195,6 +195,11 @@ class GPT(nn.Module):
             return softcapped_logits(norm(x), self.lm_head.weight, self.cfg.softcap)
         return head_loss(norm(x), self.lm_head.weight, targets, self.cfg.softcap, reduction)
 
+    def flops_per_token(self, seq: int) -> float:
+        """Training FLOPs per token: 6 x matmul parameters + 12 L H Dh T for attention scores and values."""
+        c = self.cfg
+        return 6 * self.num_params(matmul_only=True) + 12 * c.n_layer * c.n_head * c.head_dim * seq
+
     def num_params(self, matmul_only: bool = False) -> int:
         """All parameters, or only those in matrix multiplies (for FLOPs: no embedding lookups, gains or logits)."""
         if matmul_only:

@@ -14,7 +14,7 @@ import torch
 from conftest import ROOT, SCHEMES, TINY, config, random_model, run
 
 from train import grad_scaler, train
-from utils import runtime
+from utils import checkpoint, runtime
 
 
 def metrics(out_dir):
@@ -30,7 +30,12 @@ def test_every_scheme_lowers_the_loss(name, tmp_path, shakespeare_dir):
     assert summary["val_loss"] < rows[0]["train_loss"] - 1.0 and rows[-1]["train_loss"] < rows[0]["train_loss"] - 1.0
     assert {"step", "train_loss", "lr", "tokens_per_sec", "grad_norm"} <= rows[0].keys() and "val_loss" in rows[-1]
     assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows)
+    # FLOPs/s = tokens/s x the model's FLOPs per token; no datasheet peak on the CPU, so no MFU
+    assert all(r["tflops_per_sec"] > 0 and r["mfu"] is None for r in rows)
+    ratio = rows[-1]["tflops_per_sec"] * 1e12 / rows[-1]["tokens_per_sec"]
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    model = checkpoint.build_model(ckpt["model_config"])
+    assert ratio == pytest.approx(model.flops_per_token(32), rel=1e-2)
     assert ckpt["step"] == 30 and ckpt["config"]["positional"]["name"] == name
     assert ckpt["tokenizer"]["kind"] == "bpe" and len(ckpt["optimizer"]) == 1 and ckpt["rows"] == 30 * 8
 

@@ -39,6 +39,17 @@ class Runtime:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
 
+DATASHEET_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s of the SXM parts (nanochat, PaLM count so)
+
+
+def datasheet_peak(rt: Runtime) -> float | None:
+    """The device's dense bf16 datasheet FLOP/s, the denominator of MFU; None where none is known (CPUs)."""
+    if rt.device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(rt.device)
+    return next((peak for key, peak in DATASHEET_BF16.items() if key in name), None)
+
+
 def keep_freed_memory():
     """Stop glibc from returning big freed blocks to the OS: on CPU every step frees and re-allocates the same
     large activations, and the page faults of fresh mmaps cost about 40% of a tiny model's step."""
