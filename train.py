@@ -253,7 +253,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         runtime.barrier()
 
     tokens_per_step = accum * tr.batch_size * tr.seq_len * rt.world
-    flops_per_token, peak = model.flops_per_token(tr.seq_len), runtime.datasheet_peak(rt)
+    flops_per_token, peak = model.flops_per_token(tr.seq_len), runtime.datasheet_peak(rt.device)
     val_loss, train_loss, t_start = None, float("nan"), time.time()
     t_log, tokens_since = time.time(), 0
     while step < tr.max_steps:

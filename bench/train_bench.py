@@ -25,7 +25,7 @@ from bench.configs import SCHEMES, SIZES, model_config  # noqa: E402
 from bench.table import fmt, publish  # noqa: E402
 from model.attention import make_plan  # noqa: E402
 from model.gpt import GPT, GPTConfig  # noqa: E402
-from utils.runtime import DATASHEET_BF16, keep_freed_memory  # noqa: E402
+from utils.runtime import datasheet_peak, keep_freed_memory  # noqa: E402
 
 
 def sync(device):
@@ -47,19 +47,10 @@ def peak_flops(device, dtype) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
-def flops_per_token(model: GPT, seq: int) -> float:
-    return model.flops_per_token(seq)
-
-
 def graph_count() -> int:
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"]
-
-
-def datasheet_peak(device) -> float | None:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-    return next((v for k, v in DATASHEET_BF16.items() if k in name), None)
 
 
 def bench_one(name, args, device, dtype, peak):
@@ -98,7 +89,7 @@ def bench_one(name, args, device, dtype, peak):
     dt = (time.perf_counter() - t) / args.steps
     tok_s = batch * args.seq / dt
     pos = torch.arange(args.seq + model.pe.n_prefix, device=device)
-    flops = flops_per_token(model, args.seq) * tok_s
+    flops = model.flops_per_token(args.seq) * tok_s
     sheet = datasheet_peak(device)
     row = {
         "scheme": name,

@@ -55,6 +55,38 @@ def random_model(name: str, seed: int = 0, **kw) -> GPT:
     return model.eval()
 
 
+def assert_same_logits_and_grads(model, reference, idx):
+    """model gives the reference's logits and, for a loss on them, every parameter's gradient."""
+    got, want = model(idx), reference(idx)
+    assert torch.allclose(got, want, atol=1e-4)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    for (n, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-3, rtol=1e-3), n
+
+
+def layer_outputs_from_probs(model, idx):
+    """Per layer (probs, probs @ V through c_proj, the layer's actual output): the attention probabilities the sink
+    diagnostic reads (evaluation/sink_mass.py) and whether they recompose what the model computed."""
+    from evaluation.sink_mass import attention_probs
+
+    outputs, values, hooks = [], [], []
+    for block in model.blocks:
+        hooks.append(block.attn.register_forward_hook(lambda m, args, out: outputs.append(out)))
+        hooks.append(block.attn.register_forward_pre_hook(lambda m, args: values.append(m.c_v(args[0]))))
+    try:
+        probs = attention_probs(model, idx)
+    finally:
+        for h in hooks:
+            h.remove()
+    layers = []
+    for attn, p, v, out in zip([b.attn for b in model.blocks], probs, values, outputs, strict=True):
+        B, T, _ = v.shape
+        v = v.view(B, T, attn.n_kv_head, -1).transpose(1, 2).repeat_interleave(attn.n_head // attn.n_kv_head, 1)
+        layers.append((p, attn.c_proj((p @ v).transpose(1, 2).reshape(B, T, -1)), out))
+    return layers
+
+
 def config(*overrides):
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose("train", overrides=list(overrides))

@@ -3,7 +3,7 @@ decoding path and diagnostic."""
 
 import pytest
 import torch
-from conftest import random_model
+from conftest import assert_same_logits_and_grads, layer_outputs_from_probs, random_model
 
 from evaluation.sink_mass import attention_probs
 from model.attention import attend, make_plan, reference_attention
@@ -155,12 +155,7 @@ def test_sink_logit_on_the_diagonal_blocks(name):
     idx = tokens(150)
     pos = torch.arange(150)
     assert len(make_plan(blocked.pe, pos, pos, True, 4, "sdpa", sink=True).blocks) > 2
-    got, want = blocked(idx), reference(idx)
-    assert torch.allclose(got, want, atol=1e-4)
-    got.square().sum().backward()
-    want.square().sum().backward()
-    for (n, a), b in zip(blocked.named_parameters(), reference.parameters(), strict=True):
-        assert torch.allclose(a.grad, b.grad, atol=1e-3, rtol=1e-3), n
+    assert_same_logits_and_grads(blocked, reference, idx)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -239,15 +234,10 @@ def test_sink_mass_counts_the_nothing_slot():
     output); each row sums to one less the nothing slot's share, and the slot only scales a row: renormalised, a
     row is the softmax without the slot."""
     model, idx = random_model("rope", sink_logit=True), tokens(12)
-    outputs, values = [], []
-    for block in model.blocks:
-        block.attn.register_forward_hook(lambda m, args, out: outputs.append(out))
-        block.attn.register_forward_pre_hook(lambda m, args: values.append(m.c_v(args[0])))
-    probs = attention_probs(model, idx)
-    for attn, p, v, out in zip([b.attn for b in model.blocks], probs, values, outputs, strict=True):
-        B, T, _ = v.shape
-        v = v.view(B, T, attn.n_kv_head, -1).transpose(1, 2).repeat_interleave(attn.n_head // attn.n_kv_head, 1)
-        assert torch.allclose(attn.c_proj((p @ v).transpose(1, 2).reshape(B, T, -1)), out, atol=1e-5)
+    layers = layer_outputs_from_probs(model, idx)
+    probs = [p for p, _, _ in layers]
+    for p, y, out in layers:
+        assert torch.allclose(y, out, atol=1e-5)
         assert (p.sum(-1) < 1).all() and p.sum(-1).min() < 0.9  # the first query: one key against the slot
     with torch.no_grad():
         for block in model.blocks:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SCHEMES, random_model
+from conftest import SCHEMES, assert_same_logits_and_grads, random_model
 
 from model import head
 from model.attention import dense_bias
@@ -133,12 +133,7 @@ def test_diagonal_blocks_equal_one_dense_call(name):
     )
     pos = torch.arange(150 + blocked.pe.n_prefix)
     assert len(make_plan(blocked.pe, pos, pos, True, 4, "sdpa").blocks) > 2
-    got, want = blocked(idx), reference(idx)
-    assert torch.allclose(got, want, atol=1e-4)
-    got.square().sum().backward()
-    want.square().sum().backward()
-    for (n, a), b in zip(blocked.named_parameters(), reference.parameters(), strict=True):
-        assert torch.allclose(a.grad, b.grad, atol=1e-3, rtol=1e-3), n
+    assert_same_logits_and_grads(blocked, reference, idx)
 
 
 @pytest.mark.parametrize("name", ["rope", "alibi"])

@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
-from conftest import RELATIVE, TINY, config, random_model, run
+from conftest import RELATIVE, TINY, config, layer_outputs_from_probs, random_model, run
 
 import evaluation.sink_mass as sink_mass
 import model.attention as attention
 from evaluation.attention_map import pick_heads, plot_attention_maps
-from evaluation.sink_mass import SINK_THRESHOLD, attention_probs, first_token_attention, sink_shares
+from evaluation.sink_mass import SINK_THRESHOLD, first_token_attention, sink_shares
 from model.generate import sample_next
 from model.kv_cache import CacheError, DenseCache, SinkCache, build_cache
 from model.static_decode import StaticDecoder
@@ -276,15 +276,7 @@ def test_attention_probs_reproduce_each_layers_output(name):
     """The probabilities the sink diagnostic reads are the ones the model uses: probs @ V through c_proj gives
     each attention layer's output, rows sum to one and no query sees a later key."""
     model, idx = random_model(name), tokens(12)
-    outputs, values = [], []
-    for block in model.blocks:
-        block.attn.register_forward_hook(lambda m, args, out: outputs.append(out))
-        block.attn.register_forward_pre_hook(lambda m, args: values.append(m.c_v(args[0])))
-    probs = attention_probs(model, idx)
-    for attn, p, v, out in zip([b.attn for b in model.blocks], probs, values, outputs, strict=True):
-        B, T, _ = v.shape
-        v = v.view(B, T, attn.n_kv_head, -1).transpose(1, 2).repeat_interleave(attn.n_head // attn.n_kv_head, 1)
-        y = attn.c_proj((p @ v).transpose(1, 2).reshape(B, T, -1))
+    for p, y, out in layer_outputs_from_probs(model, idx):
         assert torch.allclose(y, out, atol=1e-5)
         assert torch.allclose(p.sum(-1), torch.ones(()), atol=1e-6) and p.triu(1).abs().max() == 0
 

@@ -42,11 +42,11 @@ class Runtime:
 DATASHEET_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s of the SXM parts (nanochat, PaLM count so)
 
 
-def datasheet_peak(rt: Runtime) -> float | None:
+def datasheet_peak(device: torch.device) -> float | None:
     """The device's dense bf16 datasheet FLOP/s, the denominator of MFU; None where none is known (CPUs)."""
-    if rt.device.type != "cuda":
+    if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(rt.device)
+    name = torch.cuda.get_device_name(device)
     return next((peak for key, peak in DATASHEET_BF16.items() if key in name), None)
 
 
