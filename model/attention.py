@@ -158,10 +158,12 @@ def flex_length(n: int) -> int:
 def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None):
     """flex_attention at the padded lengths; padded queries see no key (their rows are dropped), padded keys
     are seen by no query, and flex skips the blocks that are wholly padding."""
-    pad_q, pad_k = plan.flex_pad  # padded or not, contiguous: the compiled versions also guard on strides
+    pad_q, pad_k = plan.flex_pad
     n_q = q.size(2)
-    q = F.pad(q, (0, 0, 0, pad_q)) if pad_q else q.contiguous()
-    k, v = (F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))) if pad_k else (k.contiguous(), v.contiguous())
+    q = F.pad(q, (0, 0, 0, pad_q)) if pad_q else q
+    k, v = (F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))) if pad_k else (k, v)
+    if not torch.compiler.is_compiling():  # the separately compiled flex guards on strides too: padded or not, one
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # layout (inside a compiled model, no copies)
     flex = _fused(flex_attention, q.is_cuda)
     kw = {"score_mod": plan.score_mod, "block_mask": plan.block_mask, "enable_gqa": gqa}
     if sink is None:
