@@ -9,6 +9,12 @@ make_plan picks the backend from the scheme and the positions:
   reference  explicit softmax in fp32 over the dense bias, for tests
 A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False).
 
+A content-dependent bias (positional/base.py content_bias: Shaw's q . a_clip(i-j), FoX's forget gates) differs per
+layer, so it is not in the plan: each layer passes attend() its own fn(b, h, i, j) beside the plan, as it passes its
+sink logit. The plan keeps what the layers share (positions, mask, static bias, flex block mask); the dense paths
+add fn over the (B, H, Tq, Tk) index grid to the plan's bias, flex adds it in a per-layer score_mod that reads the
+scheme's (B, H, Tq, ...) tables. Schemes without one take exactly the paths they took before.
+
 model.sink_logit=true gives each head a learned logit s_h for a "nothing" slot in the softmax denominator
 (gpt-oss): weight_j = exp(score_j) / (exp(s_h) + sum_k exp(score_k)), values unchanged, so a head may attend to
 nothing rather than park its mass on a real key. Every backend computes it exactly: SDPA and the reference
@@ -65,7 +71,7 @@ def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto"
     sink logit to attend, which SDPA takes as an extra masked key column, so is_causal cannot serve."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
-    plain = pe.score_bias is None and not sink and (not causal or q_pos is k_pos)
+    plain = pe.score_bias is None and pe.content_bias is None and not sink and (not causal or q_pos is k_pos)
     if backend == "auto":
         use_flex = q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES
         backend = "flex" if use_flex else "sdpa"
@@ -92,15 +98,29 @@ def diagonal_blocks(n: int) -> list[tuple[int, int]] | None:
     return None if n <= size else [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
-def attend(q, k, v, plan: AttnPlan, sink=None) -> torch.Tensor:
-    """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh); sink: the layer's sink logits (H,) or None."""
+def content_grid(content, batch: int, n_head: int, n_q: int, n_k: int, device) -> torch.Tensor:
+    """A layer's content bias fn(b, h, i, j) over every (batch, head, query row, key row): (B, H, Tq, Tk) fp32."""
+    b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
+    h = torch.arange(n_head, device=device).view(1, -1, 1, 1)
+    i = torch.arange(n_q, device=device).view(1, 1, -1, 1)
+    j = torch.arange(n_k, device=device).view(1, 1, 1, -1)
+    return content(b, h, i, j).float().expand(batch, n_head, n_q, n_k)
+
+
+def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
+    """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh); sink: the layer's sink logits (H,) or None;
+    content: the layer's content bias fn(b, h, i, j) (positional/base.py) or None."""
     gqa = q.size(1) != k.size(1)
     if plan.backend == "flex":
-        return _flex(q, k, v, plan, gqa, sink)
+        return _flex(q, k, v, plan, gqa, sink, content)
+    bias = plan.bias
+    if content is not None:
+        grid = content_grid(content, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
+        bias = grid if bias is None else bias + grid
     if plan.backend == "reference":
-        return reference_attention(q, k, v, plan.bias, sink)
+        return reference_attention(q, k, v, bias, sink)
     # 4-D: on the CPU a 3-D mask sends SDPA to its math path (the whole B x H x T x T matrix), a 4-D one to flash
-    mask = None if plan.bias is None else plan.bias.to(q.dtype)[None]
+    mask = None if bias is None else (bias if bias.dim() == 4 else bias[None]).to(q.dtype)
     n = 0  # keys before the first real one
     if sink is not None:
         if plan.is_causal:  # is_causal has no room for the slot's column: the plan must be made with sink=True
@@ -126,8 +146,9 @@ def with_nothing_slot(k, v, mask, sink, n_queries: int):
     zero = k.new_zeros(k.size(0), k.size(1), 1, k.size(3))
     k, v = torch.cat((zero, k), dim=2), torch.cat((zero, v), dim=2)
     n_head, n_keys = sink.size(0), k.size(2) - 1
-    body = (sink.new_zeros(1, 1, 1, 1) if mask is None else mask).expand(1, n_head, n_queries, n_keys)
-    column = sink.view(1, n_head, 1, 1).expand(1, n_head, n_queries, 1)
+    batch = 1 if mask is None else mask.size(0)  # a content bias gives every sequence its own mask
+    body = (sink.new_zeros(1, 1, 1, 1) if mask is None else mask).expand(batch, n_head, n_queries, n_keys)
+    column = sink.view(1, n_head, 1, 1).expand(batch, n_head, n_queries, 1)
     return k, v, torch.cat((column, body), dim=-1)
 
 
@@ -155,17 +176,27 @@ def flex_length(n: int) -> int:
     return max(FLEX_BLOCK, 1 << (n - 1).bit_length())
 
 
-def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None):
+def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None, content=None):
     """flex_attention at the padded lengths; padded queries see no key (their rows are dropped), padded keys
-    are seen by no query, and flex skips the blocks that are wholly padding."""
+    are seen by no query, and flex skips the blocks that are wholly padding. A content bias reads its tables at
+    rows clamped to the real ones: a padded row's score is masked whatever it reads."""
     pad_q, pad_k = plan.flex_pad
-    n_q = q.size(2)
+    n_q, n_k = q.size(2), k.size(2)
+    score_mod = plan.score_mod
+    if content is not None:
+        positional = plan.score_mod
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            if positional is not None:
+                score = positional(score, b, h, q_idx, kv_idx)
+            return score + content(b, h, q_idx.clamp(max=n_q - 1), kv_idx.clamp(max=n_k - 1))
+
     q = F.pad(q, (0, 0, 0, pad_q)) if pad_q else q
     k, v = (F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))) if pad_k else (k, v)
     if not torch.compiler.is_compiling():  # the separately compiled flex guards on strides too: padded or not, one
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # layout (inside a compiled model, no copies)
     flex = _fused(flex_attention, q.is_cuda)
-    kw = {"score_mod": plan.score_mod, "block_mask": plan.block_mask, "enable_gqa": gqa}
+    kw = {"score_mod": score_mod, "block_mask": plan.block_mask, "enable_gqa": gqa}
     if sink is None:
         return flex(q, k, v, **kw)[:, :, :n_q]
     out, aux = flex(q, k, v, **kw, return_aux=AuxRequest(lse=True))

@@ -60,7 +60,7 @@ def norm(x):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer_idx: int):
+    def __init__(self, cfg: GPTConfig, layer_idx: int, pe=None):
         super().__init__()
         self.layer_idx, self.n_head, self.n_kv_head, self.head_dim = layer_idx, cfg.n_head, cfg.n_kv_head, cfg.head_dim
         self.c_q = nn.Linear(cfg.d_model, cfg.n_head * cfg.head_dim, bias=False)
@@ -75,6 +75,8 @@ class Attention(nn.Module):
             self.k_gain = nn.Parameter(torch.ones(cfg.n_kv_head, cfg.head_dim))
         # zeros: the nothing slot starts as one more key with score 0, a 1/(n+1) share of n visible keys
         self.sink = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.sink_logit else None
+        # the scheme's own part of this layer (FoX: its forget gate), which reads the layer input
+        self.pe_layer = None if pe is None else pe.layer_module()
 
     def project(self, x):
         """Queries, keys (QK-normed, not yet rotated) and values, each (B, heads, T, head dim).
@@ -98,12 +100,21 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.project(x)
         q = plan.pe.rotate(q, plan.q_pos, plan.q_rot)
+        state = None if self.pe_layer is None else self.pe_layer(x)
         if cache is None:
             k = plan.pe.rotate(k, plan.k_pos, plan.k_rot)
         else:  # the cache rotates keys at the positions it gives them and returns all it holds
             k, v = cache.update(self.layer_idx, k, v, plan)
-        y = attend(q, k, v, plan, self.sink)
+            if state is not None:  # and the scheme's per-token state, kept beside the keys
+                state = cache.update_state(self.layer_idx, state)
+        y = attend(q, k, v, plan, self.sink, self.content(q, state, plan))
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    @staticmethod
+    def content(q, state, plan):
+        """This layer's content-dependent bias fn(b, h, i, j) (Shaw, FoX), or None: built per layer, since it reads
+        the layer's queries (rotated) and the state of every key it attends to."""
+        return None if plan.pe.content_bias is None else plan.pe.content_bias(q, state, plan)
 
 
 class MLP(nn.Module):
@@ -117,9 +128,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer_idx: int):
+    def __init__(self, cfg: GPTConfig, layer_idx: int, pe=None):
         super().__init__()
-        self.attn, self.mlp = Attention(cfg, layer_idx), MLP(cfg)
+        self.attn, self.mlp = Attention(cfg, layer_idx, pe), MLP(cfg)
 
     def forward(self, x, plan, cache=None):
         x = x + self.attn(norm(x), plan, cache)
@@ -132,7 +143,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.pe = positional.build(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, i, self.pe) for i in range(cfg.n_layer))
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._init_weights()
 

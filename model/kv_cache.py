@@ -5,7 +5,9 @@ python sample.py checkpoint=out/rope cache=sink cache.window=252   (SinkCache: 4
 Both preallocate (layers, batch, kv heads, capacity, head dim) and never reallocate while decoding. The model
 drives a cache through three calls: room() (how many tokens the next exact step may append), advance(n)
 (reserve slots, return the new tokens' positions and every cached key's position) and update(layer, k, v, plan)
-(store this step's keys and values, return all cached keys, rotated by the plan's rotation state, and values).
+(store this step's keys and values, return all cached keys, rotated by the plan's rotation state, and values),
+and for a scheme with per-token state (positional/base.py layer_module: FoX's log forget gates) update_state(layer,
+state) (store it beside the new keys, return every cached key's, in slot order; the scheme orders them by position).
 A slot's position is its index in the cache minus the scheme's prefix length, so a full forward and a cache
 agree on positions.
 """
@@ -27,12 +29,20 @@ class _Cache:
         shape = (cfg.n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        state = (cfg.n_layer, batch_size, model.pe.state_dim, capacity)  # fp32: FoX sums it over the whole cache
+        self.state = torch.zeros(state, device=device) if model.pe.state_dim else None
         self.pe, self.capacity, self.length = model.pe, capacity, 0
         self.offset = model.pe.n_prefix  # prefix tokens sit at negative positions, the text starts at 0
         self.slot_pos = torch.arange(capacity, device=device) - self.offset
 
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return self.k.nbytes + self.v.nbytes + (0 if self.state is None else self.state.nbytes)
+
+    def update_state(self, layer: int, state):
+        """Store the new tokens' per-token state (B, state_dim, n) as they are (a sink cache re-indexes at read, as it
+        does keys); return every cached token's, in slot order."""
+        self.state[layer, :, :, self._new] = state
+        return self.state[layer, :, :, : self.length]
 
     @property
     def slot(self) -> int:

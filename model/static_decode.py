@@ -27,8 +27,9 @@ class StaticDecoder:
         self.k_pos = torch.full((cache.capacity,), HIDDEN, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         if device.type == "cuda":  # CUDA graphs need these at fixed addresses, written in place between replays
-            for t in (self.q_pos, self.k_pos, self.slot, cache.k, cache.v):
-                torch._dynamo.mark_static_address(t)
+            for t in (self.q_pos, self.k_pos, self.slot, cache.k, cache.v, cache.state):
+                if t is not None:
+                    torch._dynamo.mark_static_address(t)
         mode = "reduce-overhead" if device.type == "cuda" else "default"
         self.step = torch.compile(self._step, mode=mode, fullgraph=True) if compile else self._step
 
@@ -59,3 +60,9 @@ class StaticDecoder:
         if self.cache.raw_keys:
             keys = self.model.pe.rotate(keys, plan.k_pos, plan.k_rot)
         return keys, self.cache.v[layer]
+
+    def update_state(self, layer: int, state):
+        """The scheme's per-token state (FoX's log forget gates): this token's to its slot, every slot's back
+        (an empty slot's position is HIDDEN, past every query, so the scheme orders it last)."""
+        self.cache.state[layer].index_copy_(2, self.slot, state.to(self.cache.state.dtype))
+        return self.cache.state[layer]

@@ -5,14 +5,18 @@ Adding a scheme: one file here with a Positional subclass, one line in SCHEMES, 
 
 from .alibi import ALiBi
 from .base import Positional, PositionLimitError
+from .fire import FIRE
+from .fox import FoX
+from .kerple import KERPLE
 from .learned import Learned
 from .nope import NoPE
 from .rope import RoPE
+from .shaw import Shaw
 from .sink import Sink
 from .sinusoidal import Sinusoidal
 from .t5 import T5
 
-SCHEMES = {cls.name: cls for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5)}
+SCHEMES = {cls.name: cls for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5, KERPLE, FIRE, Shaw, FoX)}
 
 __all__ = ["SCHEMES", "Positional", "PositionLimitError", "build"]
 

@@ -7,8 +7,18 @@ A scheme may act at three points and is the identity elsewhere:
                                  attention plan every layer shares, or None to compute it here
   score_bias(h, q_pos, k_pos)    additive attention-score bias, written with broadcasting tensor ops so the
                                  same function serves as a FlexAttention score_mod and as a dense SDPA bias
+A bias that reads content (Shaw's q . a_(i-j), FoX's data-dependent forget gates) is built per layer, since every
+layer has its own queries and input, by two more hooks (the plan, shared by the layers, keeps positions and mask):
+  layer_module()                 an nn.Module each attention layer keeps (FoX: its forget gate), or None; it maps
+                                 the layer input (B, T, D) to a per-token state (B, state_dim, T), which a KV
+                                 cache stores beside the keys (slot order) and hands back for every cached key
+  content_bias(q, state, plan)   -> fn(b, h, i, j): the bias for batch b, head h, query row i, key row j (rows of
+                                 q and of the keys, not positions; plan.q_pos[i] and plan.k_pos[j] give those),
+                                 written with broadcasting tensor ops over tensors it captures, like score_bias:
+                                 the dense paths call it on index grids, flex calls it from its score_mod
 Positions are explicit integer tensors. A scheme also states what it supports:
-  relative       scores depend only on q_pos - k_pos (so a streaming sink cache can re-index positions)
+  relative       scores depend on positions only through q_pos - k_pos, so a streaming sink cache can re-index
+                 them (FIRE: also through the query's own position, which its normaliser reads; see fire.py)
   max_positions  None for unbounded, N for a table of N positions
   n_prefix       learned tokens prepended to every sequence (attention sinks); prefix() returns them
 """
@@ -28,6 +38,8 @@ class Positional(nn.Module):
     max_positions: int | None = None
     n_prefix = 0
     score_bias = None  # subclasses with a bias define a method score_bias(h, q_pos, k_pos) -> Tensor
+    content_bias = None  # subclasses whose bias reads q or the layer input define content_bias(q, state, plan)
+    state_dim = 0  # channels of the per-token state layer_module() computes (a KV cache keeps them per key)
 
     def __init__(self, n_head: int, head_dim: int, d_model: int):
         super().__init__()
@@ -35,6 +47,9 @@ class Positional(nn.Module):
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
+
+    def layer_module(self) -> nn.Module | None:
+        return None
 
     def rotation(self, pos: torch.Tensor):
         return None

@@ -26,6 +26,11 @@ class Sink(Positional):
         self.rotary = inner.rotary
         if inner.score_bias is not None:
             self.score_bias = inner.score_bias
+        if inner.content_bias is not None:  # Shaw, FoX: their bias reads queries or the layer input
+            self.content_bias, self.state_dim = inner.content_bias, inner.state_dim
+
+    def layer_module(self):
+        return self.inner.layer_module()
 
     def prefix(self):
         return self.sink

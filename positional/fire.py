@@ -1,0 +1,55 @@
+"""FIRE: a learned function of the query-key distance, normalised by the query's position (Li et al. 2024).
+
+python train.py positional=fire
+bias(h, i, j) = f_h(psi(i - j) / psi(max(i, L))), psi(x) = log(c x + 1): f_h a small MLP per head (1 -> hidden ->
+1, ReLU), c > 0 and the threshold L > 0 learned (as exp of a parameter, so positive by construction). Dividing by
+psi(max(i, L)) maps every query's context into [0, 1], which is how FIRE interpolates past the training length;
+a query before L divides by psi(L), a constant, so there the bias depends on i - j alone. L starts at the
+training length (configs/positional/fire.yaml), c at 0.1, and f at 0 (the model starts as NoPE, as T5's table).
+
+Relative in distance, not in position: moving every position past L changes the normaliser, so FIRE is translation
+invariant only while all queries sit before L. A sink cache re-indexes positions inside the cache (DESIGN.md), so
+the normaliser reads the query's in-cache position, at most sinks + window - 1, never its place in the stream: a
+streamed query's distances are normalised as at the cache's length, the context it attends over (the training
+length by default, what FIRE saw in training). A normaliser that grew with the stream would squeeze a fixed window
+towards distance 0 and blur it; tests/test_stream.py holds the cache to a fresh forward over the kept tokens.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from .base import Positional
+
+
+class FIRE(Positional):
+    name = "fire"
+    relative = True
+
+    def __init__(self, n_head, head_dim, d_model, hidden: int = 32, threshold: float = 512.0, init_c: float = 0.1):
+        super().__init__(n_head, head_dim, d_model)
+        if hidden < 1 or threshold <= 0 or init_c <= 0:
+            raise ValueError(f"fire needs hidden >= 1, threshold > 0, init_c > 0, not {hidden, threshold, init_c}")
+        self.hidden = int(hidden)
+        self.log_c = nn.Parameter(torch.tensor(math.log(init_c)))
+        self.log_threshold = nn.Parameter(torch.tensor(math.log(threshold)))
+        # f_h(x) = w2_h . relu(w1_h x + b1_h) + b2_h, its kinks spread over [0, 1], where x lies
+        self.w1 = nn.Parameter(torch.randn(n_head, self.hidden))
+        self.b1 = nn.Parameter(-torch.rand(n_head, self.hidden) * self.w1.detach().abs())
+        self.w2 = nn.Parameter(torch.zeros(n_head, self.hidden))
+        self.b2 = nn.Parameter(torch.zeros(n_head))
+
+    def normalised_distance(self, q_pos, k_pos) -> torch.Tensor:
+        c, threshold = self.log_c.exp(), self.log_threshold.exp()
+        d = (q_pos - k_pos).clamp(min=0).float()  # causal: a future key (masked anyway) sits at distance 0
+        return torch.log1p(c * d) / torch.log1p(c * torch.maximum(q_pos.float(), threshold))
+
+    def score_bias(self, h, q_pos, k_pos):
+        x = self.normalised_distance(q_pos, k_pos)
+        # the hidden units one at a time: the dense bias never holds hidden x T x T values, and flex's score_mod
+        # (one score at a time) stays elementwise
+        out = self.b2[h]
+        for m in range(self.hidden):
+            out = out + self.w2[h, m] * torch.relu(self.w1[h, m] * x + self.b1[h, m])
+        return out

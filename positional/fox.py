@@ -1,0 +1,64 @@
+"""Forgetting Transformer (FoX, Lin et al. 2025): a data-dependent forget gate per head and token as the only
+positional information.
+
+python train.py positional=fox
+f_t = sigmoid(w_h . x_t + b_h) for head h and token t, x_t the attention layer's input (every layer its own w, b);
+bias(i, j) = sum of log f_l over l = j+1..i = F_i - F_j, F the cumulative sum of log f in order of position: a key
+fades by every forget gate between it and the query, a learned, data-dependent ALiBi. The gate is the scheme's
+per-layer module (its parameters live in each attention layer, as the paper's do); its log gates are the per-token
+state a KV cache keeps beside the keys. It starts as ALiBi: w = 0 and b_h such that log f = -m_h, ALiBi's slopes.
+
+Caches store the log gates as they are and sum them over the cached keys in order of position at every step
+(O(cache) per layer, against attention's O(cache x head dim)): with a dense cache that is the full forward's sum.
+A sink cache re-indexes positions, and the gates follow: a kept key fades by the gates of the kept tokens between
+it and the query, as if the evicted ones had never been there, which is what a fresh forward over the kept tokens
+computes (StreamingLLM's rule for positions, applied to the decay; tests/test_stream.py holds it). The other
+reading, the true decay through evicted tokens, would fade the sinks by every gate of the stream, so that after
+a long one they could take no attention and the sink cache would be a plain window.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .alibi import alibi_slopes
+from .base import Positional
+
+
+class ForgetGate(nn.Module):
+    """One layer's gates: input (B, T, D) -> log f (B, H, T), fp32 (it is summed over the whole context)."""
+
+    def __init__(self, d_model: int, n_head: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(n_head, d_model))
+        m = torch.tensor(alibi_slopes(n_head))
+        self.bias = nn.Parameter(-torch.log(torch.expm1(m)))  # sigmoid(b) = exp(-m)
+
+    def forward(self, x):
+        return F.logsigmoid(F.linear(x, self.weight, self.bias).float()).transpose(1, 2)
+
+
+class FoX(Positional):
+    name = "fox"
+    relative = True
+
+    def __init__(self, n_head, head_dim, d_model):
+        super().__init__(n_head, head_dim, d_model)
+        self.state_dim = n_head
+
+    def layer_module(self):
+        return ForgetGate(self.d_model, self.n_head)
+
+    def content_bias(self, q, log_f, plan):
+        if plan.q_pos is plan.k_pos:  # a full forward: keys in order of position, and the queries are the keys
+            f_q = f_k = log_f.cumsum(-1)
+        else:  # a cache: slots in any order (a sink cache's ring, a static step's empty slots last)
+            order = plan.k_pos.argsort()
+            cum = log_f[..., order].cumsum(-1)
+            f_k = cum[..., order.argsort()]
+            f_q = cum[..., torch.searchsorted(plan.k_pos[order], plan.q_pos)]  # a query's own key
+
+        def bias(b, h, i, j):
+            return f_q[b, h, i] - f_k[b, h, j]
+
+        return bias

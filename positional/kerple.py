@@ -1,0 +1,61 @@
+"""KERPLE: a learned per-head kernel of query-key distance added to the scores (Chi et al. 2022).
+
+python train.py positional=kerple                       (the log variant, the paper's better one)
+python train.py positional=kerple positional.variant=power
+log:   bias(h, i, j) = -r1_h * log(1 + r2_h * |i - j|)
+power: bias(h, i, j) = -r1_h * |i - j| ** r2_h, 0 < r2_h < r2_max <= 2 (the paper's 0 < r2 <= 2 keeps the kernel
+       conditionally positive definite)
+r1, r2 > 0 by construction: r1 = softplus(raw) and r2 = softplus(raw) (log) or r2_max * sigmoid(raw) (power), so
+no step of the optimizer can leave the range. Both start at ALiBi's slopes m_h: the power variant as ALiBi itself
+(r1 = m_h, r2 = 1 at the default r2_max = 2), the log one as -log(1 + m_h * d), linear in d near the query and
+logarithmic far from it.
+"""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .alibi import alibi_slopes
+from .base import Positional
+
+VARIANTS = ("log", "power")
+
+
+def softplus_inverse(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.log(-torch.expm1(-x))
+
+
+class KERPLE(Positional):
+    name = "kerple"
+    relative = True
+
+    def __init__(self, n_head, head_dim, d_model, variant: str = "log", r2_max: float = 2.0):
+        super().__init__(n_head, head_dim, d_model)
+        if variant not in VARIANTS:
+            raise ValueError(f"positional.variant={variant} is not one of {', '.join(VARIANTS)}")
+        if not 0 < r2_max <= 2:
+            raise ValueError(f"positional.r2_max={r2_max} must be in (0, 2]")
+        self.variant, self.r2_max = variant, float(r2_max)
+        slopes = torch.tensor(alibi_slopes(n_head))
+        ones = torch.ones(n_head)
+        r1, r2 = (ones, slopes) if variant == "log" else (slopes, ones.clamp(max=self.r2_max / 2))
+        self.r1_raw = nn.Parameter(softplus_inverse(r1))
+        # the power exponent through a sigmoid: r2 = r2_max * sigmoid(raw) lies in (0, r2_max)
+        raw2 = softplus_inverse(r2) if variant == "log" else torch.logit(r2 / self.r2_max)
+        self.r2_raw = nn.Parameter(raw2)
+
+    def r1(self) -> torch.Tensor:
+        return F.softplus(self.r1_raw)
+
+    def r2(self) -> torch.Tensor:
+        return F.softplus(self.r2_raw) if self.variant == "log" else self.r2_max * torch.sigmoid(self.r2_raw)
+
+    def score_bias(self, h, q_pos, k_pos):
+        d = (q_pos - k_pos).abs().float()
+        r1, r2 = self.r1()[h], self.r2()[h]
+        if self.variant == "log":
+            return -r1 * torch.log1p(r2 * d)
+        return -r1 * d.pow(r2)
+
+    def extra_repr(self) -> str:
+        return f"variant={self.variant}, r2_max={self.r2_max}, " + super().extra_repr()

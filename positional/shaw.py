@@ -1,0 +1,37 @@
+"""Shaw et al. 2018: learned vectors for clipped relative distances, added to the keys in the score.
+
+python train.py positional=shaw
+score(i, j) = q_i . (k_j + a_clip(i - j)) / sqrt(d), clip(n) = min(max(n, 0), k), k = positional.max_distance:
+causal, so distances 0..k, every distance past k sharing a_k. The a term is a bias that reads the query,
+q_i . a_r / sqrt(d): each layer computes the table (B, H, Tq, k + 1) = q @ a^T / sqrt(d) once, and the score
+reads it at [b, h, i, clip(q_pos[i] - k_pos[j])], by a gather on the dense paths and in flex's score_mod on CUDA;
+no T x T x Dh tensor of vectors is ever formed. One set of k + 1 vectors serves every head (as in the paper) and
+every layer (as T5's table does here). The paper also adds vectors to the values; its ablation found the key
+term enough, so only that one is here. a starts at 0: the model starts as NoPE.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from .base import Positional
+
+
+class Shaw(Positional):
+    name = "shaw"
+    relative = True
+
+    def __init__(self, n_head, head_dim, d_model, max_distance: int = 16):
+        super().__init__(n_head, head_dim, d_model)
+        self.max_distance = int(max_distance)
+        self.a = nn.Parameter(torch.zeros(self.max_distance + 1, head_dim))
+
+    def content_bias(self, q, state, plan):
+        table = (q @ self.a.to(q.dtype).t()).float() / math.sqrt(self.head_dim)  # (B, H, Tq, k + 1)
+        q_pos, k_pos, k = plan.q_pos, plan.k_pos, self.max_distance
+
+        def bias(b, h, i, j):
+            return table[b, h, i, (q_pos[i] - k_pos[j]).clamp(0, k)]
+
+        return bias
