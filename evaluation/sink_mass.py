@@ -16,7 +16,7 @@ before the window's first text token), the token StreamingLLM's 1 + (W - 1) cach
 
 import torch
 
-from model.attention import attention_weights, dense_bias
+from model.attention import attention_weights, content_grid, dense_bias
 
 SINK_THRESHOLD = 0.3  # Gu et al. 2024: a head with more than this mean attention on the first token is a sink head
 
@@ -32,6 +32,10 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
         q, k, _ = attn.project(x)
         q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate(k, plan.k_pos, plan.k_rot)
         bias = dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head)
+        state = None if attn.pe_layer is None else attn.pe_layer(x)
+        content = attn.content(q, state, plan)  # a bias that reads q or the input (Shaw, FoX): this layer's own
+        if content is not None:
+            bias = bias + content_grid(content, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
         probs.append(attention_weights(q, k, bias, attn.sink))
 
     for block in model.blocks:

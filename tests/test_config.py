@@ -12,8 +12,17 @@ from omegaconf import OmegaConf
 from utils import checkpoint, schema
 
 
-@pytest.mark.parametrize("name", SCHEMES)
-@pytest.mark.parametrize("size", ["tiny", "small", "d12"])
+# the learned-bias schemes (issue 15) at the tiny size only: they add no constraint between sizes and positions (no
+# rotary pairs, no table), and building small and d12 costs CI 5 s a scheme
+@pytest.mark.parametrize(
+    "name, size",
+    [
+        (n, s)
+        for n in SCHEMES
+        for s in ("tiny", "small", "d12")
+        if s == "tiny" or n not in ("kerple", "fire", "shaw", "fox")
+    ],
+)
 def test_every_scheme_and_size_composes_into_a_model(name, size):
     cfg = config(f"positional={name}", f"model={size}")
     resolved = OmegaConf.to_container(cfg, resolve=True)

@@ -26,6 +26,23 @@ def rotate_plain(x, pe, pos):
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def scores_plain(pe, attn, h, q, k, pos):
+    """q_i . k_j / sqrt(d) (GQA heads already repeated), with Shaw's vectors added to the keys, q_i . (k_j +
+    a_clip(i-j)), and FoX's log forget gates summed over the tokens l with j < l <= i, both written out in full."""
+    scheme = getattr(pe, "inner", pe)
+    if scheme.name == "shaw":
+        a = scheme.a[(pos[:, None] - pos[None, :]).clamp(0, scheme.max_distance)]  # (T, T, Dh): test sizes only
+        return torch.einsum("bhid,bhijd->bhij", q, k[:, :, None] + a) / math.sqrt(q.size(-1))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if scheme.name == "fox":
+        gate = attn.pe_layer
+        log_f = torch.log(torch.sigmoid(h @ gate.weight.t() + gate.bias)).transpose(1, 2)  # (B, H, T)
+        p_i, p_j, p_l = pos[:, None, None], pos[None, :, None], pos[None, None, :]
+        between = ((p_j < p_l) & (p_l <= p_i)).float()  # [i, j, l]
+        scores = scores + torch.einsum("ijl,bhl->bhij", between, log_f)
+    return scores
+
+
 def plain_forward(model, idx, targets, reduction="mean"):
     """The model as written before the fast paths: separate projections, concatenated halves, full logits."""
     pe, cfg = model.pe, model.cfg
@@ -44,7 +61,7 @@ def plain_forward(model, idx, targets, reduction="mean"):
         q, k = rotate_plain(q, pe, pos), rotate_plain(k, pe, pos)
         groups = cfg.n_head // cfg.n_kv_head
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        att = (q @ k.transpose(-2, -1) / math.sqrt(cfg.head_dim) + bias).softmax(-1)
+        att = (scores_plain(pe, a, h, q, k, pos) + bias).softmax(-1)
         x = x + a.c_proj((att @ v).transpose(1, 2).reshape(B, -1, cfg.d_model))
         x = x + block.mlp.c_proj(F.relu(block.mlp.c_fc(rms(x))).square())
     logits = model.lm_head(rms(x[:, pe.n_prefix :]))

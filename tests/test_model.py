@@ -3,7 +3,7 @@ KV-cache equality, save/load."""
 
 import pytest
 import torch
-from conftest import RELATIVE, SCHEMES, random_model
+from conftest import SCHEMES, SHIFT_INVARIANT, random_model
 
 from model.attention import make_plan
 from model.gpt import GPT, GPTConfig
@@ -27,7 +27,7 @@ def test_causality(name):
     assert not torch.allclose(a[:, 15:], b[:, 15:], atol=1e-3)  # and the change is seen from t on
 
 
-@pytest.mark.parametrize("name", RELATIVE)
+@pytest.mark.parametrize("name", SHIFT_INVARIANT)
 def test_relative_schemes_are_translation_invariant(name):
     model, idx = random_model(name), tokens()
     pos = torch.arange(T)
@@ -57,7 +57,7 @@ def test_backends_agree_with_the_fp32_reference(name, backend):
             assert torch.allclose(a, b, atol=1e-4, rtol=1e-3)
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire"])
 def test_flex_score_mod_and_mask_equal_the_dense_bias(name):
     """The closures flex runs (score_mod, mask_mod over position tensors) give exactly the dense SDPA bias,
     for queries and keys at different positions (a chunked prefill)."""

@@ -271,7 +271,7 @@ def test_absolute_scheme_streams_dense_and_says_why_not_the_rest(runs):
     assert refused == [False, True, True, True, False]
 
 
-@pytest.mark.parametrize("name", ["rope", "alibi", "sink", "learned"])
+@pytest.mark.parametrize("name", ["rope", "alibi", "sink", "learned", "shaw", "fox"])
 def test_attention_probs_reproduce_each_layers_output(name):
     """The probabilities the sink diagnostic reads are the ones the model uses: probs @ V through c_proj gives
     each attention layer's output, rows sum to one and no query sees a later key."""

@@ -253,16 +253,22 @@ SAMPLE_RULES = [
     ("cache.window", ">=", 1, "pass a positive window, or null for the default"),
 ]
 SAMPLE_CHOICES = {**COMMON_CHOICES, "cache.kind": ("dense", "sink")}
-# positional options are plain values (any type); these are the ones more than one scheme takes
-POSITIONAL_OPTIONS = {
-    "base": (float, ">", 0, "pass a positive rotary/sinusoid base"),
-    "max_positions": (int, ">=", 1, "pass the table size in positions"),
-    "n_sink": (int, ">=", 1, "pass how many learned sink tokens to prepend"),
-    "num_buckets": (int, ">=", 2, "pass at least 2 buckets"),
-    "max_distance": (int, ">=", 1, "pass a positive distance"),
-    "scale": (float, ">", 0, "pass a positive scale for the sinusoids"),
-    "init_std": (float, ">", 0, "pass a positive init std for the table"),
-}
+# positional options are plain values (any type): (option, kind, op, bound, what to do), an option's every rule
+POSITIONAL_RULES = [
+    ("base", float, ">", 0, "pass a positive rotary/sinusoid base"),
+    ("max_positions", int, ">=", 1, "pass the table size in positions"),
+    ("n_sink", int, ">=", 1, "pass how many learned sink tokens to prepend"),
+    ("num_buckets", int, ">=", 2, "pass at least 2 buckets"),
+    ("max_distance", int, ">=", 1, "pass a positive distance"),
+    ("scale", float, ">", 0, "pass a positive scale for the sinusoids"),
+    ("init_std", float, ">", 0, "pass a positive init std for the table"),
+    ("r2_max", float, ">", 0, "pass the power variant's largest exponent, in (0, 2]"),
+    ("r2_max", float, "<=", 2, "pass the power variant's largest exponent, in (0, 2]"),
+    ("hidden", int, ">=", 1, "pass how many hidden units each head's MLP has"),
+    ("threshold", float, ">", 0, "pass FIRE's starting threshold L in positions"),
+    ("init_c", float, ">", 0, "pass FIRE's starting c, a positive number"),
+]
+POSITIONAL_CHOICES = {"variant": ("log", "power")}  # KERPLE
 
 
 def show(value):
@@ -299,7 +305,10 @@ def check_positional(spec, key: str = "positional"):
     if not isinstance(spec, dict) or spec.get("name") not in SCHEMES:
         name = spec.get("name") if isinstance(spec, dict) else spec
         raise UserError(f"{key}.name={show(name)} is not one of {', '.join(SCHEMES)}; pick one")
-    for option, (kind, op, bound, hint) in POSITIONAL_OPTIONS.items():
+    for option, allowed in POSITIONAL_CHOICES.items():
+        if option in spec and spec[option] not in allowed:
+            raise UserError(f"{key}.{option}={show(spec[option])} is not one of {', '.join(allowed)}; pick one")
+    for option, kind, op, bound, hint in POSITIONAL_RULES:
         if option not in spec:
             continue
         value = spec[option]
