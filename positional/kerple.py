@@ -3,7 +3,7 @@
 python train.py positional=kerple                       (the log variant, the paper's better one)
 python train.py positional=kerple positional.variant=power
 log:   bias(h, i, j) = -r1_h * log(1 + r2_h * |i - j|)
-power: bias(h, i, j) = -r1_h * |i - j| ** r2_h, 0 < r2_h < r2_max <= 2 (the paper's 0 < r2 <= 2 keeps the kernel
+power: bias(h, i, j) = -r1_h * |i - j| ** r2_h, 0 < r2_h <= r2_max <= 2 (the paper's 0 < r2 <= 2 keeps the kernel
        conditionally positive definite)
 r1, r2 > 0 by construction: r1 = softplus(raw) and r2 = softplus(raw) (log) or r2_max * sigmoid(raw) (power), so
 no step of the optimizer can leave the range. Both start at ALiBi's slopes m_h: the power variant as ALiBi itself
@@ -40,7 +40,7 @@ class KERPLE(Positional):
         ones = torch.ones(n_head)
         r1, r2 = (ones, slopes) if variant == "log" else (slopes, ones.clamp(max=self.r2_max / 2))
         self.r1_raw = nn.Parameter(softplus_inverse(r1))
-        # the power exponent through a sigmoid: r2 = r2_max * sigmoid(raw) lies in (0, r2_max)
+        # the power exponent through a sigmoid: r2 = r2_max * sigmoid(raw) lies in (0, r2_max]
         raw2 = softplus_inverse(r2) if variant == "log" else torch.logit(r2 / self.r2_max)
         self.r2_raw = nn.Parameter(raw2)
 

@@ -41,6 +41,8 @@ def scheme_spec(name: str, max_positions: int = 256) -> dict:
         spec["max_positions"] = max_positions
     if name == "sink":
         spec["inner"] = {"name": "rope"}
+    if name == "fire":  # 4 hidden units per head, not 32: the same formula, an eighth of the time on the CPU
+        spec["hidden"] = 4
     return spec
 
 

@@ -139,3 +139,27 @@ def test_fresh_model_output_projections_are_zero():
     for block in model.blocks:
         assert block.attn.c_proj.weight.abs().sum() == 0 and block.mlp.c_proj.weight.abs().sum() == 0
     assert all(p.dim() != 1 for p in model.parameters())  # no biases, no norm weights
+
+
+@pytest.mark.parametrize("name", ["shaw", "fox"])
+def test_flex_content_bias_in_a_chunked_prefill_equals_the_reference(name):
+    """Flex's per-layer score_mod reads the content tables at rows clamped to the real ones (flex pads queries and
+    keys to 128): queries and keys at different positions (a cache) give the reference's full forward."""
+    flex, ref = random_model(name, attn_backend="flex"), random_model(name, attn_backend="reference")
+    idx = tokens()
+    cache = DenseCache(flex, 2, 64)
+    with torch.no_grad():
+        got = torch.cat([flex.decode(idx[:, :10], cache), flex.decode(idx[:, 10:], cache)], dim=1)
+        assert torch.allclose(got, ref(idx), atol=2e-4)
+
+
+@pytest.mark.parametrize("inner", ["shaw", "fox"])
+def test_a_learned_sink_token_wraps_a_content_bias(inner):
+    """positional=sink positional.inner={name:fox}: the content hooks pass through the wrapper, sink token first."""
+    model = random_model("sink", positional={"name": "sink", "inner": {"name": inner}})
+    assert model.blocks[0].attn.pe_layer is not None if inner == "fox" else model.pe.content_bias is not None
+    idx = tokens()
+    step = torch.cat(
+        [model.decode(idx[:, t : t + 1], cache) for cache in [DenseCache(model, 2, 64)] for t in range(T)], 1
+    )
+    assert torch.allclose(model(idx), step, atol=1e-4)

@@ -104,3 +104,119 @@ def test_every_scheme_builds_and_states_its_reach(name):
     assert pe.max_positions == (64 if name == "learned" else None)
     assert pe.relative == (name not in ("learned", "sinusoidal"))
     assert pe.n_prefix == (1 if name == "sink" else 0)
+
+
+# ---- the learned-bias family (issue 15): each bias against its paper's formula ----
+
+
+def test_kerple_bias_matches_both_formulas():
+    d = torch.tensor([0, 1, 5, 40])
+    for variant in ("log", "power"):
+        pe = positional.build({"name": "kerple", "variant": variant}, 4, 8, 32)
+        with torch.no_grad():
+            pe.r1_raw.copy_(torch.tensor([-1.0, 0.0, 0.5, 2.0]))
+            pe.r2_raw.copy_(torch.tensor([0.3, -2.0, 1.0, 0.0]))
+        r1 = torch.log1p(torch.exp(pe.r1_raw.detach()))  # softplus, written out
+        r2 = (
+            torch.log1p(torch.exp(pe.r2_raw.detach())) if variant == "log" else 2 / (1 + torch.exp(-pe.r2_raw.detach()))
+        )
+        for h in range(4):
+            got = pe.score_bias(torch.tensor(h), 50 + d, torch.tensor(50))
+            want = -r1[h] * (torch.log(1 + r2[h] * d) if variant == "log" else d.float() ** r2[h])
+            assert torch.allclose(got, want, atol=1e-5), (variant, h)
+    power = positional.build({"name": "kerple", "variant": "power"}, 4, 8, 32)  # it starts as ALiBi
+    alibi = positional.build({"name": "alibi"}, 4, 8, 32)
+    h, q, k = torch.arange(4)[:, None], torch.tensor([30]), torch.arange(31)
+    assert torch.allclose(power.score_bias(h, q, k), alibi.score_bias(h, q, k), atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["log", "power"])
+def test_kerple_r1_r2_stay_positive_by_construction(variant):
+    """Whatever the raw parameters, and after a huge step on a loss that wants them negative, r1 and r2 are > 0
+    (and the power exponent <= r2_max <= 2)."""
+    pe = positional.build({"name": "kerple", "variant": variant, "r2_max": 1.5}, 4, 8, 32)
+    with torch.no_grad():
+        pe.r1_raw.copy_(torch.tensor([-20.0, -1.0, 1.0, 20.0]))
+        pe.r2_raw.copy_(torch.tensor([20.0, 1.0, -1.0, -20.0]))
+    opt = torch.optim.SGD(pe.parameters(), lr=100.0)
+    for _ in range(2):
+        r1, r2 = pe.r1(), pe.r2()
+        assert (r1 > 0).all() and (r2 > 0).all() and (variant == "log" or (r2 <= 1.5).all())
+        (r1.sum() + r2.sum()).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_kerple_refuses_a_bad_variant_or_exponent_bound():
+    with pytest.raises(ValueError, match="variant=foo"):
+        positional.build({"name": "kerple", "variant": "foo"}, 4, 8, 32)
+    with pytest.raises(ValueError, match="r2_max=3"):
+        positional.build({"name": "kerple", "variant": "power", "r2_max": 3}, 4, 8, 32)
+
+
+def fire_mlp(pe, h, x):
+    """f_h(x) = w2_h . relu(w1_h x + b1_h) + b2_h, for a 1-D x."""
+    return torch.relu(x[:, None] * pe.w1[h] + pe.b1[h]) @ pe.w2[h] + pe.b2[h]
+
+
+def test_fire_normalises_by_the_threshold_before_it_and_by_the_query_past_it():
+    pe = positional.build({"name": "fire", "threshold": 100.0, "init_c": 0.5}, 4, 8, 32)
+    with torch.no_grad():
+        pe.w2.normal_()
+        pe.b2.normal_()
+    c = 0.5
+    k = torch.arange(0, 10)
+    with torch.no_grad():
+        for q in (10, 99, 100, 400):
+            d = (q - k).float()
+            x = torch.log1p(c * d) / math.log1p(c * max(q, 100))
+            for h in range(4):
+                got = pe.score_bias(torch.tensor(h), torch.tensor(q), k)
+                assert torch.allclose(got, fire_mlp(pe, h, x), atol=1e-5), (q, h)
+        # before L the bias depends on i - j alone; past L the same distance reads another normaliser
+        h = torch.tensor(1)
+        assert torch.allclose(pe.score_bias(h, torch.tensor(20), k), pe.score_bias(h, torch.tensor(90), k + 70))
+        assert not torch.allclose(pe.score_bias(h, torch.tensor(20), k), pe.score_bias(h, torch.tensor(390), k + 370))
+
+
+def test_fire_threshold_and_c_stay_positive():
+    pe = positional.build({"name": "fire", "threshold": 32, "init_c": 0.1}, 4, 8, 32)
+    assert pe.log_threshold.exp().item() == pytest.approx(32) and pe.log_c.exp().item() == pytest.approx(0.1)
+    with torch.no_grad():
+        pe.log_threshold.fill_(-30.0), pe.log_c.fill_(-30.0)  # both tiny yet positive: no 0/0, no log of <= 0
+    assert pe.score_bias(torch.tensor(0), torch.arange(5)[:, None], torch.arange(5)).isfinite().all()
+
+
+def test_fox_bias_is_the_sum_of_log_gates_between_key_and_query_in_any_slot_order():
+    """The bias at (i, j) sums log f over the tokens at positions in (pos j, pos i], whatever order the cache's
+    slots hold them in (a sink cache's ring), and a query reads its own key's cumulative sum."""
+    from types import SimpleNamespace
+
+    from model.attention import content_grid
+
+    pe = positional.build({"name": "fox"}, 2, 8, 16)
+    log_f = -torch.rand(1, 2, 9)  # 9 keys in slot order
+    k_pos = torch.tensor([0, 1, 2, 7, 8, 3, 4, 5, 6])  # 3 sinks, then a ring that wrapped
+    q_pos = torch.tensor([7, 8])
+    got = content_grid(pe.content_bias(None, log_f, SimpleNamespace(q_pos=q_pos, k_pos=k_pos)), 1, 2, 2, 9, "cpu")
+    for i, qp in enumerate(q_pos.tolist()):
+        for j, kp in enumerate(k_pos.tolist()):
+            if kp <= qp:
+                between = [log_f[0, :, s] for s in range(9) if kp < k_pos[s] <= qp]
+                want = torch.stack(between).sum(0) if between else torch.zeros(2)
+                assert torch.allclose(got[0, :, i, j], want, atol=1e-6), (qp, kp)
+
+
+def test_fox_gates_are_per_layer_start_as_alibi_and_take_no_weight_decay():
+    from model.gpt import GPT, GPTConfig
+    from model.kv_cache import DenseCache
+    from utils.optim import param_groups
+
+    model = GPT(GPTConfig(vocab_size=10, n_layer=2, n_head=4, n_kv_head=2, d_model=32, positional={"name": "fox"}))
+    gates = [b.attn.pe_layer for b in model.blocks]
+    assert gates[0] is not gates[1] and all(g.weight.shape == (4, 32) for g in gates)
+    log_f = gates[0](torch.randn(1, 6, 32))
+    assert torch.allclose(log_f, -torch.tensor(alibi_slopes(4))[None, :, None].expand(1, 4, 6), atol=1e-6)
+    matrices, head, rest = param_groups(model)
+    assert {id(p) for g in gates for p in g.parameters()} <= {id(p) for p in rest}
+    assert DenseCache(model, 1, 8).state.shape == (2, 1, 4, 8)  # the log gates, cached beside the keys

@@ -37,10 +37,12 @@ def test_sink_cache_equals_dense_while_it_fits(name):
     assert torch.allclose(dense, chunked, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["rope", "alibi", "nope"])
+@pytest.mark.parametrize("name", ["rope", "alibi", "nope", "fire", "fox", "shaw"])
 def test_one_layer_reindexing_is_exact(name):
     """Past capacity, a one-layer model's next-token logits equal a fresh forward over the first S tokens and
-    the last W tokens at positions 0..S+W-1: its cached keys depend on their own token alone."""
+    the last W tokens at positions 0..S+W-1: its cached keys depend on their own token alone. FIRE's normaliser
+    reads the query's in-cache position, not its place in the stream, and FoX's keys fade by the gates of the kept
+    tokens only (positional/fire.py, fox.py): the other choice of either would fail here."""
     model = random_model(name, n_layer=1)
     idx = tokens(40)
     cache = SinkCache(model, 1, S, W)
