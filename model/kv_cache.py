@@ -90,8 +90,8 @@ class SinkCache(_Cache):
     def __init__(self, model, batch_size: int, sinks: int, window: int, dtype=None, device=None):
         if not model.pe.relative:
             raise CacheError(
-                f"cache=sink needs a relative scheme (rope, alibi, nope, t5, sink); positional={model.pe.name} "
-                f"bakes absolute positions into the cached keys, so use cache=dense"
+                f"cache=sink needs a relative scheme (rope, alibi, nope, t5, sink, kerple, fire, shaw, fox); "
+                f"positional={model.pe.name} bakes absolute positions into the cached keys, so use cache=dense"
             )
         if window < 1 or sinks < 0:
             raise CacheError(f"cache.window must be >= 1 and cache.sinks >= 0, got window={window} sinks={sinks}")
