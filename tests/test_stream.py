@@ -72,9 +72,9 @@ def test_deep_model_attends_over_exactly_the_cached_keys_at_in_cache_positions(n
     written = {written_slot(model, cache, idx[:, t : t + 1]): t for t in range(28)}
     seen, real_attend = [], attention.attend
 
-    def spy(q, k, v, plan, sink=None):
+    def spy(q, k, v, plan, sink=None, content=None):
         seen.append((q, k, v, plan))
-        return real_attend(q, k, v, plan, sink)
+        return real_attend(q, k, v, plan, sink, content)
 
     monkeypatch.setattr("model.gpt.attend", spy)
     written[written_slot(model, cache, idx[:, 28:])] = 28
