@@ -91,6 +91,17 @@ def layer_outputs_from_probs(model, idx):
     return layers
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`-n auto`, the README's command) the workers share the cores: each takes its share of
+    threads, and so do the entry points it runs (run() passes the environment on). Oversubscribed OpenMP
+    threads spin against each other and are slower than one process alone."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
 def config(*overrides):
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose("train", overrides=list(overrides))
