@@ -30,7 +30,7 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
     def capture(attn, args):
         x, plan = args[0], args[1]
         q, k, _ = attn.project(x)
-        q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate(k, plan.k_pos, plan.k_rot)
+        q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate_key(k, plan.k_pos, plan.k_rot)
         bias = dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head)
         probs.append(attention_weights(q, k, bias, attn.sink))
 

@@ -99,7 +99,7 @@ class Attention(nn.Module):
         q, k, v = self.project(x)
         q = plan.pe.rotate(q, plan.q_pos, plan.q_rot)
         if cache is None:
-            k = plan.pe.rotate(k, plan.k_pos, plan.k_rot)
+            k = plan.pe.rotate_key(k, plan.k_pos, plan.k_rot)
         else:  # the cache rotates keys at the positions it gives them and returns all it holds
             k, v = cache.update(self.layer_idx, k, v, plan)
         y = attend(q, k, v, plan, self.sink)
@@ -196,9 +196,11 @@ class GPT(nn.Module):
         return head_loss(norm(x), self.lm_head.weight, targets, self.cfg.softcap, reduction)
 
     def flops_per_token(self, seq: int) -> float:
-        """Training FLOPs per token: 6 x matmul parameters + 12 L H Dh T for attention scores and values."""
+        """Training FLOPs per token: 6 x matmul parameters + 12 L H Dh T for attention scores and values (scores over
+        the rotated width: PoPE's 2Dh makes it 18 L H Dh T)."""
         c = self.cfg
-        return 6 * self.num_params(matmul_only=True) + 12 * c.n_layer * c.n_head * c.head_dim * seq
+        width = self.pe.rotated_dim() + c.head_dim  # q.k, then probabilities x values
+        return 6 * self.num_params(matmul_only=True) + 6 * c.n_layer * c.n_head * width * seq
 
     def num_params(self, matmul_only: bool = False) -> int:
         """All parameters, or only those in matrix multiplies (for FLOPs: no embedding lookups, gains or logits)."""

@@ -25,7 +25,8 @@ class _Cache:
         device = device or model.lm_head.weight.device
         dtype = dtype or model.lm_head.weight.dtype
         shape = (cfg.n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        key_dim = cfg.head_dim if self.raw_keys else model.pe.rotated_dim()  # rotated keys may be wider (PoPE)
+        self.k = torch.zeros(shape[:-1] + (key_dim,), dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.pe, self.capacity, self.length = model.pe, capacity, 0
         self.offset = model.pe.n_prefix  # prefix tokens sit at negative positions, the text starts at 0
@@ -63,7 +64,7 @@ class DenseCache(_Cache):
         return self.slot_pos[self._new], self.slot_pos[: self.length]
 
     def update(self, layer: int, k, v, plan):
-        self.k[layer, :, :, self._new] = self.pe.rotate(k, plan.q_pos, plan.q_rot)  # the new keys' positions
+        self.k[layer, :, :, self._new] = self.pe.rotate_key(k, plan.q_pos, plan.q_rot)  # the new keys' positions
         self.v[layer, :, :, self._new] = v
         return self.k[layer, :, :, : self.length], self.v[layer, :, :, : self.length]
 
@@ -115,7 +116,7 @@ class SinkCache(_Cache):
         self.k[layer, :, :, self._new] = k
         self.v[layer, :, :, self._new] = v
         keys = self.k[layer, :, :, : self.length]
-        return self.pe.rotate(keys, plan.k_pos, plan.k_rot), self.v[layer, :, :, : self.length]
+        return self.pe.rotate_key(keys, plan.k_pos, plan.k_rot), self.v[layer, :, :, : self.length]
 
     def token_indices(self) -> torch.Tensor:
         """Which tokens (0-based, prefix included) the cache holds, in slot order; for tests and inspection."""

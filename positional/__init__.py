@@ -7,12 +7,15 @@ from .alibi import ALiBi
 from .base import Positional, PositionLimitError
 from .learned import Learned
 from .nope import NoPE
+from .pope import PoPE
+from .prope import PRoPE
 from .rope import RoPE
 from .sink import Sink
 from .sinusoidal import Sinusoidal
 from .t5 import T5
+from .xpos import XPos
 
-SCHEMES = {cls.name: cls for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5)}
+SCHEMES = {cls.name: cls for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5, XPos, PRoPE, PoPE)}
 
 __all__ = ["SCHEMES", "Positional", "PositionLimitError", "build"]
 

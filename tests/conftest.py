@@ -15,8 +15,8 @@ sys.path.insert(0, str(ROOT))
 import utils.schema  # noqa: E402, F401  (registers the config schemas that configs/*.yaml name)
 from model.gpt import GPT, GPTConfig  # noqa: E402
 
-SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"]
-RELATIVE = ["alibi", "rope", "nope", "sink", "t5"]
+SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5", "xpos", "prope", "pope"]
+RELATIVE = ["alibi", "rope", "nope", "sink", "t5", "xpos", "prope", "pope"]
 # a model small enough that every test trains or decodes it in a second or two
 TINY = [
     "model.n_layer=2",

@@ -16,12 +16,20 @@ def rms(x):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
 
 
-def rotate_plain(x, pe, pos):
+def rotate_plain(x, pe, pos, key=False):
+    """RoPE (and p-RoPE: zero frequencies), xPos, PoPE as their papers write them."""
     inner = getattr(pe, "inner", pe)
     if not inner.rotary:
         return x
     angles = pos.float()[:, None] * inner.inv_freq[None, :]
+    if inner.name == "pope":  # [|x| cos phase, |x| sin phase]; the query's phase has the offset delta
+        phase = angles - (0 if key else -inner.delta[:, None])
+        return torch.cat((F.softplus(x) * phase.cos(), F.softplus(x) * phase.sin()), dim=-1)
     cos, sin = angles.cos(), angles.sin()
+    if inner.name == "xpos":  # zeta^(n/scale_base) on queries, its inverse on keys
+        zeta = (torch.arange(0, x.size(-1), 2) / x.size(-1) + 0.4) / 1.4
+        decay = zeta[None, :] ** (pos.float()[:, None] / 512 * (-1 if key else 1))
+        cos, sin = cos * decay, sin * decay
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -41,10 +49,10 @@ def plain_forward(model, idx, targets, reduction="mean"):
         q = rms(a.c_q(h).view(B, -1, cfg.n_head, cfg.head_dim).transpose(1, 2))
         k = rms(a.c_k(h).view(B, -1, cfg.n_kv_head, cfg.head_dim).transpose(1, 2))
         v = a.c_v(h).view(B, -1, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
-        q, k = rotate_plain(q, pe, pos), rotate_plain(k, pe, pos)
+        q, k = rotate_plain(q, pe, pos), rotate_plain(k, pe, pos, key=True)
         groups = cfg.n_head // cfg.n_kv_head
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        att = (q @ k.transpose(-2, -1) / math.sqrt(cfg.head_dim) + bias).softmax(-1)
+        att = (q @ k.transpose(-2, -1) / math.sqrt(cfg.head_dim) + bias).softmax(-1)  # PoPE too: Dh terms
         x = x + a.c_proj((att @ v).transpose(1, 2).reshape(B, -1, cfg.d_model))
         x = x + block.mlp.c_proj(F.relu(block.mlp.c_fc(rms(x))).square())
     logits = model.lm_head(rms(x[:, pe.n_prefix :]))

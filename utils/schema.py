@@ -262,7 +262,11 @@ POSITIONAL_OPTIONS = {
     "max_distance": (int, ">=", 1, "pass a positive distance"),
     "scale": (float, ">", 0, "pass a positive scale for the sinusoids"),
     "init_std": (float, ">", 0, "pass a positive init std for the table"),
+    "rotary_fraction": (float, ">", 0, "pass a fraction in (0, 1] of each head's dimension pairs to rotate"),
+    "scale_base": (float, ">", 0, "pass a positive xPos decay length"),
+    "gamma": (float, ">", 0, "pass a positive xPos gamma"),
 }
+POSITIONAL_MAXIMA = {"rotary_fraction": (1, "pass a fraction in (0, 1] of each head's dimension pairs to rotate")}
 
 
 def show(value):
@@ -307,6 +311,9 @@ def check_positional(spec, key: str = "positional"):
         if not number or (kind is int and not isinstance(value, int)) or not OPS[op](value, bound):
             want = "a whole number" if kind is int else "a number"
             raise UserError(f"{key}.{option}={show(value)} must be {want} {op} {bound}; {hint}")
+        if option in POSITIONAL_MAXIMA and value > POSITIONAL_MAXIMA[option][0]:
+            bound, hint = POSITIONAL_MAXIMA[option]
+            raise UserError(f"{key}.{option}={show(value)} must be <= {bound}; {hint}")
     if "inner" in spec:
         check_positional(spec["inner"], f"{key}.inner")
 
