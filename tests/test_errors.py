@@ -119,6 +119,8 @@ CHECKS = {"train": schema.check_train, "eval": schema.check_eval, "sample": sche
         ("train", ["positional=prope", "positional.rotary_fraction=0"], "positional.rotary_fraction"),
         ("train", ["model.d_model=32", "positional.rotary_fraction=0.1"], "positional.rotary_fraction"),
         ("train", ["positional=xpos", "positional.scale_base=0"], "positional.scale_base"),
+        ("train", ["model.window=0"], "model.window"),
+        ("train", ["model.window=64", "model.window_pattern=SSXL"], "model.window_pattern"),
         ("eval", ["eval.stride=0"], "eval.stride"),
         ("eval", ["eval.lengths=[]"], "eval.lengths"),
         ("eval", ["cache.window=0"], "cache.window"),
