@@ -28,6 +28,6 @@ def gpt_keywords(run: dict, vocab: int | None = None) -> dict:
     return {**model, "vocab_size": vocab or run["tokenizer"]["vocab_size"], "positional": run["positional"]}
 
 
-def model_config(scheme: str, size: str, seq_len: int, vocab: int | None = None) -> dict:
-    """GPTConfig keywords for model=<size> positional=<scheme> at train.seq_len=<seq_len>."""
-    return gpt_keywords(run_config(scheme, [f"model={size}", f"train.seq_len={seq_len}"]), vocab)
+def model_config(scheme: str, size: str, seq_len: int, vocab: int | None = None, extra=()) -> dict:
+    """GPTConfig keywords for model=<size> positional=<scheme> at train.seq_len=<seq_len> (and extra overrides)."""
+    return gpt_keywords(run_config(scheme, [f"model={size}", f"train.seq_len={seq_len}", *extra]), vocab)

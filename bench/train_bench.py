@@ -3,6 +3,7 @@
 python bench/train_bench.py                                        every scheme, model=d12, T=1024 and 4096 (GPU)
 python bench/train_bench.py --seq 8192 --eval-len 32768            the long-context check
 python bench/train_bench.py --model tiny --seq 256 --batch-tokens 8192 --steps 5 --device cpu   (a CPU run)
+python bench/train_bench.py --schemes rope,rope --set "" "model.window=64 model.window_pattern=SSSL"   (options)
 Prints a table and appends it, with the device and this command, to bench/RESULTS.md (--no-record skips).
 MFU = (6 N_matmul + 12 L H Dh T) x tokens/s / peak, against the datasheet dense bf16 peak (H100/H200 SXM:
 989 TFLOP/s, as nanochat and PaLM count it) and, as a second column, against a peak measured here by a large
@@ -53,11 +54,11 @@ def graph_count() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def bench_one(name, args, device, dtype, peak):
+def bench_one(name, args, device, dtype, peak, extra=()):
     torch.manual_seed(0)
     if args.compile:
         torch._dynamo.reset()  # each row compiles from scratch: the version cap is never shared across rows
-    cfg = GPTConfig(**model_config(name, args.model, args.seq, args.vocab))
+    cfg = GPTConfig(**model_config(name, args.model, args.seq, args.vocab, extra))
     model = GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     runner = torch.compile(model, fullgraph=True) if args.compile else model
@@ -92,7 +93,7 @@ def bench_one(name, args, device, dtype, peak):
     flops = model.flops_per_token(args.seq) * tok_s
     sheet = datasheet_peak(device)
     row = {
-        "scheme": name,
+        "scheme": " ".join([name, *extra]),
         "T": args.seq,
         "batch": batch,
         "tok/s": tok_s,
@@ -135,6 +136,7 @@ def main():
     ap.add_argument("--eval-len", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="auto: on for CUDA only")
+    ap.add_argument("--set", nargs="+", default=None, help="train.py overrides per scheme, in --schemes order")
     ap.add_argument("--no-record", dest="record", action="store_false")
     args = ap.parse_args()
     torch._dynamo.config.fail_on_recompile_limit_hit = True  # a silent eager fallback would be timed otherwise
@@ -147,8 +149,9 @@ def main():
     rows = []
     for seq in args.seq:
         args.seq = seq
-        for name in args.schemes.split(","):
-            rows.append(bench_one(name, args, device, dtype, peak))
+        names = args.schemes.split(",")
+        for name, extra in zip(names, args.set or [""] * len(names), strict=True):
+            rows.append(bench_one(name, args, device, dtype, peak, extra.split()))
             print("  ".join(f"{k}={fmt(v)}" for k, v in rows[-1].items()), flush=True)
     args.seq = [r["T"] for r in rows]
     details = (

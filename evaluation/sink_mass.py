@@ -29,9 +29,10 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
 
     def capture(attn, args):
         x, plan = args[0], args[1]
+        plan = plan.windows[attn.window] if attn.window is not None else plan
         q, k, _ = attn.project(x)
-        q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate(k, plan.k_pos, plan.k_rot)
-        bias = dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head)
+        q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate_key(k, plan.k_pos, plan.k_rot)
+        bias = dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head, plan.window)
         state = None if attn.pe_layer is None else attn.pe_layer(x)
         content = attn.content(q, state, plan)  # a bias that reads q or the input (Shaw, FoX): this layer's own
         if content is not None:

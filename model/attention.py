@@ -7,7 +7,9 @@ make_plan picks the backend from the scheme and the positions:
   flex       compiled flex_attention with the scheme's score_bias as score_mod and a block mask from positions
              (CUDA, bias or non-trivial mask, Tq >= 128): no dense H x T x T tensor is ever built
   reference  explicit softmax in fp32 over the dense bias, for tests
-A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False).
+A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False); in a sliding-window
+layer (model.window=W) also only iff q_pos[i] - k_pos[j] < W. Layers with a window read plan.windows[W], a plan
+of its own (one mask per distinct window) that shares the rotation state when it attends over the same keys.
 
 A content-dependent bias (positional/base.py content_bias: Shaw's q . a_clip(i-j), FoX's forget gates) differs per
 layer, so it is not in the plan: each layer passes attend() its own fn(b, h, i, j) beside the plan, as it passes its
@@ -50,9 +52,11 @@ class AttnPlan:
     blocks: list | None = None  # query blocks along the diagonal (dense bias, causal full forward): see diagonal_blocks
     q_rot: object = None  # the scheme's rotation state (RoPE: cos, sin) at q_pos and k_pos, made once for every layer
     k_rot: object = None
+    window: int | None = None  # this plan's sliding window (None: full causal attention)
+    windows: dict | None = None  # window -> the plan of the layers with that window (see add_window)
 
 
-def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int) -> torch.Tensor | None:
+def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int, window: int | None = None) -> torch.Tensor | None:
     qp, kp = q_pos[None, :, None], k_pos[None, None, :]
     bias = None
     if pe.score_bias is not None:
@@ -60,32 +64,53 @@ def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int) -> torch.Tensor | No
         bias = pe.score_bias(h, qp, kp).float().expand(n_head, len(q_pos), len(k_pos))
     if causal:
         hidden = kp > qp
+        if window is not None:
+            hidden = hidden | (qp - kp >= window)
         if bias is None:
             bias = torch.zeros(hidden.shape, device=q_pos.device)
         bias = bias.masked_fill(hidden, float("-inf"))
     return bias
 
 
-def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto", sink: bool = False) -> AttnPlan:
+def make_plan(
+    pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto", sink: bool = False, window=None, rot=None
+) -> AttnPlan:
     """q_pos is k_pos (the same tensor) marks the plain causal case of a full forward. sink: the layers pass a
-    sink logit to attend, which SDPA takes as an extra masked key column, so is_causal cannot serve."""
+    sink logit to attend, which SDPA takes as an extra masked key column, so is_causal cannot serve. window: a
+    sliding window of that many keys (causal only). rot: (q_rot, k_rot) already made for these positions."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
     plain = pe.score_bias is None and pe.content_bias is None and not sink and (not causal or q_pos is k_pos)
+    plain = plain and window is None
     if backend == "auto":
         use_flex = q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES
         backend = "flex" if use_flex else "sdpa"
-    plan = AttnPlan(pe, q_pos, k_pos, backend)
-    plan.q_rot = pe.rotation(q_pos)
-    plan.k_rot = plan.q_rot if k_pos is q_pos else pe.rotation(k_pos)
+    plan = AttnPlan(pe, q_pos, k_pos, backend, window=window)
+    if rot is None:
+        plan.q_rot = pe.rotation(q_pos)
+        plan.k_rot = plan.q_rot if k_pos is q_pos else pe.rotation(k_pos)
+    else:
+        plan.q_rot, plan.k_rot = rot
     if backend == "flex":
-        plan.score_mod, plan.block_mask, plan.flex_pad = _flex_mods(pe, q_pos, k_pos, causal)
+        plan.score_mod, plan.block_mask, plan.flex_pad = _flex_mods(pe, q_pos, k_pos, causal, window)
     elif backend == "sdpa" and plain:
         plan.is_causal = causal
     else:
-        plan.bias = dense_bias(pe, q_pos, k_pos, causal, n_head)
+        plan.bias = dense_bias(pe, q_pos, k_pos, causal, n_head, window)
         if backend == "sdpa" and causal and q_pos is k_pos:
             plan.blocks = diagonal_blocks(len(q_pos))
+    return plan
+
+
+def add_window(plan: AttnPlan, window: int, n_head: int, backend: str, sink: bool, k_pos=None) -> AttnPlan:
+    """plan.windows[window]: the plan of the layers with this sliding window, over the same queries and over
+    k_pos (default the plan's keys, whose rotation state it then shares; a cache's window ring holds others).
+    Always causal: the window is a causal rule, and it also hides a ring's unfilled slots (past every query)."""
+    same = k_pos is None or k_pos is plan.k_pos
+    k_pos = plan.k_pos if same else k_pos
+    rot = (plan.q_rot, plan.k_rot if same else plan.pe.rotation(k_pos))
+    windowed = make_plan(plan.pe, plan.q_pos, k_pos, True, n_head, backend, sink, window, rot)
+    plan.windows = {**(plan.windows or {}), window: windowed}
     return plan
 
 
@@ -130,9 +155,10 @@ def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
     if plan.blocks:  # keys past a block's last query are masked for all of it: leave them out
 
         def block(s, e):  # queries s..e-1 see keys 0..e-1, which follow the n leading slots
-            t = n + e
+            t = n + e  # and a window drops the keys before s - W + 1 too (all of them without a leading slot)
+            lo = max(0, s - plan.window + 1) if plan.window and not n else 0
             return F.scaled_dot_product_attention(
-                q[:, :, s:e], k[:, :, :t], v[:, :, :t], attn_mask=mask[:, :, s:e, :t], enable_gqa=gqa
+                q[:, :, s:e], k[:, :, lo:t], v[:, :, lo:t], attn_mask=mask[:, :, s:e, lo:t], enable_gqa=gqa
             )
 
         return torch.cat([block(s, e) for s, e in plan.blocks], dim=2)
@@ -205,9 +231,10 @@ def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None, content=None):
     return out * torch.sigmoid(lse - sink.float()[:, None]).unsqueeze(-1).to(out.dtype)
 
 
-def _flex_mods(pe, q_pos, k_pos, causal):
+def _flex_mods(pe, q_pos, k_pos, causal, window=None):
     """score_mod and block mask over positions padded to flex_length: a padded query sits before every key
-    and a padded key after every query, so the causal rule alone hides them (and a non-causal mask tests it)."""
+    and a padded key after every query, so the causal rule alone hides them (and a non-causal mask tests it).
+    A window's mask hides whole blocks of far keys, which flex then skips."""
     pad_q, pad_k = flex_length(len(q_pos)) - len(q_pos), flex_length(len(k_pos)) - len(k_pos)
     q_pos = F.pad(q_pos, (0, pad_q), value=-PAD_POSITION)
     k_pos = F.pad(k_pos, (0, pad_k), value=PAD_POSITION)
@@ -222,6 +249,8 @@ def _flex_mods(pe, q_pos, k_pos, causal):
 
         def mask_mod(b, h, q_idx, kv_idx):
             visible = k_pos[kv_idx] <= q_pos[q_idx]
+            if window is not None:
+                visible = visible & (q_pos[q_idx] - k_pos[kv_idx] < window)
             return visible if causal else k_pos[kv_idx] < PAD_POSITION
 
         make = _fused(create_block_mask, q_pos.is_cuda)  # eager, it would build the dense Tq x Tk mask first

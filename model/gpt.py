@@ -2,13 +2,17 @@
 
 python train.py model=tiny positional=alibi
 python train.py model.qk_norm=learned model.sink_logit=true      (the options that let a head form a sink)
+python train.py model.window=64 model.window_pattern=SSSL         (sliding windows in 3 layers of 4, as nanochat)
 Functional RMSNorm (no weights), QK-norm, ReLU^2 MLP, untied embeddings, grouped-query attention, logit
 softcap, no biases, zero-initialised output projections. The scheme (positional/) acts on the embeddings,
 on queries and keys, and/or on the attention scores; this file never asks which scheme it is.
 model.qk_norm: rms (gain-free: every logit within +-sqrt(head dim)), learned (a trainable gain on the normed q and
 k, 1 at init), none. model.sink_logit: a learned per-head logit for attending to nothing (model/attention.py).
+model.window=W: layers marked S in model.window_pattern (tiled over the layers; L = full attention) see only the
+W most recent keys, themselves included: q_pos - k_pos < W. Any scheme, every backend, both caches.
 """
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -17,7 +21,7 @@ from torch import nn
 
 import positional
 
-from .attention import BACKENDS, attend, make_plan
+from .attention import BACKENDS, add_window, attend, make_plan
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
 
@@ -37,8 +41,16 @@ class GPTConfig:
     attn_backend: str = "auto"
     qk_norm: str = "rms"
     sink_logit: bool = False
+    window: int | None = None
+    window_pattern: str = "S"
 
     def __post_init__(self):
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"model.window={self.window} must be >= 1, or null for full attention in every layer")
+        if not re.fullmatch(r"[SL]+", self.window_pattern):
+            raise ValueError(
+                f"model.window_pattern={self.window_pattern} may hold only S (sliding window) and L (full) letters"
+            )
         if self.d_model % self.n_head:
             raise ValueError(f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}")
         if self.n_head % self.n_kv_head:
@@ -53,6 +65,15 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    def layer_window(self, layer: int) -> int | None:
+        """Layer's sliding window: model.window where the tiled pattern says S, else None (full attention)."""
+        short = self.window_pattern[layer % len(self.window_pattern)] == "S"
+        return self.window if short else None
+
+    @property
+    def windows(self) -> list[int]:
+        return sorted({w for w in map(self.layer_window, range(self.n_layer)) if w is not None})
 
 
 def norm(x):
@@ -77,6 +98,7 @@ class Attention(nn.Module):
         self.sink = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.sink_logit else None
         # the scheme's own part of this layer (FoX: its forget gate), which reads the layer input
         self.pe_layer = None if pe is None else pe.layer_module()
+        self.window = cfg.layer_window(layer_idx)
 
     def project(self, x):
         """Queries, keys (QK-normed, not yet rotated) and values, each (B, heads, T, head dim).
@@ -98,11 +120,13 @@ class Attention(nn.Module):
 
     def forward(self, x, plan, cache=None):
         B, T, _ = x.shape
+        if self.window is not None:
+            plan = plan.windows[self.window]
         q, k, v = self.project(x)
         q = plan.pe.rotate(q, plan.q_pos, plan.q_rot)
         state = None if self.pe_layer is None else self.pe_layer(x)
         if cache is None:
-            k = plan.pe.rotate(k, plan.k_pos, plan.k_rot)
+            k = plan.pe.rotate_key(k, plan.k_pos, plan.k_rot)
         else:  # the cache rotates keys at the positions it gives them and returns all it holds
             k, v = cache.update(self.layer_idx, k, v, plan)
             if state is not None:  # and the scheme's per-token state, kept beside the keys
@@ -171,7 +195,7 @@ class GPT(nn.Module):
             x = torch.cat((self.pe.prefix().to(x.dtype).expand(x.size(0), -1, -1), x), dim=1)
             pos = torch.cat((pos[:1] - n_prefix + torch.arange(n_prefix, device=pos.device), pos))
         x = self.pe.embed(x, pos)
-        plan = make_plan(self.pe, pos, pos, True, self.cfg.n_head, self.cfg.attn_backend, self.cfg.sink_logit)
+        plan = self.plan(pos, pos, True)
         for block in self.blocks:
             x = block(x, plan)
         return self._head(x[:, n_prefix + keep_from :], targets, reduction)
@@ -193,12 +217,22 @@ class GPT(nn.Module):
             n = min(cache.room(), x.size(1) - start)
             q_pos, k_pos = cache.advance(n)
             h = self.pe.embed(x[:, start : start + n], q_pos)
-            plan = make_plan(self.pe, q_pos, k_pos, n > 1, self.cfg.n_head, self.cfg.attn_backend, self.cfg.sink_logit)
+            plan = self.plan(q_pos, k_pos, n > 1, cache.window_positions(q_pos, k_pos))
             for block in self.blocks:
                 h = block(h, plan, cache)
             outs.append(h)
             start += n
         return self._head(torch.cat(outs, dim=1)[:, skip:])
+
+    def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None):
+        """The attention plan every layer shares, with one per distinct sliding window (over window_k_pos, the keys
+        a cache keeps for its window layers, default k_pos)."""
+        c = self.cfg
+        backend = backend or c.attn_backend
+        plan = make_plan(self.pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit)
+        for w in c.windows:
+            add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos)
+        return plan
 
     def _head(self, x, targets=None, reduction="mean"):
         """Softcapped fp32 logits, or the loss against targets computed in chunks of rows (model/head.py)."""
@@ -207,9 +241,11 @@ class GPT(nn.Module):
         return head_loss(norm(x), self.lm_head.weight, targets, self.cfg.softcap, reduction)
 
     def flops_per_token(self, seq: int) -> float:
-        """Training FLOPs per token: 6 x matmul parameters + 12 L H Dh T for attention scores and values."""
+        """Training FLOPs per token: 6 x matmul parameters + 12 L H Dh T for attention scores and values (scores over
+        the rotated width: PoPE's 2Dh makes it 18 L H Dh T)."""
         c = self.cfg
-        return 6 * self.num_params(matmul_only=True) + 12 * c.n_layer * c.n_head * c.head_dim * seq
+        width = self.pe.rotated_dim() + c.head_dim  # q.k, then probabilities x values
+        return 6 * self.num_params(matmul_only=True) + 6 * c.n_layer * c.n_head * width * seq
 
     def num_params(self, matmul_only: bool = False) -> int:
         """All parameters, or only those in matrix multiplies (for FLOPs: no embedding lookups, gains or logits)."""

@@ -10,24 +10,34 @@ and for a scheme with per-token state (positional/base.py layer_module: FoX's lo
 state) (store it beside the new keys, return every cached key's, in slot order; the scheme orders them by position).
 A slot's position is its index in the cache minus the scheme's prefix length, so a full forward and a cache
 agree on positions.
+Sliding-window layers (model.window): the dense cache keeps each a ring of the W most recent keys (rotated, at
+their positions) instead of a full row, so such a layer never holds more than W keys between steps; a step's
+queries see the ring plus the step's own keys, masked to the window. The sink cache keeps every layer's keys
+(constant memory anyway) and the window mask applies to their in-cache positions.
 """
 
 import torch
+
+from positional import SCHEMES
 
 
 class CacheError(ValueError):
     pass
 
 
+EMPTY = 1 << 40  # the position of a ring slot not yet written: after every query, so causally masked
+
+
 class _Cache:
     raw_keys = False  # True: keys stored before rotation and rotated at read, at their in-cache positions
 
-    def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None):
+    def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None, n_layer=None):
         cfg = model.cfg
         device = device or model.lm_head.weight.device
         dtype = dtype or model.lm_head.weight.dtype
-        shape = (cfg.n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (cfg.n_layer if n_layer is None else n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
+        key_dim = cfg.head_dim if self.raw_keys else model.pe.rotated_dim()  # rotated keys may be wider (PoPE)
+        self.k = torch.zeros(shape[:-1] + (key_dim,), dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         state = (cfg.n_layer, batch_size, model.pe.state_dim, capacity)  # fp32: FoX sums it over the whole cache
         self.state = torch.zeros(state, device=device) if model.pe.state_dim else None
@@ -44,6 +54,10 @@ class _Cache:
         self.state[layer, :, :, self._new] = state
         return self.state[layer, :, :, : self.length]
 
+    def window_positions(self, q_pos, k_pos):
+        """The positions of the keys window layers attend over this step: None, the same keys as every layer."""
+        return None
+
     @property
     def slot(self) -> int:
         """The first slot the last advance() reserved."""
@@ -56,7 +70,26 @@ class DenseCache(_Cache):
     def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None):
         if model.pe.max_positions is not None and capacity > model.pe.max_positions + model.pe.n_prefix:
             capacity = model.pe.max_positions + model.pe.n_prefix  # the scheme cannot go further anyway
-        super().__init__(model, batch_size, capacity, dtype, device)
+        cfg = model.cfg
+        windowed = [i for i in range(cfg.n_layer) if cfg.layer_window(i) is not None]
+        full = [i for i in range(cfg.n_layer) if i not in windowed]
+        if windowed and model.pe.state_dim:  # a ring would have to keep the gates too, in its own slot order
+            raise CacheError(
+                f"cache=dense keeps a ring of keys for model.window layers but not positional={model.pe.name}'s "
+                f"per-token state; use cache=sink, or a model without model.window"
+            )
+        super().__init__(model, batch_size, capacity, dtype, device, n_layer=len(full))
+        self.row = {layer: r for r, layer in enumerate(full)}  # a full layer's row of self.k
+        self.ring = {layer: r for r, layer in enumerate(windowed)}  # a window layer's ring in self.wk
+        self.window = cfg.window
+        if windowed:
+            shape = (len(windowed), *self.k.shape[1:3], cfg.window)
+            self.wk = self.k.new_zeros(*shape, self.k.size(-1))
+            self.wv = self.v.new_zeros(*shape, self.v.size(-1))
+            self.ring_pos = torch.full((cfg.window,), EMPTY, device=self.k.device)
+
+    def nbytes(self) -> int:
+        return super().nbytes() + (self.wk.nbytes + self.wv.nbytes if self.ring else 0)
 
     def room(self) -> int:
         if self.length >= self.capacity:
@@ -70,10 +103,27 @@ class DenseCache(_Cache):
             raise CacheError(f"dense cache has room for {self.room()} more tokens, {n} were given")
         self._new = slice(self.length, self.length + n)
         self.length += n
-        return self.slot_pos[self._new], self.slot_pos[: self.length]
+        q_pos = self.slot_pos[self._new]
+        if self.ring:  # window layers see their ring as it was plus this step's keys; the ring keeps the last W
+            self._window_k_pos = torch.cat((self.ring_pos, q_pos))
+            kept = q_pos[-self.window :]
+            self._ring_slots = (kept + self.offset) % self.window
+            self.ring_pos[self._ring_slots] = kept
+        return q_pos, self.slot_pos[: self.length]
+
+    def window_positions(self, q_pos, k_pos):
+        return self._window_k_pos if self.ring else None
 
     def update(self, layer: int, k, v, plan):
-        self.k[layer, :, :, self._new] = self.pe.rotate(k, plan.q_pos, plan.q_rot)  # the new keys' positions
+        k = self.pe.rotate_key(k, plan.q_pos, plan.q_rot).to(self.k.dtype)  # at the new keys' positions
+        if layer in self.ring:
+            r, kept = self.ring[layer], slice(max(0, k.size(2) - self.window), None)
+            keys, values = torch.cat((self.wk[r], k), dim=2), torch.cat((self.wv[r], v.to(self.v.dtype)), dim=2)
+            self.wk[r, :, :, self._ring_slots] = k[:, :, kept]
+            self.wv[r, :, :, self._ring_slots] = v[:, :, kept].to(self.v.dtype)
+            return keys, values
+        layer = self.row[layer]
+        self.k[layer, :, :, self._new] = k
         self.v[layer, :, :, self._new] = v
         return self.k[layer, :, :, : self.length], self.v[layer, :, :, : self.length]
 
@@ -90,7 +140,7 @@ class SinkCache(_Cache):
     def __init__(self, model, batch_size: int, sinks: int, window: int, dtype=None, device=None):
         if not model.pe.relative:
             raise CacheError(
-                f"cache=sink needs a relative scheme (rope, alibi, nope, t5, sink, kerple, fire, shaw, fox); "
+                f"cache=sink needs a relative scheme ({', '.join(n for n, c in SCHEMES.items() if c.relative)}); "
                 f"positional={model.pe.name} bakes absolute positions into the cached keys, so use cache=dense"
             )
         if window < 1 or sinks < 0:
@@ -125,7 +175,7 @@ class SinkCache(_Cache):
         self.k[layer, :, :, self._new] = k
         self.v[layer, :, :, self._new] = v
         keys = self.k[layer, :, :, : self.length]
-        return self.pe.rotate(keys, plan.k_pos, plan.k_rot), self.v[layer, :, :, : self.length]
+        return self.pe.rotate_key(keys, plan.k_pos, plan.k_rot), self.v[layer, :, :, : self.length]
 
     def token_indices(self) -> torch.Tensor:
         """Which tokens (0-based, prefix included) the cache holds, in slot order; for tests and inspection."""

@@ -12,7 +12,7 @@ once (`torch.compile(mode="reduce-overhead")`, CUDA graphs on CUDA).
 
 import torch
 
-from .attention import make_plan
+from .kv_cache import CacheError
 
 HIDDEN = 2**30  # the position of an empty slot: after every query, so causally masked
 
@@ -21,6 +21,8 @@ class StaticDecoder:
     """decoder(tok (B, 1)) -> next-token logits (B, V), through `cache` (already prefilled by model.decode)."""
 
     def __init__(self, model, cache, compile: bool = True):
+        if getattr(cache, "ring", None):
+            raise CacheError("static decoding keeps no window rings; use cache=sink or static=false for model.window")
         self.model, self.cache = model, cache
         device = cache.k.device
         self.q_pos = torch.zeros(1, dtype=torch.long, device=device)
@@ -45,7 +47,7 @@ class StaticDecoder:
     def _step(self, tok):
         m = self.model
         h = m.pe.embed(m.wte(tok), self.q_pos)
-        plan = make_plan(m.pe, self.q_pos, self.k_pos, True, m.cfg.n_head, "sdpa", m.cfg.sink_logit)
+        plan = m.plan(self.q_pos, self.k_pos, True, backend="sdpa")
         for block in m.blocks:
             h = block(h, plan, self)
         return m._head(h)[:, -1]
@@ -53,12 +55,12 @@ class StaticDecoder:
     def update(self, layer: int, k, v, plan):
         """The cache interface the attention layers call: store this token, return every slot."""
         if not self.cache.raw_keys:
-            k = self.model.pe.rotate(k, plan.q_pos, plan.q_rot)
+            k = self.model.pe.rotate_key(k, plan.q_pos, plan.q_rot)
         self.cache.k[layer].index_copy_(2, self.slot, k.to(self.cache.k.dtype))
         self.cache.v[layer].index_copy_(2, self.slot, v.to(self.cache.v.dtype))
         keys = self.cache.k[layer]
         if self.cache.raw_keys:
-            keys = self.model.pe.rotate(keys, plan.k_pos, plan.k_rot)
+            keys = self.model.pe.rotate_key(keys, plan.k_pos, plan.k_rot)
         return keys, self.cache.v[layer]
 
     def update_state(self, layer: int, state):

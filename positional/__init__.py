@@ -10,13 +10,19 @@ from .fox import FoX
 from .kerple import KERPLE
 from .learned import Learned
 from .nope import NoPE
+from .pope import PoPE
+from .prope import PRoPE
 from .rope import RoPE
 from .shaw import Shaw
 from .sink import Sink
 from .sinusoidal import Sinusoidal
 from .t5 import T5
+from .xpos import XPos
 
-SCHEMES = {cls.name: cls for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5, KERPLE, FIRE, Shaw, FoX)}
+SCHEMES = {
+    cls.name: cls
+    for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5, KERPLE, FIRE, Shaw, FoX, XPos, PRoPE, PoPE)
+}
 
 __all__ = ["SCHEMES", "Positional", "PositionLimitError", "build"]
 

@@ -5,6 +5,8 @@ A scheme may act at three points and is the identity elsewhere:
   rotate(x, pos, rotation)       transform queries or keys (B, H, T, Dh) by their positions; rotation is what
                                  rotation(pos) returned (RoPE: cos, sin), computed once per forward in the
                                  attention plan every layer shares, or None to compute it here
+  rotate_key(x, pos, rotation)   keys, where they differ from queries (xPos decays them the other way); the
+                                 rotated width may differ from the values' (rotated_dim(): PoPE doubles it)
   score_bias(h, q_pos, k_pos)    additive attention-score bias, written with broadcasting tensor ops so the
                                  same function serves as a FlexAttention score_mod and as a dense SDPA bias
 A bias that reads content (Shaw's q . a_(i-j), FoX's data-dependent forget gates) is built per layer, since every
@@ -56,6 +58,13 @@ class Positional(nn.Module):
 
     def rotate(self, x: torch.Tensor, pos: torch.Tensor, rotation=None) -> torch.Tensor:
         return x
+
+    def rotate_key(self, x: torch.Tensor, pos: torch.Tensor, rotation=None) -> torch.Tensor:
+        return self.rotate(x, pos, rotation)
+
+    def rotated_dim(self) -> int:
+        """The width of rotated queries and keys (values keep head_dim)."""
+        return self.head_dim
 
     def prefix(self) -> torch.Tensor | None:
         return None

@@ -1,11 +1,15 @@
 """RoPE: rotate each (query, key) pair of dimensions by an angle proportional to position (Su et al. 2021).
 
 python train.py positional=rope positional.base=10000
+python train.py positional=rope positional.rotary_fraction=0.25      (partial rotary, GPT-NeoX style)
 Scores then depend only on q_pos - k_pos. Context-extension variants (rope_scaling.py) are set at eval time
-with set_scaling(kind, factor, original_length).
+with set_scaling(kind, factor, original_length). rotary_fraction < 1 rotates only the first fraction of each
+head's dimension pairs, at the frequencies of a head that many dims wide; the other pairs get frequency 0
+(cos 1, sin 0: passed through unchanged), so every backend, cache and the fused rotation serve it as they are.
 """
 
 import torch
+import torch.nn.functional as F
 
 from . import rope_scaling
 from .base import Positional
@@ -55,26 +59,43 @@ class RoPE(Positional):
     relative = True
     rotary = True
 
-    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0):
+    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, rotary_fraction: float = 1.0):
         super().__init__(n_head, head_dim, d_model)
         if head_dim % 2:
             raise ValueError(f"rope needs an even head dim, got {head_dim}")
-        self.base = float(base)
-        self.register_buffer("inv_freq", torch.empty(head_dim // 2), persistent=False)
+        if not 0 < rotary_fraction <= 1:
+            raise ValueError(f"positional.rotary_fraction={rotary_fraction} must be in (0, 1]")
+        self.base, self.rotary_fraction = float(base), float(rotary_fraction)
+        self.n_rotated = round(self.rotary_fraction * head_dim / 2)  # pairs that turn
+        if self.n_rotated < 1:
+            raise ValueError(f"positional.rotary_fraction={rotary_fraction} rotates no pair of a {head_dim}-dim head")
+        self.register_buffer("inv_freq", torch.empty(self.n_frequencies()), persistent=False)
         self.set_scaling("none")
+
+    def n_frequencies(self) -> int:
+        return self.head_dim // 2
+
+    def freq_dim(self) -> int:
+        """The head width whose RoPE frequencies this scheme turns at (partial rotary: the rotated dims only)."""
+        return 2 * self.n_rotated
+
+    def arrange(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """Those frequencies laid out over this head's pairs: the pairs past them stand still (frequency 0)."""
+        return F.pad(inv_freq, (0, self.n_frequencies() - len(inv_freq)))
 
     def set_scaling(self, kind: str, factor: float = 1.0, original_length: int = 1):
         inv_freq, self.pos_scale, self.cos_scale = rope_scaling.static_frequencies(
-            kind, self.head_dim, self.base, float(factor), int(original_length)
+            kind, self.freq_dim(), self.base, float(factor), int(original_length)
         )
-        self.inv_freq.copy_(inv_freq.float())
+        self.inv_freq.copy_(self.arrange(inv_freq).float())
         self.scaling, self.factor, self.original_length = kind, float(factor), int(original_length)
 
     def rotation(self, pos):
         """(cos, sin), each (T, Dh/2), at these positions: computed once per forward by the attention plan."""
         inv_freq = self.inv_freq
         if self.scaling == "dynamic_ntk":
-            inv_freq = rope_scaling.dynamic_inv_freq(self.head_dim, self.base, self.original_length, pos.max() + 1)
+            dims, length = self.freq_dim(), pos.max() + 1
+            inv_freq = self.arrange(rope_scaling.dynamic_inv_freq(dims, self.base, self.original_length, length))
         angles = (pos.float() * self.pos_scale)[:, None] * inv_freq[None, :]
         return angles.cos() * self.cos_scale, angles.sin() * self.cos_scale
 
@@ -83,4 +104,5 @@ class RoPE(Positional):
         return rotate_by(x, cos, sin)
 
     def extra_repr(self):
-        return f"base={self.base}, scaling={self.scaling}, factor={self.factor}, " + super().extra_repr()
+        scaling = f"scaling={self.scaling}, factor={self.factor}"
+        return f"base={self.base}, rotary_fraction={self.rotary_fraction}, {scaling}, " + super().extra_repr()

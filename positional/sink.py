@@ -44,5 +44,11 @@ class Sink(Positional):
     def rotate(self, x, pos, rotation=None):
         return self.inner.rotate(x, pos, rotation)
 
+    def rotate_key(self, x, pos, rotation=None):
+        return self.inner.rotate_key(x, pos, rotation)
+
+    def rotated_dim(self):
+        return self.inner.rotated_dim()
+
     def set_scaling(self, *args, **kwargs):
         return self.inner.set_scaling(*args, **kwargs)

@@ -15,8 +15,10 @@ sys.path.insert(0, str(ROOT))
 import utils.schema  # noqa: E402, F401  (registers the config schemas that configs/*.yaml name)
 from model.gpt import GPT, GPTConfig  # noqa: E402
 
-SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5", "kerple", "fire", "shaw", "fox"]
-RELATIVE = ["alibi", "rope", "nope", "sink", "t5", "kerple", "fire", "shaw", "fox"]
+SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"]
+SCHEMES += ["kerple", "fire", "shaw", "fox"]  # the learned-bias family
+SCHEMES += ["xpos", "prope", "pope"]  # the rotary family
+RELATIVE = [name for name in SCHEMES if name not in ("learned", "sinusoidal")]
 # FIRE divides distances by the query's position past its threshold: shifting positions changes its scores
 SHIFT_INVARIANT = [name for name in RELATIVE if name != "fire"]
 # a model small enough that every test trains or decodes it in a second or two

@@ -6,7 +6,7 @@ remaining ranges and choices of utils/schema.py on composed configs, which is qu
 """
 
 import pytest
-from conftest import ROOT, run
+from conftest import ROOT, SCHEMES, run
 from hydra import compose, initialize_config_dir
 
 from utils import schema
@@ -29,7 +29,7 @@ CASES = [  # (entry point and overrides, the key the message must name)
     (TRAIN + ["compile=yes"], "compile"),
     (TRAIN + ["optim=muon", "optim.adam_lr=0"], "optim.adam_lr"),
     (TRAIN + ["positional=sink", "positional.n_sink=0"], "positional.n_sink"),
-    (TRAIN + ["positional=xpos"], "positional"),
+    (TRAIN + ["positional=xpoz"], "positional"),
     (TRAIN + ["train.max_stepz=3"], "train.max_stepz"),
     (TRAIN + ["train.seq_len=["], "override"),
     (TRAIN + ["model.qk_norm=foo"], "model.qk_norm"),
@@ -122,6 +122,12 @@ CHECKS = {"train": schema.check_train, "eval": schema.check_eval, "sample": sche
         ("train", ["positional=fire", "positional.threshold=-1"], "positional.threshold"),
         ("train", ["positional=fire", "positional.init_c=0"], "positional.init_c"),
         ("train", ["positional=shaw", "positional.max_distance=0"], "positional.max_distance"),
+        ("train", ["positional.rotary_fraction=1.5"], "positional.rotary_fraction"),
+        ("train", ["positional=prope", "positional.rotary_fraction=0"], "positional.rotary_fraction"),
+        ("train", ["model.d_model=32", "positional.rotary_fraction=0.1"], "positional.rotary_fraction"),
+        ("train", ["positional=xpos", "positional.scale_base=0"], "positional.scale_base"),
+        ("train", ["model.window=0"], "model.window"),
+        ("train", ["model.window=64", "model.window_pattern=SSXL"], "model.window_pattern"),
         ("eval", ["eval.stride=0"], "eval.stride"),
         ("eval", ["eval.lengths=[]"], "eval.lengths"),
         ("eval", ["cache.window=0"], "cache.window"),
@@ -146,6 +152,6 @@ def test_the_defaults_pass(name):
 
 
 @pytest.mark.parametrize("size", ["tiny", "small", "d12"])
-@pytest.mark.parametrize("scheme", ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"])
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_scheme_and_size_passes(size, scheme):
     schema.check_train(composed("train", f"model={size}", f"positional={scheme}"))

@@ -16,12 +16,20 @@ def rms(x):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
 
 
-def rotate_plain(x, pe, pos):
+def rotate_plain(x, pe, pos, key=False):
+    """RoPE (and p-RoPE: zero frequencies), xPos, PoPE as their papers write them."""
     inner = getattr(pe, "inner", pe)
     if not inner.rotary:
         return x
     angles = pos.float()[:, None] * inner.inv_freq[None, :]
+    if inner.name == "pope":  # [|x| cos phase, |x| sin phase]; the query's phase has the offset delta
+        phase = angles - (0 if key else -inner.delta[:, None])
+        return torch.cat((F.softplus(x) * phase.cos(), F.softplus(x) * phase.sin()), dim=-1)
     cos, sin = angles.cos(), angles.sin()
+    if inner.name == "xpos":  # zeta^(n/scale_base) on queries, its inverse on keys
+        zeta = (torch.arange(0, x.size(-1), 2) / x.size(-1) + 0.4) / 1.4
+        decay = zeta[None, :] ** (pos.float()[:, None] / 512 * (-1 if key else 1))
+        cos, sin = cos * decay, sin * decay
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -32,8 +40,8 @@ def scores_plain(pe, attn, h, q, k, pos):
     scheme = getattr(pe, "inner", pe)
     if scheme.name == "shaw":
         a = scheme.a[(pos[:, None] - pos[None, :]).clamp(0, scheme.max_distance)]  # (T, T, Dh): test sizes only
-        return torch.einsum("bhid,bhijd->bhij", q, k[:, :, None] + a) / math.sqrt(q.size(-1))
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        return torch.einsum("bhid,bhijd->bhij", q, k[:, :, None] + a) / math.sqrt(attn.head_dim)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)  # PoPE too: its 2 x Dh wide q.k sums Dh terms
     if scheme.name == "fox":
         gate = attn.pe_layer
         log_f = torch.log(torch.sigmoid(h @ gate.weight.t() + gate.bias)).transpose(1, 2)  # (B, H, T)
@@ -58,7 +66,7 @@ def plain_forward(model, idx, targets, reduction="mean"):
         q = rms(a.c_q(h).view(B, -1, cfg.n_head, cfg.head_dim).transpose(1, 2))
         k = rms(a.c_k(h).view(B, -1, cfg.n_kv_head, cfg.head_dim).transpose(1, 2))
         v = a.c_v(h).view(B, -1, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
-        q, k = rotate_plain(q, pe, pos), rotate_plain(k, pe, pos)
+        q, k = rotate_plain(q, pe, pos), rotate_plain(k, pe, pos, key=True)
         groups = cfg.n_head // cfg.n_kv_head
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         att = (scores_plain(pe, a, h, q, k, pos) + bias).softmax(-1)

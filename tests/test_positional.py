@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import ROOT, SCHEMES, scheme_spec
 
 import positional
@@ -90,7 +91,7 @@ def test_learned_table_refuses_positions_past_its_size():
 
 def test_unknown_scheme_lists_the_choices():
     with pytest.raises(ValueError, match="choose one of: learned, sinusoidal, alibi, rope, nope, sink"):
-        positional.build({"name": "xpos"}, 4, 8, 32)
+        positional.build({"name": "xpoz"}, 4, 8, 32)
 
 
 def test_sink_refuses_an_absolute_inner_scheme():
@@ -220,3 +221,90 @@ def test_fox_gates_are_per_layer_start_as_alibi_and_take_no_weight_decay():
     matrices, head, rest = param_groups(model)
     assert {id(p) for g in gates for p in g.parameters()} <= {id(p) for p in rest}
     assert DenseCache(model, 1, 8).state.shape == (2, 1, 4, 8)  # the log gates, cached beside the keys
+
+
+def test_partial_rope_rotates_only_its_fraction_at_a_narrower_heads_frequencies():
+    """rotary_fraction=1 is RoPE bit for bit; 0.25 of a 16-dim head turns pairs (0, 8) and (1, 9) exactly as a 4-dim
+    RoPE would (GPT-NeoX partial rotary, half-split pairs) and passes every other dim through untouched."""
+    x, pos = torch.randn(2, 3, 9, 16), torch.arange(9) * 37
+    assert torch.equal(RoPE(3, 16, 48, rotary_fraction=1.0).rotate(x, pos), RoPE(3, 16, 48).rotate(x, pos))
+    got = RoPE(3, 16, 48, rotary_fraction=0.25).rotate(x, pos)
+    turned = [0, 1, 8, 9]
+    want = RoPE(3, 4, 12).rotate(x[..., turned], pos)
+    assert torch.allclose(got[..., turned], want, atol=1e-6)
+    still = [d for d in range(16) if d not in turned]
+    assert torch.equal(got[..., still], x[..., still])
+    with pytest.raises(ValueError, match="positional.rotary_fraction"):
+        RoPE(3, 16, 48, rotary_fraction=1.5)
+
+
+def test_prope_keeps_ropes_highest_frequencies_and_stops_the_lowest():
+    rope, prope = RoPE(3, 16, 48), positional.build({"name": "prope", "rotary_fraction": 0.5}, 3, 16, 48)
+    assert torch.equal(prope.inv_freq[:4], rope.inv_freq[:4]) and (prope.inv_freq[4:] == 0).all()
+    x, pos = torch.randn(1, 3, 7, 16), torch.arange(7) * 1000
+    got = prope.rotate(x, pos)
+    low = [4, 5, 6, 7, 12, 13, 14, 15]  # the pairs of the four lowest frequencies
+    assert torch.equal(got[..., low], x[..., low])
+    high = [0, 1, 2, 3, 8, 9, 10, 11]
+    assert torch.allclose(got[..., high], rope.rotate(x, pos)[..., high], atol=1e-5)
+    full = positional.build({"name": "prope", "rotary_fraction": 1.0}, 3, 16, 48)
+    assert torch.equal(full.rotate(x, pos), rope.rotate(x, pos))
+
+
+def test_xpos_score_is_rope_times_a_per_pair_decay_of_the_distance():
+    """q at n, k at m: pair i's RoPE score times zeta_i^((n - m)/512), zeta_i = (2i/16 + 0.4)/1.4; so it depends on
+    n - m alone, also at positions 30000 apart (inside the fp32 range the docstring states)."""
+    xpos, rope = positional.build({"name": "xpos"}, 1, 16, 16), RoPE(1, 16, 16)
+    q, k = torch.randn(2, 1, 1, 1, 16, generator=torch.Generator().manual_seed(0))
+
+    def score(pe, n, m, pair=slice(None)):
+        qr, kr = pe.rotate(q, torch.tensor([n])), pe.rotate_key(k, torch.tensor([m]))
+        return (qr * kr).view(2, 8)[:, pair].sum().item()
+
+    zeta = (torch.arange(0, 16, 2) / 16 + 0.4) / 1.4
+    for n, m in ((300, 40), (40, 300)):
+        for i in range(8):
+            want = score(rope, n, m, i) * zeta[i].item() ** ((n - m) / 512)
+            assert score(xpos, n, m, i) == pytest.approx(want, rel=1e-4, abs=1e-6)
+            assert score(xpos, n + 30000, m + 30000, i) == pytest.approx(want, rel=1e-3, abs=1e-5)
+
+
+def test_pope_score_is_the_polar_formula_and_content_never_moves_a_phase():
+    """q'.k' / sqrt(2 Dh) (what every backend computes) = sum_c softplus(q_c) softplus(k_c) cos((n-m) theta_c +
+    delta_hc) / sqrt(Dh), theta_c = 10000^(-c/Dh); and each component's phase is its position's (plus delta) for any
+    content, where RoPE's depends on the content too."""
+    pope = positional.build({"name": "pope"}, 2, 8, 16)
+    with torch.no_grad():
+        pope.delta.uniform_(-3, 3)
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+    theta = 10000.0 ** (-torch.arange(8) / 8)
+    for n, m in ((5, 2), (2, 5), (900, 0)):
+        got = (pope.rotate(q, torch.tensor([n])) * pope.rotate_key(k, torch.tensor([m]))).sum(-1) / math.sqrt(16)
+        angle = (n - m) * theta + pope.delta.detach()[:, None, :]
+        want = (F.softplus(q) * F.softplus(k) * angle.cos()).sum(-1) / math.sqrt(8)
+        assert torch.allclose(got, want, atol=1e-5)
+    pos = torch.tensor([7])
+    for x in (torch.randn(1, 2, 1, 8), -torch.randn(1, 2, 1, 8).abs()):
+        out = pope.rotate_key(x, pos)
+        phase = torch.atan2(out[..., 8:], out[..., :8])
+        assert torch.allclose(phase.cos(), (7 * theta).cos(), atol=1e-5)
+        assert torch.allclose(phase.sin(), (7 * theta).sin(), atol=1e-5)
+    rope_out = [RoPE(2, 8, 16).rotate(x, pos) for x in (q, -q)]  # RoPE: content flips the pair's angle by pi
+    assert not torch.allclose(rope_out[0], rope_out[1])
+
+
+@pytest.mark.parametrize("name", ["xpos", "prope", "pope"])
+def test_rope_scaling_applies_to_the_rotary_family(name):
+    """eval.rope_scaling: linear interpolation by 2 at positions 2n rotates as the unscaled scheme at n; xPos's decay
+    stays at the raw positions."""
+    pe = positional.build({"name": name}, 2, 8, 16)
+    x, pos = torch.randn(1, 2, 3, 8), torch.tensor([3, 5, 9])
+    plain = pe.rotate_key(x, pos)
+    pe.set_scaling("linear", 2.0, 16)
+    if name == "xpos":
+        cos, sin = RoPE(2, 8, 16).rotation(pos)
+        decay = ((torch.arange(0, 8, 2) / 8 + 0.4) / 1.4) ** (2 * pos[:, None] / 512)
+        got = pe.rotation(2 * pos)
+        assert torch.allclose(got[0], cos * decay, atol=1e-6) and torch.allclose(got[1], sin * decay, atol=1e-6)
+    else:
+        assert torch.allclose(plain, pe.rotate_key(x, 2 * pos), atol=1e-5)

@@ -32,7 +32,10 @@ def test_sink_cache_equals_dense_while_it_fits(name):
     model, idx = random_model(name), tokens(S + W)
     dense = feed(model, DenseCache(model, 1, 64), idx)
     sink = feed(model, SinkCache(model, 1, S + model.pe.n_prefix, W), idx)
-    assert torch.equal(dense, sink)
+    if name == "pope":  # keys expanded at read: softplus over the window rounds its last bit unlike over one key
+        assert torch.allclose(dense, sink, atol=1e-5)
+    else:
+        assert torch.equal(dense, sink)
     chunked = model.decode(idx, SinkCache(model, 1, S, W + model.pe.n_prefix))  # prefill in one step
     assert torch.allclose(dense, chunked, atol=1e-5)
 

@@ -246,7 +246,7 @@ def test_non_utf8_text(tmp_path):
 
 
 def test_unknown_scheme_and_option_list_the_choices(tmp_path):
-    proc = run("train.py", "positional=xpos", f"out_dir={tmp_path}")
+    proc = run("train.py", "positional=xpoz", f"out_dir={tmp_path}")
     assert proc.returncode != 0 and "Available options in 'positional'" in proc.stderr
     assert all(name in proc.stderr for name in ["alibi", "learned", "nope", "rope", "sink", "sinusoidal"])
     proc = run("train.py", "train.max_stepz=3", f"out_dir={tmp_path}")

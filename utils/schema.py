@@ -35,6 +35,8 @@ class Model:
     attn_backend: str = MISSING
     qk_norm: str = MISSING
     sink_logit: bool = MISSING
+    window: int | None = MISSING
+    window_pattern: str = MISSING
     lr: float = MISSING  # the AdamW learning rate that suits this size; optim.lr follows it unless given
 
 
@@ -211,6 +213,7 @@ TRAIN_RULES = [  # (key, op, bound, what to do); a null value (where the type al
     ("model.mlp_ratio", ">=", 1, "pass a positive ratio"),
     ("model.softcap", ">", 0, "pass a positive logit cap"),
     ("model.lr", ">", 0, "pass a positive learning rate"),
+    ("model.window", ">=", 1, "pass a positive window in tokens, or null for full attention"),
     ("optim.lr", ">", 0, "pass a positive learning rate"),
     ("optim.adam_lr", ">", 0, "pass a positive learning rate"),
     ("optim.weight_decay", ">=", 0, "pass 0 for none"),
@@ -267,6 +270,10 @@ POSITIONAL_RULES = [
     ("hidden", int, ">=", 1, "pass how many hidden units each head's MLP has"),
     ("threshold", float, ">", 0, "pass FIRE's starting threshold L in positions"),
     ("init_c", float, ">", 0, "pass FIRE's starting c, a positive number"),
+    ("rotary_fraction", float, ">", 0, "pass a fraction in (0, 1] of each head's dimension pairs to rotate"),
+    ("rotary_fraction", float, "<=", 1, "pass a fraction in (0, 1] of each head's dimension pairs to rotate"),
+    ("scale_base", float, ">", 0, "pass a positive xPos decay length"),
+    ("gamma", float, ">", 0, "pass a positive xPos gamma"),
 ]
 POSITIONAL_CHOICES = {"variant": ("log", "power")}  # KERPLE
 
@@ -364,6 +371,9 @@ def check_train(cfg):
     betas = OmegaConf.select(cfg, "optim.betas")
     if betas is not None and (len(betas) != 2 or not all(0 <= b < 1 for b in betas)):
         raise UserError(f"optim.betas={list(betas)} must be two numbers in [0, 1); e.g. optim.betas=[0.9,0.95]")
+    pattern = cfg.model.window_pattern
+    if not re.fullmatch(r"[SL]+", pattern):
+        raise UserError(f"model.window_pattern={pattern} may hold only S (window) and L (full); e.g. SSSL")
     check_positional(OmegaConf.to_container(cfg.positional, resolve=True))
     check_model(cfg)
 

@@ -1,0 +1,49 @@
+"""xPos (Sun et al. 2023, "A Length-Extrapolatable Transformer"): RoPE with an exponential decay per rotated pair.
+
+python train.py positional=xpos positional.scale_base=512
+Queries are rotated and scaled by zeta_i^(n / scale_base), keys by zeta_i^(-m / scale_base), one zeta per pair of
+dims (the 2x2 rotation block): zeta_i = (2i/Dh + gamma) / (1 + gamma), in [0.29, 1) at gamma = 0.4. Pair i of a score
+then carries zeta_i^((n - m) / scale_base): relative (translation invariant), and decaying with distance, fastest
+in the high-frequency pairs. The dense cache stores keys already scaled, the sink cache scales them at read at
+their in-cache positions, so decoding is exact either way.
+Range: one factor alone is exp(ln(1/zeta_0) n / scale_base) = exp(1.25 n / 512), and fp32 and bf16 overflow past
+exp(88) (fp16 past exp(11): n ~ 4.5k). Exponents are clamped to +-MAX_EXPONENT so that a masked placeholder
+position (static decoding's empty slots) stays finite, which makes positions past ~32k at scale_base 512 wrong
+rather than inf: a 16 x 256 evaluation reaches exp(10), and a long stream through the sink cache never leaves
+its capacity (positions are re-indexed within it), but a dense cache or a full forward past ~32k is out of reach.
+rope scaling (eval.rope_scaling) rescales the rotation only; the decay stays at the raw positions.
+"""
+
+import torch
+
+from .rope import RoPE, rotate_by
+
+MAX_EXPONENT = 80.0  # exp(80) ~ 5.5e34: a query times a key still fits fp32/bf16 (3.4e38)
+
+
+class XPos(RoPE):
+    name = "xpos"
+
+    def __init__(self, n_head, head_dim, d_model, base=10000.0, gamma=0.4, scale_base=512.0, rotary_fraction=1.0):
+        super().__init__(n_head, head_dim, d_model, base, rotary_fraction)
+        self.gamma, self.scale_base = float(gamma), float(scale_base)
+        zeta = (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim + self.gamma) / (1 + self.gamma)
+        self.register_buffer("log_zeta", zeta.log().float(), persistent=False)
+
+    def rotation(self, pos):
+        """(cos, sin) times the queries' decay zeta^(n/scale_base), and times the keys' zeta^(-m/scale_base)."""
+        cos, sin = super().rotation(pos)
+        exponent = pos.float()[:, None] / self.scale_base * self.log_zeta[None, :]
+        decay = exponent.clamp(-MAX_EXPONENT, MAX_EXPONENT).exp()
+        return cos * decay, sin * decay, cos / decay, sin / decay
+
+    def rotate(self, x, pos, rotation=None):
+        cos, sin, _, _ = self.rotation(pos) if rotation is None else rotation
+        return rotate_by(x, cos, sin)
+
+    def rotate_key(self, x, pos, rotation=None):
+        _, _, cos, sin = self.rotation(pos) if rotation is None else rotation
+        return rotate_by(x, cos, sin)
+
+    def extra_repr(self):
+        return f"gamma={self.gamma}, scale_base={self.scale_base}, " + super().extra_repr()
