@@ -94,12 +94,14 @@ def test_sink_wraps_the_scheme_it_is_given(inner):
     assert model.pe.name == "sink" and model.pe.rotary == (inner == "rope")
 
 
-@pytest.mark.parametrize("size, lr", [("tiny", 2e-2), ("small", 6e-3), ("d12", 3e-3)])
-def test_each_model_size_carries_its_own_lr(size, lr):
-    cfg = config(f"model={size}")
-    assert cfg.optim.lr == lr and cfg.model.lr == lr
-    assert config(f"model={size}", "optim=muon").optim.adam_lr == lr  # Muon's AdamW part follows it too
+@pytest.mark.parametrize("size, lr, muon_lr", [("tiny", 2e-2, 0.04), ("small", 6e-3, 0.02), ("d12", 3e-3, 0.02)])
+def test_each_model_size_carries_its_own_lr(size, lr, muon_lr):
+    cfg = config(f"model={size}")  # the default optimizer is Muon, with AdamW for embeddings, head and the rest
+    assert cfg.optim.name == "muon" and cfg.optim.lr == muon_lr and cfg.optim.adam_lr == lr and cfg.model.lr == lr
+    assert config(f"model={size}", "optim=adamw").optim.lr == lr
     assert config(f"model={size}", "optim.lr=1e-4").optim.lr == 1e-4  # an explicit optim.lr wins
-    assert config(f"model={size}", "model.lr=5e-4").optim.lr == 5e-4
+    assert config(f"model={size}", "optim=adamw", "model.lr=5e-4").optim.lr == 5e-4
+    assert config(f"model={size}", "model.muon_lr=0.01").optim.lr == 0.01
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert "lr" not in schema.model_config(resolved, vocab_size=4096)  # a run setting, not part of the network
+    model = schema.model_config(resolved, vocab_size=4096)
+    assert "lr" not in model and "muon_lr" not in model  # run settings, not part of the network

@@ -2,15 +2,17 @@
 
 python train.py optim=adamw optim.lr=3e-3     python train.py optim=muon optim.lr=0.02
 adamw: one AdamW; weight decay on the block matrices and the head only.
-muon:  torch.optim.Muon for the block matrices, AdamW (optim.adam_lr) for embeddings, head, positional
-       parameters, QK-norm gains and sink logits (Muon orthogonalizes 2-D updates; it is not meant for
-       embeddings, gains or scalars).
+muon:  torch.optim.Muon (on the CPU utils/muon.py's, the same in fp32) for the block matrices, AdamW
+       (optim.adam_lr) for embeddings, head, positional parameters, QK-norm gains and sink logits (Muon
+       orthogonalizes 2-D updates; it is not meant for embeddings, gains or scalars).
 """
 
 import math
 
 import torch
 from torch import nn
+
+from utils.muon import Muon
 
 
 def param_groups(model):
@@ -31,7 +33,8 @@ def build(model, optim: dict, fused: bool = False) -> list[torch.optim.Optimizer
         groups = [{"params": matrices + head, "weight_decay": wd}, {"params": rest, "weight_decay": 0.0}]
         opts = [torch.optim.AdamW(groups, lr=optim["lr"], betas=betas, fused=fused)]
     elif optim["name"] == "muon":
-        muon = torch.optim.Muon(
+        on_cpu = matrices[0].device.type == "cpu"  # its bf16 orthogonalization is emulated there, 25x slower
+        muon = (Muon if on_cpu else torch.optim.Muon)(
             matrices,
             lr=optim["lr"],
             momentum=optim["momentum"],

@@ -22,7 +22,10 @@ def wrap(model, rt, parallel: str, optim_name: str):
     if parallel not in PARALLEL:
         raise UserError(f"train.parallel={parallel} is not one of {', '.join(PARALLEL)}")
     if parallel == "fsdp" and optim_name == "muon":
-        raise UserError("optim=muon orthogonalizes whole matrices, which FSDP shards; use train.parallel=ddp")
+        raise UserError(
+            "optim=muon orthogonalizes whole matrices, which FSDP shards; use train.parallel=ddp, or FSDP with "
+            "optim=adamw"
+        )
     if not rt.distributed:
         return model
     if parallel == "ddp":

@@ -21,7 +21,7 @@ from omegaconf import MISSING, OmegaConf
 
 from utils.errors import UserError
 
-RUN_KEYS = ("lr",)  # keys of configs/model/*.yaml that tune the run, not the network (not in the model config)
+RUN_KEYS = ("lr", "muon_lr")  # keys of configs/model/*.yaml that tune the run, not the network (not in its config)
 
 
 @dataclass
@@ -38,6 +38,7 @@ class Model:
     window: int | None = MISSING
     window_pattern: str = MISSING
     lr: float = MISSING  # the AdamW learning rate that suits this size; optim.lr follows it unless given
+    muon_lr: float = MISSING  # the Muon learning rate (block matrices) that suits this size; optim=muon's optim.lr
 
 
 @dataclass
@@ -213,6 +214,7 @@ TRAIN_RULES = [  # (key, op, bound, what to do); a null value (where the type al
     ("model.mlp_ratio", ">=", 1, "pass a positive ratio"),
     ("model.softcap", ">", 0, "pass a positive logit cap"),
     ("model.lr", ">", 0, "pass a positive learning rate"),
+    ("model.muon_lr", ">", 0, "pass a positive learning rate"),
     ("model.window", ">=", 1, "pass a positive window in tokens, or null for full attention"),
     ("optim.lr", ">", 0, "pass a positive learning rate"),
     ("optim.adam_lr", ">", 0, "pass a positive learning rate"),
