@@ -26,6 +26,7 @@ from bench.plain_gpt import PlainGPT  # noqa: E402
 from bench.table import fmt, publish  # noqa: E402
 from utils.checkpoint import build_model  # noqa: E402
 from utils.runtime import keep_freed_memory  # noqa: E402
+from utils.schema import RUN_KEYS  # noqa: E402
 
 
 def matmul_peak(n: int = 1024, reps: int = 10) -> float:
@@ -77,15 +78,16 @@ def bench_scheme(scheme: str, overrides: list[str], compiled: bool, steps: int, 
     run = run_config(scheme, overrides)
     tr, vocab = run["train"], run["tokenizer"]["vocab_size"]
     model_cfg = {
-        **{k: v for k, v in run["model"].items() if k != "lr"},
+        **{k: v for k, v in run["model"].items() if k not in RUN_KEYS},
         "vocab_size": vocab,
         "positional": run["positional"],
     }
     torch.manual_seed(0)
     if compiled:
         torch._dynamo.reset()  # every scheme starts from an empty cache: no version limit shared across rows
-    ours = Runner(build_model(model_cfg), run["optim"]["lr"], compiled)
-    plain = Runner(PlainGPT(**model_cfg, seq_len=tr["seq_len"]), run["optim"]["lr"], compiled)
+    lr = run["model"]["lr"]  # both train with AdamW at the size's AdamW lr: one optimizer, the same for both
+    ours = Runner(build_model(model_cfg), lr, compiled)
+    plain = Runner(PlainGPT(**model_cfg, seq_len=tr["seq_len"]), lr, compiled)
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, vocab, (tr["batch_size"], tr["seq_len"] + 1), generator=g)
     x, y = x[:, :-1], x[:, 1:]

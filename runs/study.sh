@@ -9,7 +9,7 @@
 # It resumes where it stopped: a finished run (its DONE file) is skipped, an interrupted one resumes from its
 # checkpoint, an evaluated run (eval/length.json, eval/stream.json) is not evaluated again. Writes
 # $STUDY/REPORT.md (the tables, with 95% intervals, and the plots) and $STUDY/eval/compare.{json,txt,png}.
-# Time on 2 CPU cores at the defaults: about 7.5 min per training run and 3.5 min per length eval (README).
+# Time on 2 CPU cores at the defaults: about 5 min per training run and 3.5 min per length eval (README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STUDY=${STUDY:-study}
