@@ -24,8 +24,7 @@ def run_config(scheme: str, overrides: list[str]) -> dict:
 
 def gpt_keywords(run: dict, vocab: int | None = None) -> dict:
     """GPTConfig keywords of a resolved run config (vocab: the tokenizer's unless given)."""
-    model = {k: v for k, v in run["model"].items() if k not in utils.schema.RUN_KEYS}  # per-size lrs: the optimizer's
-    return {**model, "vocab_size": vocab or run["tokenizer"]["vocab_size"], "positional": run["positional"]}
+    return utils.schema.model_config(run, vocab or run["tokenizer"]["vocab_size"])
 
 
 def model_config(scheme: str, size: str, seq_len: int, vocab: int | None = None, extra=()) -> dict:

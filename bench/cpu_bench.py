@@ -21,12 +21,11 @@ import torch._dynamo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.configs import SCHEMES, run_config  # noqa: E402
+from bench.configs import SCHEMES, gpt_keywords, run_config  # noqa: E402
 from bench.plain_gpt import PlainGPT  # noqa: E402
 from bench.table import fmt, publish  # noqa: E402
 from utils.checkpoint import build_model  # noqa: E402
 from utils.runtime import keep_freed_memory  # noqa: E402
-from utils.schema import RUN_KEYS  # noqa: E402
 
 
 def matmul_peak(n: int = 1024, reps: int = 10) -> float:
@@ -77,11 +76,7 @@ def graphs_compiled() -> int:
 def bench_scheme(scheme: str, overrides: list[str], compiled: bool, steps: int, peak: float) -> dict:
     run = run_config(scheme, overrides)
     tr, vocab = run["train"], run["tokenizer"]["vocab_size"]
-    model_cfg = {
-        **{k: v for k, v in run["model"].items() if k not in RUN_KEYS},
-        "vocab_size": vocab,
-        "positional": run["positional"],
-    }
+    model_cfg = gpt_keywords(run)
     torch.manual_seed(0)
     if compiled:
         torch._dynamo.reset()  # every scheme starts from an empty cache: no version limit shared across rows

@@ -9,9 +9,8 @@ same state ("momentum_buffer"), so checkpoints move between the two. Only the ar
 of bf16 rounding, which tests/test_optim.py bounds.
 """
 
-import math
-
 import torch
+from torch.optim._muon import _adjust_lr  # torch's per-matrix lr rule, reused as it is
 
 
 def orthogonalize(g: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
@@ -26,14 +25,6 @@ def orthogonalize(g: torch.Tensor, coefficients, steps: int, eps: float) -> torc
         gram = x @ x.T
         x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x if wide else x.T
-
-
-def adjusted_lr(lr: float, adjust_lr_fn, shape) -> float:
-    """torch.optim.Muon's per-matrix learning rate: original sqrt(max(1, rows / cols)), or match_rms_adamw."""
-    rows, cols = shape[:2]
-    if adjust_lr_fn == "match_rms_adamw":
-        return lr * 0.2 * math.sqrt(max(rows, cols))
-    return lr * math.sqrt(max(1, rows / cols))
 
 
 class Muon(torch.optim.Muon):
@@ -52,5 +43,5 @@ class Muon(torch.optim.Muon):
                 update = g.lerp(buf, momentum) if group["nesterov"] else buf
                 update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
                 p.mul_(1 - lr * wd)
-                p.add_(update.to(p.dtype), alpha=-adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
+                p.add_(update.to(p.dtype), alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         return loss
