@@ -127,6 +127,32 @@ def test_chunked_head_equals_full_logits(reduction, monkeypatch):
         assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "heads_inner", "qkv_slice"])
+def test_rotation_in_every_memory_layout(layout):
+    """The in-place rotation lays cos and sin out in x's own memory order: its values and gradient equal the
+    concatenated-halves formula for a contiguous (B, H, T, D) tensor, one stored (B, T, H, D) as the QK norm
+    leaves it, and a strided slice of a fused q/k/v output (qk_norm=none), with an upstream gradient that is
+    itself a broadcast."""
+    from positional.rope import rotate_by
+
+    B, H, T, D = 2, 3, 5, 8
+    g = torch.Generator().manual_seed(0)
+    base = {
+        "contiguous": torch.randn(B, H, T, D, generator=g),
+        "heads_inner": torch.randn(B, T, H, D, generator=g).transpose(1, 2),
+        "qkv_slice": torch.randn(B, T, 3 * H, D, generator=g)[:, :, H : 2 * H].transpose(1, 2),
+    }[layout]
+    x = base.detach().requires_grad_()
+    angles = torch.randn(T, D // 2, generator=g)
+    upstream = torch.randn(H, T, D, generator=g).expand(B, H, T, D)  # stride 0 over the batch
+    got = rotate_by(x, angles.cos(), angles.sin())
+    (gx,) = torch.autograd.grad(got, x, upstream)
+    x1, x2 = x.chunk(2, dim=-1)
+    want = torch.cat((x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()), dim=-1)
+    (wx,) = torch.autograd.grad(want, x, upstream)
+    assert torch.allclose(got, want, atol=1e-6) and torch.allclose(gx, wx, atol=1e-6)
+
+
 def test_chunked_head_needs_no_grad_under_no_grad():
     x, w = torch.randn(4, 8, requires_grad=True), torch.randn(11, 8, requires_grad=True)
     with torch.no_grad():
