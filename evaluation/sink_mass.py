@@ -29,7 +29,7 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
 
     def capture(attn, args):
         x, plan = args[0], args[1]
-        plan = plan.windows[attn.window] if attn.window is not None else plan
+        plan = attn.own_plan(plan)  # the layer's scheme (positional.layers) and window
         q, k, _ = attn.project(x)
         q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate_key(k, plan.k_pos, plan.k_rot)
         bias = dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head, plan.window)

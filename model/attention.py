@@ -10,6 +10,8 @@ make_plan picks the backend from the scheme and the positions:
 A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False); in a sliding-window
 layer (model.window=W) also only iff q_pos[i] - k_pos[j] < W. Layers with a window read plan.windows[W], a plan
 of its own (one mask per distinct window) that shares the rotation state when it attends over the same keys.
+The N layers of positional.layers (NoPE in an iRoPE model) read plan.nope: a plan of their own scheme over the same
+positions (its rotation state is NoPE's query temperature; its mask carries no scheme bias), with its own windows.
 
 A content-dependent bias (positional/base.py content_bias: Shaw's q . a_clip(i-j), FoX's forget gates) differs per
 layer, so it is not in the plan: each layer passes attend() its own fn(b, h, i, j) beside the plan, as it passes its
@@ -54,6 +56,7 @@ class AttnPlan:
     k_rot: object = None
     window: int | None = None  # this plan's sliding window (None: full causal attention)
     windows: dict | None = None  # window -> the plan of the layers with that window (see add_window)
+    nope: "AttnPlan | None" = None  # the plan of positional.layers' N layers (NoPE), over the same positions
 
 
 def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int, window: int | None = None) -> torch.Tensor | None:

@@ -3,6 +3,7 @@
 python train.py model=tiny positional=alibi
 python train.py model.qk_norm=learned model.sink_logit=true      (the options that let a head form a sink)
 python train.py model.window=64 model.window_pattern=SSSL         (sliding windows in 3 layers of 4, as nanochat)
+python train.py positional=irope                                  (RoPE, and NoPE in every 4th layer, as Llama 4)
 Functional RMSNorm (no weights), QK-norm, ReLU^2 MLP, untied embeddings, grouped-query attention, logit
 softcap, no biases, zero-initialised output projections. The scheme (positional/) acts on the embeddings,
 on queries and keys, and/or on the attention scores; this file never asks which scheme it is.
@@ -10,6 +11,8 @@ model.qk_norm: rms (gain-free: every logit within +-sqrt(head dim)), learned (a 
 k, 1 at init), none. model.sink_logit: a learned per-head logit for attending to nothing (model/attention.py).
 model.window=W: layers marked S in model.window_pattern (tiled over the layers; L = full attention) see only the
 W most recent keys, themselves included: q_pos - k_pos < W. Any scheme, every backend, both caches.
+positional.layers (positional/__init__.py): layers marked N in the pattern (tiled like model.window_pattern) use
+NoPE, with its query temperature, instead of the scheme; they read plan.nope, the plan of their scheme.
 """
 
 import re
@@ -61,6 +64,7 @@ class GPTConfig:
             raise ValueError(f"model.attn_backend={self.attn_backend} is not one of {', '.join(BACKENDS)}")
         if self.qk_norm not in QK_NORMS:
             raise ValueError(f"model.qk_norm={self.qk_norm} is not one of {', '.join(QK_NORMS)}")
+        positional.layer_pattern(self.positional)
 
     @property
     def head_dim(self) -> int:
@@ -71,9 +75,15 @@ class GPTConfig:
         short = self.window_pattern[layer % len(self.window_pattern)] == "S"
         return self.window if short else None
 
-    @property
-    def windows(self) -> list[int]:
-        return sorted({w for w in map(self.layer_window, range(self.n_layer)) if w is not None})
+    def layer_nope(self, layer: int) -> bool:
+        """Whether the layer is an N layer of positional.layers (NoPE instead of the scheme)."""
+        pattern = positional.layer_pattern(self.positional)
+        return pattern[layer % len(pattern)] == "N"
+
+    def windows(self, nope: bool = False) -> list[int]:
+        """The distinct sliding windows of the scheme's layers (nope: of the N layers)."""
+        layers = [i for i in range(self.n_layer) if self.layer_nope(i) == nope]
+        return sorted({w for w in map(self.layer_window, layers) if w is not None})
 
 
 def norm(x):
@@ -99,6 +109,7 @@ class Attention(nn.Module):
         # the scheme's own part of this layer (FoX: its forget gate), which reads the layer input
         self.pe_layer = None if pe is None else pe.layer_module()
         self.window = cfg.layer_window(layer_idx)
+        self.nope = cfg.layer_nope(layer_idx)
 
     def project(self, x):
         """Queries, keys (QK-normed, not yet rotated) and values, each (B, heads, T, head dim).
@@ -118,10 +129,15 @@ class Attention(nn.Module):
             q, k = q * self.q_gain.to(q.dtype)[:, None], k * self.k_gain.to(k.dtype)[:, None]
         return q, k, v
 
+    def own_plan(self, plan):
+        """This layer's plan out of the one the model made: its scheme's (plan.nope for an N layer of
+        positional.layers), and within that, its window's."""
+        plan = plan.nope if self.nope else plan
+        return plan if self.window is None else plan.windows[self.window]
+
     def forward(self, x, plan, cache=None):
         B, T, _ = x.shape
-        if self.window is not None:
-            plan = plan.windows[self.window]
+        plan = self.own_plan(plan)
         q, k, v = self.project(x)
         q = plan.pe.rotate(q, plan.q_pos, plan.q_rot)
         state = None if self.pe_layer is None else self.pe_layer(x)
@@ -165,9 +181,11 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.pe = positional.build(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model)
+        # the scheme, and NoPE for the N layers of positional.layers (None without any)
+        self.pe, self.pe_nope = positional.build_layers(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, i, self.pe) for i in range(cfg.n_layer))
+        schemes = [self.pe_nope if cfg.layer_nope(i) else self.pe for i in range(cfg.n_layer)]
+        self.blocks = nn.ModuleList(Block(cfg, i, pe) for i, pe in enumerate(schemes))
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._init_weights()
 
@@ -226,12 +244,20 @@ class GPT(nn.Module):
 
     def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None):
         """The attention plan every layer shares, with one per distinct sliding window (over window_k_pos, the keys
-        a cache keeps for its window layers, default k_pos)."""
+        a cache keeps for its window layers, default k_pos), and plan.nope, the same for the N layers of
+        positional.layers (their own rotation state, NoPE's query temperature, and mask: no scheme bias)."""
         c = self.cfg
         backend = backend or c.attn_backend
-        plan = make_plan(self.pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit)
-        for w in c.windows:
-            add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos)
+
+        def scheme_plan(pe, nope: bool):
+            plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit)
+            for w in c.windows(nope):
+                add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos)
+            return plan
+
+        plan = scheme_plan(self.pe, False)
+        if any(block.attn.nope for block in self.blocks):
+            plan.nope = scheme_plan(self.pe_nope, True)
         return plan
 
     def _head(self, x, targets=None, reduction="mean"):

@@ -5,7 +5,8 @@ python sample.py checkpoint=out/rope cache=sink cache.window=252   (SinkCache: 4
 Both preallocate (layers, batch, kv heads, capacity, head dim) and never reallocate while decoding. The model
 drives a cache through three calls: room() (how many tokens the next exact step may append), advance(n)
 (reserve slots, return the new tokens' positions and every cached key's position) and update(layer, k, v, plan)
-(store this step's keys and values, return all cached keys, rotated by the plan's rotation state, and values),
+(store this step's keys and values, return all cached keys, rotated by the plan's scheme and rotation state (a
+layer's own: positional.layers), and values),
 and for a scheme with per-token state (positional/base.py layer_module: FoX's log forget gates) update_state(layer,
 state) (store it beside the new keys, return every cached key's, in slot order; the scheme orders them by position).
 A slot's position is its index in the cache minus the scheme's prefix length, so a full forward and a cache
@@ -115,7 +116,7 @@ class DenseCache(_Cache):
         return self._window_k_pos if self.ring else None
 
     def update(self, layer: int, k, v, plan):
-        k = self.pe.rotate_key(k, plan.q_pos, plan.q_rot).to(self.k.dtype)  # at the new keys' positions
+        k = plan.pe.rotate_key(k, plan.q_pos, plan.q_rot).to(self.k.dtype)  # at the new keys' positions
         if layer in self.ring:
             r, kept = self.ring[layer], slice(max(0, k.size(2) - self.window), None)
             keys, values = torch.cat((self.wk[r], k), dim=2), torch.cat((self.wv[r], v.to(self.v.dtype)), dim=2)
@@ -175,7 +176,7 @@ class SinkCache(_Cache):
         self.k[layer, :, :, self._new] = k
         self.v[layer, :, :, self._new] = v
         keys = self.k[layer, :, :, : self.length]
-        return self.pe.rotate_key(keys, plan.k_pos, plan.k_rot), self.v[layer, :, :, : self.length]
+        return plan.pe.rotate_key(keys, plan.k_pos, plan.k_rot), self.v[layer, :, :, : self.length]
 
     def token_indices(self) -> torch.Tensor:
         """Which tokens (0-based, prefix included) the cache holds, in slot order; for tests and inspection."""

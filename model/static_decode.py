@@ -55,12 +55,12 @@ class StaticDecoder:
     def update(self, layer: int, k, v, plan):
         """The cache interface the attention layers call: store this token, return every slot."""
         if not self.cache.raw_keys:
-            k = self.model.pe.rotate_key(k, plan.q_pos, plan.q_rot)
+            k = plan.pe.rotate_key(k, plan.q_pos, plan.q_rot)  # the layer's own scheme (positional.layers)
         self.cache.k[layer].index_copy_(2, self.slot, k.to(self.cache.k.dtype))
         self.cache.v[layer].index_copy_(2, self.slot, v.to(self.cache.v.dtype))
         keys = self.cache.k[layer]
         if self.cache.raw_keys:
-            keys = self.model.pe.rotate_key(keys, plan.k_pos, plan.k_rot)
+            keys = plan.pe.rotate_key(keys, plan.k_pos, plan.k_rot)
         return keys, self.cache.v[layer]
 
     def update_state(self, layer: int, state):

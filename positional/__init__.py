@@ -1,7 +1,16 @@
 """Positional schemes by name: `positional=<name>` in any entry point picks one.
 
 Adding a scheme: one file here with a Positional subclass, one line in SCHEMES, one configs/positional/*.yaml.
+
+Per-layer schemes (iRoPE, Llama 4):
+python train.py positional=irope                                 (rope, positional.layers=PPPN: NoPE in every 4th layer)
+python train.py positional=alibi +positional.layers=PPN          (any scheme that acts in attention)
+positional.layers is a pattern tiled over the layers, as model.window_pattern is: P a layer of the scheme, N a layer
+with no positions (NoPE), whose query temperature positional.attn_scale and positional.floor_scale set (nope.py).
+build_layers makes the two schemes; the model gives each layer its own and the attention plan one plan per scheme.
 """
+
+import re
 
 from .alibi import ALiBi
 from .base import Positional, PositionLimitError
@@ -24,7 +33,8 @@ SCHEMES = {
     for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5, KERPLE, FIRE, Shaw, FoX, XPos, PRoPE, PoPE)
 }
 
-__all__ = ["SCHEMES", "Positional", "PositionLimitError", "build"]
+__all__ = ["SCHEMES", "Positional", "PositionLimitError", "build", "build_layers", "layer_pattern"]
+NOPE_OPTIONS = ("attn_scale", "floor_scale")  # with positional.layers: the N layers' query temperature (nope.py)
 
 
 def build(spec: dict, n_head: int, head_dim: int, d_model: int) -> Positional:
@@ -40,3 +50,41 @@ def build(spec: dict, n_head: int, head_dim: int, d_model: int) -> Positional:
         return SCHEMES[name](n_head, head_dim, d_model, **spec)
     except TypeError as e:
         raise ValueError(f"positional={name}: bad option ({e})") from None
+
+
+def layer_pattern(spec: dict) -> str:
+    """positional.layers: P (the scheme) and N (NoPE) letters tiled over the layers; P, the scheme everywhere, if
+    not given."""
+    pattern = spec.get("layers", "P")
+    if not isinstance(pattern, str) or not re.fullmatch(r"[PN]+", pattern):
+        raise ValueError(
+            f"positional.layers={pattern} may hold only P (the scheme) and N (NoPE) letters, tiled over the layers; "
+            f"e.g. PPPN (iRoPE: NoPE in every 4th layer)"
+        )
+    return pattern
+
+
+def build_layers(spec: dict, n_head: int, head_dim: int, d_model: int) -> tuple[Positional, Positional | None]:
+    """The scheme, and the NoPE scheme of the N layers of positional.layers (None when the pattern has no N).
+
+    With positional.layers given, attn_scale and floor_scale are the N layers' options, not the scheme's."""
+    spec = dict(spec)
+    pattern = layer_pattern(spec)
+    layered = "layers" in spec and spec["name"] != "nope"  # positional=nope's own temperature stays its own
+    nope_spec = {k: spec.pop(k) for k in NOPE_OPTIONS if layered and k in spec}
+    spec.pop("layers", None)
+    pe = build(spec, n_head, head_dim, d_model)
+    if "N" not in pattern:
+        return pe, None
+    acts = pe.rotary or pe.score_bias is not None or pe.content_bias is not None
+    if not acts:  # learned and sinusoidal add positions to the embeddings every layer reads; nope has none
+        raise ValueError(
+            f"positional.layers={pattern} leaves positions out of the N layers, but positional={pe.name} has none in "
+            f"attention to leave out; use a scheme that rotates queries and keys or biases the scores (rope, alibi)"
+        )
+    if pe.rotated_dim() != head_dim:  # PoPE: one KV cache row cannot hold its 2 x head-dim keys and NoPE's
+        raise ValueError(
+            f"positional.layers={pattern} cannot mix positional={pe.name}'s {pe.rotated_dim()}-wide keys with NoPE's "
+            f"{head_dim}-wide ones in one KV cache; use positional=rope or prope"
+        )
+    return pe, NoPE(n_head, head_dim, d_model, **nope_spec)

@@ -12,11 +12,16 @@ from model.gpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 T = 256  # >= 128 queries, so biased schemes take the flex path
+# per-layer schemes (positional.layers=PN): layer 0 RoPE or ALiBi (flex), layer 1 NoPE (flash), whose query
+# temperature grows within T (floor_scale 32)
+LAYERED = {"irope": "rope", "alibi-pn": "alibi"}
 # sink over a biased scheme: T + 1 keys (the learned sink), not a multiple of flex's 128-block
-VARIANTS = SCHEMES + ["sink-alibi", "sink-t5"]
+VARIANTS = SCHEMES + ["sink-alibi", "sink-t5"] + list(LAYERED)
 
 
 def spec(name):
+    if name in LAYERED:
+        return {"name": LAYERED[name], "layers": "PN", "attn_scale": 0.1, "floor_scale": 32}
     if name.startswith("sink-"):
         return {"name": "sink", "inner": {"name": name[5:]}}
     return scheme_spec(name, 1024)

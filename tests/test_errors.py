@@ -30,6 +30,7 @@ CASES = [  # (entry point and overrides, the key the message must name)
     (TRAIN + ["optim=muon", "optim.adam_lr=0"], "optim.adam_lr"),
     (TRAIN + ["positional=sink", "positional.n_sink=0"], "positional.n_sink"),
     (TRAIN + ["positional=xpoz"], "positional"),
+    (TRAIN + ["positional=irope", "positional.layers=PPXN"], "positional.layers"),
     (TRAIN + ["train.max_stepz=3"], "train.max_stepz"),
     (TRAIN + ["train.seq_len=["], "override"),
     (TRAIN + ["model.qk_norm=foo"], "model.qk_norm"),

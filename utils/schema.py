@@ -276,6 +276,8 @@ POSITIONAL_RULES = [
     ("rotary_fraction", float, "<=", 1, "pass a fraction in (0, 1] of each head's dimension pairs to rotate"),
     ("scale_base", float, ">", 0, "pass a positive xPos decay length"),
     ("gamma", float, ">", 0, "pass a positive xPos gamma"),
+    ("attn_scale", float, ">=", 0, "pass the NoPE query temperature's slope, 0 for none (Llama 4: 0.1)"),
+    ("floor_scale", float, ">", 0, "pass the positions after which the NoPE query temperature grows"),
 ]
 POSITIONAL_CHOICES = {"variant": ("log", "power")}  # KERPLE
 
@@ -309,7 +311,7 @@ def check_device(cfg):
 
 def check_positional(spec, key: str = "positional"):
     """The scheme's name and the options that are cheap to check; its own code checks the rest at build."""
-    from positional import SCHEMES  # the scheme registry (imports torch): only when a run is checked
+    from positional import SCHEMES, layer_pattern  # the scheme registry (imports torch): only when a run is checked
 
     if not isinstance(spec, dict) or spec.get("name") not in SCHEMES:
         name = spec.get("name") if isinstance(spec, dict) else spec
@@ -327,6 +329,10 @@ def check_positional(spec, key: str = "positional"):
             raise UserError(f"{key}.{option}={show(value)} must be {want} {op} {bound}; {hint}")
     if "inner" in spec:
         check_positional(spec["inner"], f"{key}.inner")
+    try:
+        layer_pattern(spec)
+    except ValueError as e:
+        raise UserError(str(e).replace("positional.", f"{key}.", 1)) from None
 
 
 def rotary(spec: dict) -> bool:
