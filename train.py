@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from data import tokenizer
 from data.loader import RowSampler, TokenSplit
 from data.prepare import load_meta, prepare
+from evaluation.sink_mass import rows_first_token_attention
 from model.generate import generate
 from model.kv_cache import DenseCache
 from utils import checkpoint, optim, parallel, runtime, schema
@@ -104,6 +105,22 @@ def evaluate(model, sampler: RowSampler, n_batches: int, batch_size: int, rt) ->
         total += loss if j < n_batches else 0.0
     model.train()
     return (runtime.all_reduce_mean(total) * rt.world / n_batches).item()
+
+
+@torch.no_grad()
+def sink_metrics(model, sampler: RowSampler, rt, n_rows: int = 16) -> dict:
+    """train.sink_metric: the attention the queries of n_rows held-out rows put on their first token (the learned
+    sink token with positional=sink), per layer's largest head, and the share of sink heads (evaluation/sink_mass.py).
+    The raw model, eager and fp32: hooks read each layer's input. Every rank runs it (FSDP gathers in the forward)."""
+    x, _ = sampler.batch(0, n_rows, rt.device)
+    model.eval()
+    sink = rows_first_token_attention(model, x)
+    model.train()
+    return {
+        "sink_share": sink["sink_share_all"],
+        "first_token_max": sink["max_head"],
+        "first_token_uniform": sink["uniform"],
+    }
 
 
 def print_sample(model, tok_spec, n_tokens: int, rt):
@@ -268,6 +285,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         if measure:
             t_eval = time.time()
             val_loss = evaluate(runner, val_rows, tr.eval_batches, tr.batch_size, rt)
+            sink = sink_metrics(model, val_rows, rt) if tr.sink_metric else {}
             t_log += time.time() - t_eval  # tokens/s counts training time only
         if step % tr.log_interval == 0 or measure:
             metrics = {
@@ -287,11 +305,17 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                 metrics["mfu"] = round(flops / (peak * rt.world), 4)
             if measure:
                 metrics["val_loss"] = round(val_loss, 5)
+                metrics.update(sink)
             if logger:
                 logger.log(metrics)
             say(
                 f"step {step}/{tr.max_steps} loss {train_loss:.4f}"
                 + (f" val {val_loss:.4f}" if measure else "")
+                + (
+                    f" sink heads {sink['sink_share']:.2f} first-token max {max(sink['first_token_max']):.3f}"
+                    if measure and sink
+                    else ""
+                )
                 + f" lr {metrics['lr']:.2e} gnorm {grad_norm:.3f} {metrics['tokens_per_sec']:.0f} tok/s"
             )
             t_log, tokens_since = time.time(), 0

@@ -1,6 +1,7 @@
 """Does a model have an attention sink? The attention its queries put on the first token of a window.
 
 python eval.py checkpoint=out/rope eval.mode=stream      (reported beside the streaming perplexity)
+python train.py experiment=sinks                         (train.sink_metric: the trend over training)
 StreamingLLM's window attention collapses when the evicted first token held a large share of every query's
 attention; a model whose first token gets about 1/(keys visible) of it has no sink to lose. With
 model.sink_logit=true the learned "nothing" slot is in every softmax denominator, so a share here is the true
@@ -65,7 +66,12 @@ def first_token_attention(model, tokens: torch.Tensor, window: int, n_windows: i
     of heads above SINK_THRESHOLD) from the queries in the second half of n_windows windows of `window` tokens cut
     from tokens, against a uniform share. The first key is the learned sink token where the scheme has one."""
     starts = torch.linspace(0, len(tokens) - window, n_windows).long().tolist()
-    idx = torch.stack([tokens[s : s + window] for s in starts])
+    return rows_first_token_attention(model, torch.stack([tokens[s : s + window] for s in starts]))
+
+
+def rows_first_token_attention(model, idx: torch.Tensor) -> dict:
+    """first_token_attention over the rows idx (B, window) as they are (train.sink_metric: held-out training rows)."""
+    window = idx.size(1)
     half = window // 2 + model.pe.n_prefix
     per_layer = [p[:, :, half:, 0].mean(dim=(0, 2)) for p in attention_probs(model, idx)]  # (H,) each
     visible = torch.arange(half, window + model.pe.n_prefix, dtype=torch.float) + 1

@@ -515,3 +515,20 @@ def test_gpt2_tokenizer_offline_fails_fast(tmp_path):
     proc = run("train.py", *TINY, "tokenizer=gpt2", f"out_dir={tmp_path}", env={"TIKTOKEN_CACHE_DIR": str(tmp_path)})
     one_line_error(proc, "tokenizer=gpt2 needs tiktoken's files")
     assert time.time() - t0 < 60
+
+
+def test_sink_preset_logs_the_saved_models_first_token_attention(tmp_path, shakespeare_dir):
+    """experiment=sinks sets its recipe over the defaults, and train.sink_metric logs, at each eval, what
+    evaluation/sink_mass.py measures on the same held-out rows with the model as saved at that step."""
+    from data.loader import RowSampler, TokenSplit
+    from evaluation.sink_mass import rows_first_token_attention
+
+    cfg = config("experiment=sinks", *TINY, "train.max_steps=3", "train.eval_interval=3", "train.warmup_steps=1")
+    assert cfg.positional.name == "sink" and cfg.model.qk_norm == "learned" and cfg.data.bos_aligned
+    train(cfg, tmp_path)
+    logged = metrics(tmp_path)[-1]
+    model, _ = checkpoint.load_model(tmp_path, torch.device("cpu"))
+    x, _ = RowSampler(TokenSplit(shakespeare_dir, "val"), 32, 0).batch(0, 16)
+    want = rows_first_token_attention(model.eval(), x)
+    assert logged["first_token_max"] == want["max_head"] and logged["sink_share"] == want["sink_share_all"]
+    assert logged["first_token_uniform"] == want["uniform"] and len(want["max_head"]) == 2

@@ -80,6 +80,7 @@ class Train:
     overwrite: bool = MISSING
     parallel: str = MISSING
     sample_tokens: int = MISSING
+    sink_metric: bool = MISSING
 
 
 @dataclass
