@@ -25,9 +25,12 @@ def pick_heads(per_head: list[list[float]], n: int = 4) -> list[tuple[int, int]]
 
 
 @torch.no_grad()
-def plot_attention_maps(model, tokens: torch.Tensor, window: int, per_head: list[list[float]], path, n: int = 4):
-    """Write the attention maps of n heads (pick_heads) over the window of `window` tokens in the middle of
-    tokens to path; per_head: each layer's mean attention on the first token (sink_mass.first_token_attention)."""
+def plot_attention_maps(
+    model, tokens: torch.Tensor, window: int, per_head: list[list[float]], path, n: int = 4, heads=None, dpi=110
+):
+    """Write the attention maps of n heads (pick_heads), or of the (layer, head) pairs `heads`, over the window of
+    `window` tokens in the middle of tokens to path; per_head: each layer's mean attention on the first token
+    (sink_mass.first_token_attention)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,7 +39,7 @@ def plot_attention_maps(model, tokens: torch.Tensor, window: int, per_head: list
 
     start = max(0, (len(tokens) - window) // 2)
     probs = attention_probs(model, tokens[None, start : start + window])
-    heads = pick_heads(per_head, n)
+    heads = pick_heads(per_head, n) if heads is None else [tuple(pair) for pair in heads]
     fig, axes = plt.subplots(1, len(heads), figsize=(3.2 * len(heads) + 1, 3.6), squeeze=False, layout="constrained")
     norm = matplotlib.colors.LogNorm(vmin=1e-4, vmax=1)
     for ax, (layer, h) in zip(axes[0], heads, strict=True):
@@ -49,6 +52,6 @@ def plot_attention_maps(model, tokens: torch.Tensor, window: int, per_head: list
     first = "key 0: the learned sink token" if model.pe.n_prefix else "key 0: the window's first token"
     fig.suptitle(f"{model.pe.name}: attention over one {window}-token window ({first}; log colour)", fontsize=10)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="attention")
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return heads

@@ -23,22 +23,13 @@ SINK_THRESHOLD = 0.3  # Gu et al. 2024: a head with more than this mean attentio
 
 
 @torch.no_grad()
-def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
-    """Per layer, the fp32 attention probabilities (B, H, T', T') of a full forward over idx (T' counts the
-    learned sink tokens of positional=sink first), recomputed from each attention layer's input."""
-    probs, hooks = [], []
+def layer_inputs(model, idx: torch.Tensor) -> list[tuple]:
+    """Per layer, (its attention module, that module's input (B, T', D), the plan it reads) in a full forward over
+    idx (T' counts the learned sink tokens of positional=sink first): what a diagnostic recomputes a layer from."""
+    seen, hooks = [], []
 
     def capture(attn, args):
-        x, plan = args[0], args[1]
-        plan = attn.own_plan(plan)  # the layer's scheme (positional.layers) and window
-        q, k, _ = attn.project(x)
-        q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate_key(k, plan.k_pos, plan.k_rot)
-        bias = dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head, plan.window)
-        state = None if attn.pe_layer is None else attn.pe_layer(x)
-        content = attn.content(q, state, plan)  # a bias that reads q or the input (Shaw, FoX): this layer's own
-        if content is not None:
-            bias = bias + content_grid(content, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
-        probs.append(attention_weights(q, k, bias, attn.sink))
+        seen.append((attn, args[0], attn.own_plan(args[1])))  # the layer's scheme (positional.layers) and window
 
     for block in model.blocks:
         hooks.append(block.attn.register_forward_pre_hook(capture))
@@ -47,6 +38,23 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
     finally:
         for h in hooks:
             h.remove()
+    return seen
+
+
+@torch.no_grad()
+def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer, the fp32 attention probabilities (B, H, T', T') of a full forward over idx (T' counts the
+    learned sink tokens of positional=sink first), recomputed from each attention layer's input."""
+    probs = []
+    for attn, x, plan in layer_inputs(model, idx):
+        q, k, _ = attn.project(x)
+        q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate_key(k, plan.k_pos, plan.k_rot)
+        bias = dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head, plan.window)
+        state = None if attn.pe_layer is None else attn.pe_layer(x)
+        content = attn.content(q, state, plan)  # a bias that reads q or the input (Shaw, FoX): this layer's own
+        if content is not None:
+            bias = bias + content_grid(content, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
+        probs.append(attention_weights(q, k, bias, attn.sink))
     return probs
 
 

@@ -173,9 +173,36 @@ class SampleConfig:
     cache: Any = MISSING  # typed by schema/cache/<kind>
 
 
+@dataclass
+class Viz:
+    out: str | None = MISSING
+    all: bool = MISSING
+    factor: float = MISSING
+    samples: int = MISSING
+    heads: list[list[int]] | None = MISSING
+    prepare: bool = MISSING
+    seed: int = MISSING
+
+
+@dataclass
+class VizTrain:
+    seq_len: int = MISSING
+
+
+@dataclass
+class VizConfig:
+    checkpoint: str | None = MISSING
+    sweep_dir: str | None = MISSING
+    viz: Viz = field(default_factory=Viz)
+    train: VizTrain = field(default_factory=VizTrain)
+    model: Model = field(default_factory=Model)
+    positional: Any = MISSING
+
+
 def register():
     cs = ConfigStore.instance()
-    for name, node in {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig}.items():
+    configs = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "viz": VizConfig}
+    for name, node in configs.items():
         cs.store(group="schema", name=name, node=node)
     cs.store(group="schema/optim", name="adamw", node=AdamW)
     cs.store(group="schema/optim", name="muon", node=Muon)
@@ -259,6 +286,11 @@ SAMPLE_RULES = [
     ("cache.window", ">=", 1, "pass a positive window, or null for the default"),
 ]
 SAMPLE_CHOICES = {**COMMON_CHOICES, "cache.kind": ("dense", "sink")}
+VIZ_RULES = [
+    ("viz.factor", ">", 1, "pass how far past the training length the pictures reach, e.g. viz.factor=4"),
+    ("viz.samples", ">=", 1, "pass how many random queries to average"),
+    ("train.seq_len", ">=", 2, "pass the training length the pictures mark (a checkpoint gives its own)"),
+]
 # positional options are plain values (any type): (option, kind, op, bound, what to do), an option's every rule
 POSITIONAL_RULES = [
     ("base", float, ">", 0, "pass a positive rotary/sinusoid base"),
@@ -397,6 +429,21 @@ def check_eval(cfg):
     factor = cfg.eval.rope_factor
     if factor != "auto" and (isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0):
         raise UserError(f"eval.rope_factor={show(factor)} must be auto or a positive number")
+
+
+def check_viz(cfg):
+    check_rules(cfg, VIZ_RULES)
+    heads = cfg.viz.heads
+    if heads is not None and (not heads or any(len(pair) != 2 for pair in heads)):
+        shown = [list(pair) for pair in heads]
+        raise UserError(f"viz.heads={shown} must be [layer, head] pairs; e.g. viz.heads=[[0,1],[3,2]]")
+    if cfg.viz.all and cfg.checkpoint:
+        raise UserError("viz.all=true draws every scheme at init; drop checkpoint=, or pass sweep_dir= for every run")
+    if cfg.checkpoint and cfg.sweep_dir:
+        raise UserError("pass checkpoint= (one run) or sweep_dir= (every run of a sweep), not both")
+    if not (cfg.checkpoint or cfg.sweep_dir):
+        check_positional(OmegaConf.to_container(cfg.positional, resolve=True))
+        check_model(cfg)
 
 
 def check_sample(cfg):

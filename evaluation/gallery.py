@@ -1,0 +1,279 @@
+"""Drawing the pictures of a positional scheme (evaluation/pictures.py computes their numbers), and their index.
+
+python viz.py positional=rope            -> pictures/rope_decay.png ... and pictures/index.md
+python viz.py viz.all=true               -> every scheme's pictures in one folder, listed in pictures/index.md
+A picture is two functions: one gathers its numbers, or returns why the scheme has no such picture (a scheme that
+adds no vector has no vector heatmap), and one draws them. A gallery of every scheme so never stops at one that
+does not fit, the index says what was skipped and why, and a test can gather every scheme's numbers without
+paying for matplotlib's drawing (about a second a figure on a small CPU).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from evaluation.attention_map import plot_attention_maps  # noqa: E402
+from evaluation.pictures import (  # noqa: E402
+    bias_by_distance,
+    content_bias_by_distance,
+    mean_query_key,
+    position_vectors,
+    random_decay,
+    rotary_logits,
+    similarity_by_offset,
+)
+from evaluation.sink_mass import first_token_attention  # noqa: E402
+
+DPI = 100  # small files: a README shows a few of them
+ATTENTION_DPI = 80  # attention maps are noise to PNG's compression: at 110 dpi four 256 x 256 maps took 450 KB
+
+
+@dataclass
+class Subject:
+    """What one set of pictures is of: a scheme at init, or a trained model and its held-out text."""
+
+    label: str  # the file-name prefix and index heading: the scheme's name, or the run's folder name
+    pe: torch.nn.Module  # the scheme (a trained model's own, model.pe, with its trained values)
+    length: int  # the training length L: distance axes reach factor x L, a dotted line marks L
+    state: str  # "at init" or "trained: <run>, step N", in every title
+    model: torch.nn.Module | None = None  # a trained model: trained q and k, content biases, attention maps
+    tokens: torch.Tensor | None = None  # held-out text of the checkpoint's own data (1-D token ids)
+
+
+@dataclass
+class Options:
+    factor: float = 4.0  # distances up to factor x L; the rope scaling variants extend by this factor
+    samples: int = 128  # random q = k draws for the decay curve
+    heads: list | None = None  # attention maps of these (layer, head) pairs; None: picked by first-token share
+    seed: int = 0
+
+
+def distances(s: Subject, o: Options) -> torch.Tensor:
+    return torch.arange(max(s.length, int(o.factor * s.length)))
+
+
+def windows(s: Subject, max_rows: int = 8) -> torch.Tensor:
+    """(B, L): consecutive training-length windows of the held-out text, a few thousand tokens in all."""
+    rows = max(1, min(max_rows, len(s.tokens) // s.length))
+    return s.tokens[: rows * s.length].view(rows, s.length)
+
+
+# ---- the numbers of each picture, or why the scheme has none ----
+
+
+def vectors_numbers(s: Subject, o: Options):
+    v = position_vectors(s.pe, s.length)
+    return "adds no vector to the token embeddings" if v is None else (v, similarity_by_offset(v))
+
+
+def decay_numbers(s: Subject, o: Options):
+    if not s.pe.rotary:
+        return "does not rotate queries and keys"
+    d = distances(s, o)
+    return d, random_decay(s.pe, d, o.factor, s.length, o.samples, o.seed)
+
+
+def decay_trained_numbers(s: Subject, o: Options):
+    if not s.pe.rotary:
+        return "does not rotate queries and keys"
+    if s.model is None:
+        return "needs trained queries and keys: give checkpoint="
+    d = distances(s, o)
+    return d, [rotary_logits(s.pe, q[None], k[None], d)[0] for q, k in mean_query_key(s.model, windows(s))]
+
+
+def bias_numbers(s: Subject, o: Options):
+    d = distances(s, o)
+    far = bias_by_distance(s.pe, d)
+    if far is None:
+        return "adds no position-only bias to the scores"
+    near = bias_by_distance(s.pe, d[: s.length], s.length - 1)
+    moved = not torch.allclose(near, far[:, : s.length], atol=1e-6)  # a bias that reads the query's position
+    return d, far, near if moved else None
+
+
+def content_bias_numbers(s: Subject, o: Options):
+    if s.pe.content_bias is None:
+        return "has no bias that reads the text"
+    if s.model is None:
+        return "has a bias that reads the text: give checkpoint="
+    return content_bias_by_distance(s.model, windows(s))
+
+
+def attention_numbers(s: Subject, o: Options):
+    if s.model is None:
+        return "needs a trained model: give checkpoint="
+    return first_token_attention(s.model, s.tokens, s.length)["heads"]
+
+
+# ---- drawing ----
+
+
+def head_colors(n: int) -> list:
+    return [plt.get_cmap("viridis")(h / max(1, n - 1) * 0.9) for h in range(n)]
+
+
+def mark_length(ax, length: int):
+    ax.axvline(length, color="0.6", ls=":", lw=1, label="training length")
+
+
+def log_distance(ax, d: torch.Tensor):
+    """Distances on a log axis (linear below 1, so distance 0 stays on it): RoPE's decay spans decades."""
+    ax.set_xscale("symlog", linthresh=1, linscale=0.3)
+    ax.set_xlim(0, int(d.max()))
+
+
+def save(fig, path: Path, title: str):
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def layer_panels(n_layers: int):
+    fig, axes = plt.subplots(1, n_layers, figsize=(2.6 * n_layers + 1, 3), sharey=True, layout="constrained")
+    return fig, [axes] if n_layers == 1 else list(axes)
+
+
+def draw_vectors(s: Subject, o: Options, numbers, path: Path):
+    v, similarity = numbers
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4), width_ratios=(1.5, 1), layout="constrained")
+    lim = float(v.abs().max())
+    image = a.imshow(v.T.numpy(), aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+    a.set(xlabel="position", ylabel="dimension", title="vector added to the embedding")
+    fig.colorbar(image, ax=a, shrink=0.9)
+    b.plot(similarity.numpy(), lw=1.2)
+    b.axhline(0, color="0.7", lw=0.8)
+    b.set(xlabel="offset k", ylabel="cosine, mean over p", title="similarity of positions p and p + k")
+    save(fig, path, f"{s.label} ({s.state}): position vectors")
+
+
+def draw_decay(s: Subject, o: Options, numbers, path: Path):
+    """A panel per scaling variant, over the unscaled curve."""
+    d, curves = numbers
+    fig, axes = plt.subplots(2, 2, figsize=(8, 5.2), sharex=True, sharey=True, layout="constrained")
+    variants = [kind for kind in curves if kind != "none"]
+    for ax, kind in zip(axes.flat, variants, strict=True):
+        ax.plot(d.numpy(), curves["none"].numpy(), color="0.6", lw=0.9, label="no scaling")
+        ax.plot(d.numpy(), curves[kind].numpy(), color="C1", lw=0.9, label=f"{kind} x{o.factor:g}")
+        mark_length(ax, s.length)
+        ax.axhline(0, color="0.8", lw=0.8)
+        log_distance(ax, d)
+        ax.legend(fontsize=7, loc="upper right")
+    for ax in axes[1]:
+        ax.set_xlabel("distance (query position - key position)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("mean logit q.k / sqrt(width)")
+    save(fig, path, f"{s.label} ({s.state}): logit of random q = k by distance ({o.samples} draws per head)")
+
+
+def draw_decay_trained(s: Subject, o: Options, numbers, path: Path):
+    d, per_layer = numbers
+    fig, axes = layer_panels(len(per_layer))
+    colors = head_colors(s.pe.n_head)
+    for layer, (ax, logits) in enumerate(zip(axes, per_layer, strict=True)):
+        for h, curve in enumerate(logits):
+            ax.plot(d.numpy(), curve.numpy(), color=colors[h], lw=1, label=f"head {h}")
+        mark_length(ax, s.length)
+        log_distance(ax, d)
+        ax.set(title=f"layer {layer}", xlabel="distance")
+    axes[0].set_ylabel("logit of mean q, mean k")
+    axes[-1].legend(fontsize=7)
+    save(fig, path, f"{s.label} ({s.state}): trained mean query against mean key by distance")
+
+
+def draw_bias(s: Subject, o: Options, numbers, path: Path):
+    """Two panels of the same curves: distances within L on a linear axis (ALiBi's lines), and all of them on a
+    log axis (T5's buckets and FIRE's normaliser are logarithmic in distance). Dashed: a query at L - 1, where it
+    sees another bias than the far query (FIRE)."""
+    d, far, near = numbers
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
+    colors = head_colors(s.pe.n_head)
+    for ax in axes:
+        for h in range(s.pe.n_head):
+            ax.plot(d.numpy(), far[h].numpy(), color=colors[h], lw=1.2, label=f"head {h}")
+            if near is not None:
+                ax.plot(d[: s.length].numpy(), near[h].numpy(), color=colors[h], lw=1, ls="--")
+        ax.set_xlabel("distance (query position - key position)")
+    axes[0].set_xlim(0, s.length)
+    axes[0].set_ylabel("bias added to the logit")
+    mark_length(axes[1], s.length)
+    log_distance(axes[1], d)
+    axes[1].legend(fontsize=8)
+    where = f"query at {len(d) - 1}" + ("" if near is None else f"; dashed: query at {s.length - 1}")
+    save(fig, path, f"{s.label} ({s.state}): score bias by distance ({where})")
+
+
+def draw_content_bias(s: Subject, o: Options, per_layer, path: Path):
+    fig, axes = layer_panels(len(per_layer))
+    colors = head_colors(s.pe.n_head)
+    for layer, (ax, heads) in enumerate(zip(axes, per_layer, strict=True)):
+        for h, curve in enumerate(heads):
+            ax.plot(curve.numpy(), color=colors[h], lw=1, label=f"head {h}")
+        ax.set(title=f"layer {layer}", xlabel="distance")
+    axes[0].set_ylabel("mean bias over the text")
+    axes[-1].legend(fontsize=7)
+    save(fig, path, f"{s.label} ({s.state}): content bias by distance, mean over held-out text")
+
+
+def draw_attention(s: Subject, o: Options, per_head, path: Path):
+    """evaluation/attention_map.py's maps (log colour: a sink is a bright first column)."""
+    plot_attention_maps(s.model, s.tokens, s.length, per_head, path, heads=o.heads, dpi=ATTENTION_DPI)
+
+
+PICTURES = {  # name -> (numbers or why not, draw, what the index says it shows)
+    "vectors": (
+        vectors_numbers,
+        draw_vectors,
+        "the added position vectors (position x dimension) and the cosine of positions p and p + k",
+    ),
+    "decay": (
+        decay_numbers,
+        draw_decay,
+        "q.k against distance for random q = k (RoPE's long-term decay), and each rope scaling variant's",
+    ),
+    "decay_trained": (
+        decay_trained_numbers,
+        draw_decay_trained,
+        "q.k against distance for the trained mean query and mean key on held-out text, per layer and head",
+    ),
+    "bias": (bias_numbers, draw_bias, "the score bias against distance per head (trained values from a checkpoint)"),
+    "content_bias": (
+        content_bias_numbers,
+        draw_content_bias,
+        "a bias that reads the text (Shaw, FoX): its mean over held-out text against distance",
+    ),
+    "attention": (attention_numbers, draw_attention, "attention maps of chosen heads over a held-out window"),
+}
+
+
+def draw(s: Subject, o: Options, out_dir: Path) -> list[tuple[str, str | None, str | None]]:
+    """Every picture of s into out_dir as <label>_<picture>.png: (picture, file name or None, why skipped)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, (numbers_of, draw_picture, _) in PICTURES.items():
+        numbers = numbers_of(s, o)
+        if isinstance(numbers, str):
+            rows.append((name, None, numbers))
+            continue
+        path = out_dir / f"{s.label}_{name}.png"
+        draw_picture(s, o, numbers, path)
+        rows.append((name, path.name, None))
+    return rows
+
+
+def write_index(out_dir: Path, command: str, entries: list[tuple[str, str, str, list]]) -> Path:
+    """index.md: for each (label, state, scheme name, draw's rows), its pictures, and each one it lacks and why."""
+    lines = [f"# Positional pictures\n\nWritten by `{command}`.\n"]
+    lines += [f"- `{name}`: {what}" for name, (*_, what) in PICTURES.items()]
+    for label, state, scheme, rows in entries:
+        lines.append(f"\n## {label} ({state})\n")
+        lines += [f"![{label} {name}]({file})\n" for name, file, _ in rows if file]
+        lines += [f"- {name}: skipped, {scheme} {why}" for name, _, why in rows if why]
+    path = out_dir / "index.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
