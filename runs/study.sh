@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STUDY=${STUDY:-study}
-SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope sink t5 kerple fire shaw fox xpos prope pope"}
+SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope sink t5 kerple fire shaw fox xpos prope pope irope"}
 SEEDS=${SEEDS:-"1 2 3"}
 PY=${PYTHON:-python}
 read -r -a eval_args <<< "${EVAL_ARGS:-}"
