@@ -78,11 +78,12 @@ def test_scoring_is_exact(enc_and_stream):
     rng = np.random.default_rng(0)
     samples = [tiny.sample(bos % 50, rng.integers(10, 50, 200), str(100 + i), 0.5, 160) for i in range(6)]
     rt = runtime.setup("cpu", "fp32", 0)
-    assert score(Oracle(samples), samples, batch_tokens=320, rt=rt).all()  # batches of 2, every key read back
+    assert (score(Oracle(samples), samples, batch_tokens=320, rt=rt) == 1).all()  # batches of 2, every key read back
     last_key = len(samples[0].tokens) - 2  # the input position that predicts the key's last token
     wrong = {(1, last_key): 3, (4, samples[4].answer - 1): 7, (2, 5): 9}  # two key tokens, one filler token
     got = score(Oracle(samples, wrong), samples, batch_tokens=320, rt=rt)
-    assert got.tolist() == [True, False, True, True, False, True]  # one wrong digit fails a trial; filler is not asked
+    k = len(samples[0].tokens) - samples[0].answer  # key tokens: a space and 3 digits
+    assert got.tolist() == [1, 1 - 1 / k, 1, 1, 1 - 1 / k, 1]  # one wrong key token fails a trial; filler is not asked
     runtime.teardown()
 
 
