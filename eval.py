@@ -5,7 +5,8 @@ python eval.py checkpoint=out/rope eval.rope_scaling=all      + linear, ntk, dyn
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00         every run of a training sweep, one table
 python eval.py -m checkpoint=out/rope,out/alibi,out/learned   likewise, as a Hydra multirun
 python eval.py checkpoint=out/sink eval.mode=stream           streaming perplexity through sink caches
-Writes <run>/eval/length.{json,png} (or stream.{json,png}) and logs them to the run's wandb project.
+python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey   passkey retrieval by length and depth
+Writes <run>/eval/length.{json,png} (or stream.*, passkey.*); the length tables also go to the run's wandb project.
 """
 
 import json
@@ -41,15 +42,40 @@ def resolve_lengths(lengths, train_length: int) -> list[int]:
     return lengths
 
 
-def resolve_variants(requested: str, pe) -> list[str]:
+def trained_scaling(ckpt: dict) -> str | None:
+    """'yarn x4 from 256' for a model fine-tuned with positional.scaling (built into it), else None."""
+    pos = ckpt["model_config"]["positional"]
+    if pos.get("scaling", "none") == "none":
+        return None
+    return f"{pos['scaling']} x{float(pos['scaling_factor']):g} from {pos['original_length']}"
+
+
+def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str]:
+    """The eval-time RoPE extensions to score. A model that was fine-tuned with positional.scaling has its
+    frequencies built in: another scaling would replace them, not add to them, so it is refused, and `all` (as in a
+    sweep) scores that model as it is."""
     rotary = pe.rotary
+    if requested not in KINDS and requested != "all":
+        raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(KINDS)}, all")
+    if trained and requested != "none":
+        if requested == "all":
+            say(f"note: trained with positional.scaling={trained}: scored as it is, with no eval-time scaling")
+            return ["none"]
+        raise UserError(
+            f"eval.rope_scaling={requested}: this model was trained with positional.scaling={trained}, built into it; "
+            f"another scaling would replace it, not compose with it: evaluate it with eval.rope_scaling=none"
+        )
     if requested == "all":
         return list(KINDS) if rotary else ["none"]
-    if requested not in KINDS:
-        raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(KINDS)}, all")
     if requested != "none" and not rotary:
         raise UserError(f"eval.rope_scaling applies to rotary schemes (rope, sink over rope), not {pe.name}")
     return [requested]
+
+
+def scheme_label(pe, ckpt: dict) -> str:
+    """The scheme's name, with a scaling it was fine-tuned with: rope[yarn x4 from 256]."""
+    trained = trained_scaling(ckpt)
+    return f"{pe.name}[{trained}]" if trained else pe.name
 
 
 def peak_memory_mb(rt) -> float:
@@ -93,13 +119,14 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     ev = cfg.eval
     lengths = resolve_lengths(ev.lengths, train_length)
     strides = resolve_strides(ev.stride, lengths)
-    variants = resolve_variants(ev.rope_scaling, pe)
+    variants = resolve_variants(ev.rope_scaling, pe, trained_scaling(ckpt))
+    name = scheme_label(pe, ckpt)
     pieces, regs = scored_text(ckpt, ev, lengths[-1])
     draws = bootstrap.block_draws(len(pieces), [[p.work, p.start, p.size] for p in pieces])
     rows, by_position, t0 = [], {}, time.time()
     cells = [(v, n, m) for v in variants for n in lengths for m in ("nonoverlap", "sliding")]
     for variant, length, mode in progress(cells, "length eval", unit="cell"):
-        row = {"scheme": pe.name, "variant": variant, "length": length, "mode": mode}
+        row = {"scheme": name, "variant": variant, "length": length, "mode": mode}
         if mode == "sliding":
             row["stride"] = strides[length]
         if pe.max_positions is not None and length > pe.max_positions:
@@ -134,7 +161,7 @@ def evaluate_lengths(path, cfg, rt) -> dict:
         pe.set_scaling("none")
     return {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
-        "scheme": pe.name,
+        "scheme": name,
         "positional": ckpt["model_config"]["positional"],
         "train_config": ckpt["config"],
         "train_length": train_length,
@@ -200,8 +227,13 @@ def evaluate_one(path, cfg, rt) -> dict:
         from evaluation.stream import run_stream
 
         return run_stream(path, cfg, rt, out_dir)
+    if cfg.eval.mode == "passkey":
+        from evaluation.passkey import run_passkey
+
+        train_length = checkpoint.load(path, mmap=True)["seq_len"]
+        return run_passkey(path, cfg, rt, out_dir, resolve_lengths(cfg.eval.lengths, train_length))
     if cfg.eval.mode != "length":
-        raise UserError(f"eval.mode={cfg.eval.mode} is not one of length, stream")
+        raise UserError(f"eval.mode={cfg.eval.mode} is not one of length, stream, passkey")
     result = evaluate_lengths(path, cfg, rt)
     print(write_length_report(result, out_dir))
     print(f"written {out_dir}/length.json and length.png ({result['seconds']} s)")

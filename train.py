@@ -4,6 +4,8 @@ python train.py                                       tiny model, RoPE, the embe
 python train.py positional=alibi model=small train.max_steps=3000
 python train.py -m positional=learned,sinusoidal,alibi,rope,nope,sink      (a sweep; same as sweep=schemes)
 torchrun --nproc_per_node=8 train.py model=d12 train.total_batch_size=524288
+python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4
+    (a fine-tune from out/rope's weights, fresh optimizer and step: utils/finetune.py)
 Leaves out_dir/ckpt.pt (atomic, resumable with train.resume=true) and out_dir/metrics.jsonl.
 """
 
@@ -24,7 +26,7 @@ from data.prepare import load_meta, prepare
 from evaluation.sink_mass import rows_first_token_attention
 from model.generate import generate
 from model.kv_cache import DenseCache
-from utils import checkpoint, optim, parallel, runtime, schema
+from utils import checkpoint, finetune, optim, parallel, runtime, schema
 from utils.compiling import should_compile
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, start_wandb
@@ -138,11 +140,12 @@ def print_sample(model, tok_spec, n_tokens: int, rt):
 def train(cfg: DictConfig, out_dir, group: str | None = None) -> dict:
     """Train as cfg says into out_dir; return a summary (step, losses, wall time)."""
     cfg.out_dir = str(out_dir)
+    init = finetune.read_init(cfg)  # init_from's checkpoint, mapped; it gives positional.original_length its value
     schema.check_train(cfg)  # every range and choice, before any data is read
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     stop = StopFlag()
     try:
-        return _train(cfg, Path(out_dir), rt, group, stop)
+        return _train(cfg, Path(out_dir), rt, group, stop, init)
     finally:
         stop.restore()
         runtime.teardown()
@@ -196,7 +199,7 @@ def diverged(what: str, step: int, out_dir) -> UserError:
     )
 
 
-def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
+def _train(cfg, out_dir: Path, rt, group, stop, init=None) -> dict:
     tr = cfg.train
     say = print if rt.master else (lambda *a, **k: None)
     check_out_dir(out_dir, tr)
@@ -213,6 +216,13 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
 
     model = checkpoint.build_model(model_config)
     model.pe.check_length(tr.seq_len)
+    init_info = None
+    if init is not None and not tr.resume:  # weights only, before any wrapping: every rank loads the same
+        init_info = finetune.load_weights(model, init, run, cfg.init_from, OLDER)
+        say(
+            f"starting from the weights of {init_info['path']} (step {init['step']}, seq_len {init['seq_len']}); "
+            f"fresh optimizer, step 0"
+        )
     model.to(rt.device)
     runner = parallel.wrap(model, rt, tr.parallel, resolved["optim"]["name"])
     opts = optim.build(model, resolved["optim"], fused=rt.device.type == "cuda" and run["optimizer_format"] == "plain")
@@ -222,6 +232,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
         check_resume(ckpt, run, out_dir / checkpoint.NAME)
         parallel.load_state(model, opts, ckpt["model"], ckpt["optimizer"], tr.parallel)
         step, rows, wandb_id = ckpt["step"], ckpt["rows"], ckpt.get("wandb_id")
+        init_info = ckpt.get("init_from")
         say(f"resuming {out_dir} at step {step}")
     if should_compile(cfg.compile, rt.device, say):
         runner = torch.compile(runner)
@@ -264,6 +275,7 @@ def _train(cfg, out_dir: Path, rt, group, stop) -> dict:
                     "rows": rows,
                     "val_loss": val_loss,
                     "wandb_id": wandb_run.id if wandb_run else None,
+                    "init_from": init_info,  # where a fine-tune's weights came from (None: a run from scratch)
                 },
             )
             last_saved["model"] = model_state

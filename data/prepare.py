@@ -4,6 +4,7 @@ python -m data.prepare data=text data.path=notes/ tokenizer.vocab_size=8192   (t
 Layout: <data.cache_dir>/<dataset key>/<tokenizer key>/ holds tokenizer.json, meta.json and per split
 <split>_NNN.bin (token ids, a BOS before each document) and <split>_docs.npy (where each document starts).
 The folder is built under a temporary name and renamed into place, so a crash never leaves half a dataset.
+data=passkey (data/passkey.py) is generated from another prepared corpus, with that corpus's tokenizer.
 """
 
 import json
@@ -41,29 +42,22 @@ def prepare(data: dict, tok: dict, log=print) -> Path:
     log = log or (lambda *args: None)
     if (out / "meta.json").exists():
         return out
+    if data["source"] == "passkey":
+        from data.passkey import write_passkey  # it reads its corpus through data.loader, which imports this module
+
+        base = prepare(data["base"], tok, log)
+        return build_atomically(out, lambda tmp: write_passkey(tmp, data, base, log), data, tok, log)
+    return build_atomically(out, lambda tmp: write_corpus(tmp, data, tok, log), data, tok, log)
+
+
+def build_atomically(out: Path, fill, data: dict, tok: dict, log) -> Path:
+    """fill(tmp) writes the dataset into a temporary folder, renamed to `out` only once it is whole."""
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         log(f"preparing {data['name']} with tokenizer {tokenizer_key(tok)} in {out}")
-        if tok["kind"] == "bpe":
-            spec = tokenizer.train_bpe(sources.documents(data, "train"), tok["vocab_size"], tok["train_chars"])
-        else:
-            spec = tokenizer.tiktoken_spec(tok["name"])
-        (tmp / "tokenizer.json").write_text(json.dumps(spec))
-        enc = tokenizer.load(spec)
-        bos = tokenizer.bos_id(spec, enc)
-        dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
-        meta = {"vocab_size": enc.n_vocab, "bos": bos, "dtype": np.dtype(dtype).name, "splits": {}}
-        for split in SPLITS:
-            meta["splits"][split] = write_split(
-                tmp, split, sources.documents(data, split), enc, bos, dtype, int(data.get("shard_tokens", 2**28))
-            )
-            info = meta["splits"][split]
-            log(f"  {split}: {info['n_docs']} documents, {info['n_tokens']:,} tokens")
-            if info["n_docs"] == 0:
-                raise UserError(f"data={data['name']}: the {split} split is empty; add documents or change the split")
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        fill(tmp)
         try:
             tmp.rename(out)  # a folder named `out` only ever appears whole, by this rename
         except OSError:
@@ -74,8 +68,43 @@ def prepare(data: dict, tok: dict, log=print) -> Path:
     return out
 
 
+def write_corpus(tmp: Path, data: dict, tok: dict, log):
+    """Train (or fetch) the tokenizer, then tokenize both splits of the corpus into tmp."""
+    if tok["kind"] == "bpe":
+        spec = tokenizer.train_bpe(sources.documents(data, "train"), tok["vocab_size"], tok["train_chars"])
+    else:
+        spec = tokenizer.tiktoken_spec(tok["name"])
+    (tmp / "tokenizer.json").write_text(json.dumps(spec))
+    enc = tokenizer.load(spec)
+    bos = tokenizer.bos_id(spec, enc)
+    dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
+    meta = {"vocab_size": enc.n_vocab, "bos": bos, "dtype": np.dtype(dtype).name, "splits": {}}
+    for split in SPLITS:
+        meta["splits"][split] = write_split(
+            tmp, split, sources.documents(data, split), enc, bos, dtype, int(data.get("shard_tokens", 2**28))
+        )
+        info = meta["splits"][split]
+        log(f"  {split}: {info['n_docs']} documents, {info['n_tokens']:,} tokens")
+        if info["n_docs"] == 0:
+            raise UserError(f"data={data['name']}: the {split} split is empty; add documents or change the split")
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
 def write_split(folder: Path, split: str, docs, enc, bos: int, dtype, shard_tokens: int) -> dict:
-    """Tokenize documents in batches; start a new shard only at a document boundary."""
+    """Tokenize documents in batches, each with a BOS first; start a new shard only at a document boundary."""
+
+    def token_docs():
+        for batch in _batched(docs, 256):
+            for ids in enc.encode_ordinary_batch(batch):
+                doc = np.empty(len(ids) + 1, dtype=np.int64)
+                doc[0], doc[1:] = bos, ids
+                yield doc
+
+    return write_token_split(folder, split, token_docs(), dtype, shard_tokens)
+
+
+def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) -> dict:
+    """Write token documents (arrays, BOS first) as shards; start a new shard only at a document boundary."""
     shards, starts, buf, n_total = [], [], [], 0
 
     def flush():
@@ -87,17 +116,14 @@ def write_split(folder: Path, split: str, docs, enc, bos: int, dtype, shard_toke
             buf.clear()
 
     in_buf = 0
-    for batch in _batched(docs, 256):
-        for ids in enc.encode_ordinary_batch(batch):
-            starts.append(n_total)
-            doc = np.empty(len(ids) + 1, dtype=np.int64)
-            doc[0], doc[1:] = bos, ids
-            buf.append(doc)
-            n_total += doc.size
-            in_buf += doc.size
-            if in_buf >= shard_tokens:
-                flush()
-                in_buf = 0
+    for doc in docs:
+        starts.append(n_total)
+        buf.append(doc)
+        n_total += doc.size
+        in_buf += doc.size
+        if in_buf >= shard_tokens:
+            flush()
+            in_buf = 0
     flush()
     np.save(folder / f"{split}_docs.npy", np.asarray(starts, dtype=np.int64))
     return {"shards": shards, "n_docs": len(starts), "n_tokens": n_total}

@@ -3,6 +3,8 @@
 python eval.py checkpoint=out/rope eval.prepare=true     (prepares them if the data folder is gone)
 The Shakespeare split holds every play twice, in modern and in First Folio spelling: near-duplicates, so the
 evaluations count them as one work and draw from one document of each (held_out_works).
+A model fine-tuned on data=passkey is evaluated on its corpus's held-out works (data.base): the passkey samples are
+short, and drawn from the training split.
 """
 
 import json
@@ -16,18 +18,24 @@ from data.prepare import data_dir, load_meta, prepare
 from utils.errors import UserError
 
 
+def corpus(data: dict) -> dict:
+    """The data config whose held-out works evaluate a model: data=passkey's corpus (data.base), else data."""
+    return data["base"] if data.get("source") == "passkey" else data
+
+
 def held_out_folder(ckpt: dict, allow_prepare: bool) -> Path:
     """The prepared folder the checkpoint names (or its config does), prepared here if asked."""
+    data, tok = corpus(ckpt["config"]["data"]), ckpt["config"]["tokenizer"]
     folder = Path(ckpt["data_dir"])
-    if not (folder / "meta.json").exists():
-        folder = data_dir(ckpt["config"]["data"], ckpt["config"]["tokenizer"])
+    if data is not ckpt["config"]["data"] or not (folder / "meta.json").exists():
+        folder = data_dir(data, tok)
     if not (folder / "meta.json").exists():
         if not allow_prepare:
             raise UserError(
                 f"the held-out data of this checkpoint is not prepared at {folder}; add eval.prepare=true "
                 f"to prepare it from the checkpoint's data config"
             )
-        folder = prepare(ckpt["config"]["data"], ckpt["config"]["tokenizer"])
+        folder = prepare(data, tok)
     if json.loads((folder / "tokenizer.json").read_text()) != ckpt["tokenizer"]:
         raise UserError(f"the data at {folder} was tokenized differently from this checkpoint; re-prepare it")
     load_meta(folder)
@@ -68,6 +76,6 @@ def held_out_works(ckpt: dict, allow_prepare: bool) -> list[tuple[str, np.ndarra
     """(name, tokens) of one held-out document per distinct work: what the length and stream evaluations draw
     from, so that no text is scored twice in two spellings."""
     docs = held_out_documents(ckpt, allow_prepare)
-    data = ckpt["config"]["data"]
+    data = corpus(ckpt["config"]["data"])
     names = document_names(data, len(docs))
     return [(names[i], docs[i]) for i in distinct_works(names, data.get("source"))]

@@ -8,6 +8,10 @@ python train.py positional=alibi +positional.layers=PPN          (any scheme tha
 positional.layers is a pattern tiled over the layers, as model.window_pattern is: P a layer of the scheme, N a layer
 with no positions (NoPE), whose query temperature positional.attn_scale and positional.floor_scale set (nope.py).
 build_layers makes the two schemes; the model gives each layer its own and the attention plan one plan per scheme.
+
+python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4
+A spec may carry a RoPE extension made part of the model (SCALING_KEYS): build() applies it with set_scaling, so
+every model built from a saved config (train, eval, sample) rotates at the same scaled frequencies.
 """
 
 import re
@@ -33,13 +37,17 @@ SCHEMES = {
     for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5, KERPLE, FIRE, Shaw, FoX, XPos, PRoPE, PoPE)
 }
 
-__all__ = ["SCHEMES", "Positional", "PositionLimitError", "build", "build_layers", "layer_pattern"]
+__all__ = ["SCALING_KEYS", "SCHEMES", "Positional", "PositionLimitError", "build", "build_layers", "layer_pattern"]
 NOPE_OPTIONS = ("attn_scale", "floor_scale")  # with positional.layers: the N layers' query temperature (nope.py)
+# positional.scaling (a rope_scaling kind), .scaling_factor (s) and .original_length (the length the unscaled
+# frequencies were trained at): options of the spec that no scheme's constructor takes
+SCALING_KEYS = ("scaling", "scaling_factor", "original_length")
 
 
 def build(spec: dict, n_head: int, head_dim: int, d_model: int) -> Positional:
     """Make a scheme from its config dict ({'name': 'rope', 'base': 10000, ...})."""
     spec = dict(spec)
+    scaling = {k: spec.pop(k) for k in SCALING_KEYS if k in spec}
     name = spec.pop("name")
     if name not in SCHEMES:
         raise ValueError(f"unknown positional scheme '{name}'; choose one of: {', '.join(SCHEMES)}")
@@ -47,9 +55,17 @@ def build(spec: dict, n_head: int, head_dim: int, d_model: int) -> Positional:
         inner = dict(spec.pop("inner", {"name": "rope"}))
         spec["inner"] = build(inner, n_head, head_dim, d_model)
     try:
-        return SCHEMES[name](n_head, head_dim, d_model, **spec)
+        pe = SCHEMES[name](n_head, head_dim, d_model, **spec)
     except TypeError as e:
         raise ValueError(f"positional={name}: bad option ({e})") from None
+    kind = scaling.get("scaling", "none")
+    if kind != "none":
+        if not pe.rotary:
+            raise ValueError(f"positional.scaling={kind} rescales rotary frequencies, and positional={name} has none")
+        if scaling.get("original_length") is None:
+            raise ValueError(f"positional.scaling={kind} needs positional.original_length (the unscaled length)")
+        pe.set_scaling(kind, float(scaling.get("scaling_factor", 1.0)), int(scaling["original_length"]))
+    return pe
 
 
 def layer_pattern(spec: dict) -> str:

@@ -4,6 +4,7 @@ python train.py positional=learned positional.max_positions=512
 The table covers max_positions positions and refuses any position past it (no silent wrap or clamp).
 Its init std (init_std, configs/positional/learned.yaml: 0.1 against token embeddings of std 1) sets how much
 of the residual stream is position at the start: at 0.5 the tiny model lagged at the training length.
+python train.py init_from=out/learned train.seq_len=1024     (the table resized by interpolate_rows, then trained)
 """
 
 import torch
@@ -28,3 +29,20 @@ class Learned(Positional):
                 raise PositionLimitError(f"positional=learned got a negative position {int(pos.min())}")
             self.check_length(int(pos.max()) + 1)
         return x + self.table(pos).to(x.dtype)
+
+
+def interpolate_rows(table: torch.Tensor, n: int) -> torch.Tensor:
+    """A table of N rows resized to n, as position interpolation resizes RoPE (and ViT fine-tunes resize theirs).
+
+    Growing: new row j is the old table at position p = j N / n, linear between rows floor(p) and floor(p) + 1, so
+    where p is a whole number (j a multiple of n / N, every row when n / N is whole) the old row is kept exactly;
+    the last rows, whose p falls past row N - 1, repeat row N - 1 (nothing to interpolate towards).
+    Shrinking: the first n rows, as they are (the positions coincide)."""
+    N = table.size(0)
+    if n <= N:
+        return table[:n].clone()
+    p = torch.arange(n, dtype=torch.float64) * N / n  # exact where whole: j N and n are integers
+    lo = p.floor().long().clamp(max=N - 1)
+    hi = (lo + 1).clamp(max=N - 1)
+    old = table.double()
+    return torch.lerp(old[lo], old[hi], (p - lo)[:, None]).to(table.dtype)  # lerp(a, b, 0) and lerp(a, a, w) are a

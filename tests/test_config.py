@@ -35,7 +35,7 @@ def test_every_scheme_and_size_composes_into_a_model(name, size):
 
 @pytest.mark.parametrize(
     "group, option",
-    [("optim", "muon"), ("data", "fineweb_edu"), ("data", "tinystories"), ("tokenizer", "gpt2")],
+    [("optim", "muon"), ("data", "fineweb_edu"), ("data", "tinystories"), ("data", "passkey"), ("tokenizer", "gpt2")],
 )
 def test_other_options_compose(group, option):
     cfg = config(f"{group}={option}")

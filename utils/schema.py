@@ -94,6 +94,7 @@ class TrainLogger:
 @dataclass
 class TrainConfig:
     out_dir: str = MISSING
+    init_from: str | None = MISSING  # a checkpoint whose weights a fine-tune starts from (utils/finetune.py)
     device: str = MISSING
     dtype: str = MISSING
     compile: Any = MISSING  # auto | true | false
@@ -120,6 +121,10 @@ class Eval:
     stream_tokens: int = MISSING
     block: int = MISSING
     dense_limit: int = MISSING
+    depths: list[float] = MISSING
+    trials: int = MISSING
+    key_digits: int | None = MISSING
+    seed: int = MISSING
 
 
 @dataclass
@@ -210,7 +215,19 @@ def register():
     cs.store(group="schema/cache", name="sink", node=SinkCache)
 
 
+def default_out_dir(scheme: str, init_from, data: str, seq_len: int, scaling: str, factor) -> str:
+    """hydra.run.dir when out_dir is not given: out/<scheme>, or for a fine-tune a folder of its own beside the
+    one it starts from, e.g. out/rope-shakespeare-1024-yarn4 (never the init checkpoint's own folder)."""
+    if not init_from:
+        return f"out/{scheme}"
+    base = str(init_from).rstrip("/")
+    base = base.rsplit("/", 1)[0] if base.endswith(".pt") and "/" in base else base.removesuffix(".pt")
+    tail = f"-{scaling}{float(factor):g}" if scaling not in (None, "none") else ""
+    return f"{base}-{data}-{seq_len}{tail}"
+
+
 register()
+OmegaConf.register_new_resolver("nanopos_out_dir", default_out_dir, replace=True)
 
 # ---- ranges and choices, checked before any work ----
 
@@ -268,12 +285,14 @@ EVAL_RULES = [
     ("eval.stream_tokens", ">=", 1, "pass how many tokens to stream"),
     ("eval.block", ">=", 1, "pass tokens per reported block"),
     ("eval.dense_limit", ">=", 1, "pass the dense cache's size in tokens"),
+    ("eval.trials", ">=", 1, "pass how many passkey trials to run per (length, depth) cell"),
+    ("eval.key_digits", ">=", 1, "pass the pass key's digit count, or null for the checkpoint's"),
     ("cache.sinks", ">=", 0, "pass 0 for a plain window, or null for the default"),
     ("cache.window", ">=", 1, "pass a positive window, or null for the default"),
 ]
 EVAL_CHOICES = {
     **COMMON_CHOICES,
-    "eval.mode": ("length", "stream"),
+    "eval.mode": ("length", "stream", "passkey"),
     "eval.rope_scaling": ("none", "linear", "ntk", "dynamic_ntk", "yarn", "all"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
 }
@@ -311,8 +330,13 @@ POSITIONAL_RULES = [
     ("gamma", float, ">", 0, "pass a positive xPos gamma"),
     ("attn_scale", float, ">=", 0, "pass the NoPE query temperature's slope, 0 for none (Llama 4: 0.1)"),
     ("floor_scale", float, ">", 0, "pass the positions after which the NoPE query temperature grows"),
+    ("scaling_factor", float, ">=", 1, "pass s >= 1, the new length over the original (4 for 256 -> 1024)"),
+    ("original_length", int, ">=", 1, "pass the length the model was trained at, or null for init_from's"),
 ]
-POSITIONAL_CHOICES = {"variant": ("log", "power")}  # KERPLE
+NULLABLE = {"original_length"}  # null: filled in from init_from (utils/finetune.py)
+# KERPLE's variant; a rotary extension fixed for training (dynamic_ntk moves with the length, so a fine-tune at one
+# length would not fix the frequencies it is evaluated with: ntk is its fixed form)
+POSITIONAL_CHOICES = {"variant": ("log", "power"), "scaling": ("none", "linear", "ntk", "yarn")}
 
 
 def show(value):
@@ -353,7 +377,7 @@ def check_positional(spec, key: str = "positional"):
         if option in spec and spec[option] not in allowed:
             raise UserError(f"{key}.{option}={show(spec[option])} is not one of {', '.join(allowed)}; pick one")
     for option, kind, op, bound, hint in POSITIONAL_RULES:
-        if option not in spec:
+        if option not in spec or (option in NULLABLE and spec[option] is None):
             continue
         value = spec[option]
         number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -366,6 +390,19 @@ def check_positional(spec, key: str = "positional"):
         layer_pattern(spec)
     except ValueError as e:
         raise UserError(str(e).replace("positional.", f"{key}.", 1)) from None
+    kind = spec.get("scaling", "none")
+    if kind != "none" and not rotary(spec):
+        raise UserError(
+            f"{key}.scaling={kind} rescales rotary frequencies and {key}={spec['name']} has none; drop it "
+            f"(init_from alone fine-tunes any scheme at a new train.seq_len)"
+        )
+    if kind != "none" and spec.get("scaling_factor", 1) == 1:
+        raise UserError(f"{key}.scaling={kind} at {key}.scaling_factor=1 changes nothing; pass the factor (e.g. 4)")
+    if kind != "none" and spec.get("original_length") is None:  # init_from fills it in (utils/finetune.py)
+        raise UserError(
+            f"{key}.scaling={kind} scales the frequencies of a model trained at a shorter length: pass "
+            f"init_from=<its run folder>, or {key}.original_length=<that length>"
+        )
 
 
 def rotary(spec: dict) -> bool:
@@ -375,9 +412,16 @@ def rotary(spec: dict) -> bool:
 
 
 def model_config(resolved: dict, vocab_size: int) -> dict:
-    """The network's own config from a resolved run config: configs/model/*.yaml less RUN_KEYS, and the scheme."""
+    """The network's own config from a resolved run config: configs/model/*.yaml less RUN_KEYS, and the scheme.
+    The scheme's scaling keys (train.yaml) stay only where a scaling is on, so an unscaled model's config is what it
+    was before they existed (its checkpoints still resume) and a scaled one carries its frequencies' recipe."""
+    from positional import SCALING_KEYS
+
     model = {k: v for k, v in resolved["model"].items() if k not in RUN_KEYS}
-    return {**model, "vocab_size": vocab_size, "positional": resolved["positional"]}
+    pos = dict(resolved["positional"])
+    if pos.get("scaling", "none") == "none":
+        pos = {k: v for k, v in pos.items() if k not in SCALING_KEYS}
+    return {**model, "vocab_size": vocab_size, "positional": pos}
 
 
 def check_model(cfg):
@@ -426,6 +470,9 @@ def check_eval(cfg):
     lengths = cfg.eval.lengths
     if lengths is not None and (len(lengths) == 0 or min(lengths) < 1):
         raise UserError(f"eval.lengths={list(lengths)} must be positive token counts; e.g. eval.lengths=[256,1024]")
+    depths = cfg.eval.depths
+    if len(depths) == 0 or not all(0 <= d <= 1 for d in depths):
+        raise UserError(f"eval.depths={list(depths)} must be fractions in [0, 1]; e.g. eval.depths=[0,0.5,1]")
     factor = cfg.eval.rope_factor
     if factor != "auto" and (isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0):
         raise UserError(f"eval.rope_factor={show(factor)} must be auto or a positive number")

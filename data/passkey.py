@@ -1,0 +1,139 @@
+"""Passkey retrieval samples (Mohtashami & Jaggi 2023): a random number hidden in filler text, asked for at the end.
+
+python train.py init_from=out/rope data=passkey train.max_steps=150    (learn the task at the training length)
+python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey         (how far it reaches: evaluation/passkey.py)
+A sample of length L is L + 1 token ids; a model reads the first L and is scored on the key at the end:
+  BOS  filler[:cut]  NEEDLE  filler[cut:]  QUESTION  KEY
+  NEEDLE   " The pass key is" KEY ". Remember it." KEY " is the pass key."
+  QUESTION " What is the pass key? The pass key is"
+  KEY      the tokens of " " + a random number of key_digits digits (the first not 0)
+Each piece is tokenized on its own and the ids laid end to end, so where the key lies is known exactly whatever the
+tokenizer merges. The filler is consecutive tokens of corpus text (BOS tokens left out), cut = round(depth x its
+length): depth 0 puts the needle right after BOS, depth 1 right before the question.
+data=passkey (configs/data/passkey.yaml) writes such samples as the documents of a prepared folder with its corpus's
+own tokenizer (data.base, prepared first), so a fine-tune from a model of that corpus reads them through the same
+loader as any data: filler from the corpus's training split only (its held-out works stay unseen, for evaluation),
+lengths uniform in [data.min_tokens, data.max_tokens] (default max: train.seq_len, so a BOS-aligned row holds a
+sample whole), depths uniform in [0, 1], keys and filler drawn from a generator seeded by (data.seed, split).
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data import tokenizer
+from data.loader import TokenSplit
+from data.prepare import SPLITS, load_meta, write_token_split
+from utils.errors import UserError
+
+NEEDLE = (" The pass key is", ". Remember it.", " is the pass key.")  # KEY goes between them
+QUESTION = " What is the pass key? The pass key is"
+
+
+@dataclass(frozen=True)
+class Sample:
+    tokens: np.ndarray  # L + 1 ids, BOS first, the key last
+    key: str
+    depth: float
+    needle: int  # index of the needle's first key token: tokens[needle : needle + len(key tokens)] is the key
+    answer: int  # index of the answer's first token: tokens[answer:] is the key
+    filler_start: int  # where the filler was taken from in the stream it was drawn from
+
+
+class Template:
+    """The passkey format in one tokenizer's ids."""
+
+    def __init__(self, enc, key_digits: int):
+        if key_digits < 1:
+            raise UserError(f"key_digits={key_digits} must be >= 1; pass how many digits the pass key has")
+        self.enc, self.key_digits = enc, key_digits
+        self.before, self.middle, self.after = (np.array(enc.encode_ordinary(t), dtype=np.int64) for t in NEEDLE)
+        self.question = np.array(enc.encode_ordinary(QUESTION), dtype=np.int64)
+
+    def key_tokens(self, key: str) -> np.ndarray:
+        return np.array(self.enc.encode_ordinary(" " + key), dtype=np.int64)
+
+    def random_key(self, rng: np.random.Generator) -> str:
+        return str(int(rng.integers(10 ** (self.key_digits - 1), 10**self.key_digits)))
+
+    def fixed_tokens(self, key: str) -> int:
+        """Tokens of a sample that are not filler (BOS not counted)."""
+        k = len(self.key_tokens(key))
+        return len(self.before) + len(self.middle) + len(self.after) + 3 * k + len(self.question)
+
+    def filler_length(self, key: str, length: int) -> int:
+        """Filler tokens in a sample of `length` (negative: too short for the template)."""
+        return length - self.fixed_tokens(key)
+
+    def shortest(self) -> int:
+        """The shortest sample length with room for a key (the smallest and the largest key, as a bound where a
+        tokenizer merges digits)."""
+        return max(self.fixed_tokens(k) for k in ("1" + "0" * (self.key_digits - 1), "9" * self.key_digits))
+
+    def sample(
+        self, bos: int, filler: np.ndarray, key: str, depth: float, length: int, filler_start: int = 0
+    ) -> Sample:
+        """The sample of `length` (L + 1 ids) with the needle at `depth` of `filler` (at least as long as needed)."""
+        n = self.filler_length(key, length)
+        if n < 0:
+            raise UserError(
+                f"a passkey sample of {length} tokens is too short for its template; ask for >= {self.shortest()}"
+            )
+        if len(filler) < n:
+            raise ValueError(f"{len(filler)} filler tokens for a sample that needs {n}")
+        k = self.key_tokens(key)
+        cut = round(depth * n)
+        parts = [[bos], filler[:cut], self.before, k, self.middle, k, self.after, filler[cut:n], self.question, k]
+        tokens = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+        return Sample(tokens, key, float(depth), 1 + cut + len(self.before), len(tokens) - len(k), int(filler_start))
+
+
+def filler_stream(docs) -> np.ndarray:
+    """Documents (BOS first) laid end to end without their BOS tokens: the text filler is cut from."""
+    return np.concatenate([np.asarray(d[1:], dtype=np.int64) for d in docs])
+
+
+def draw(template: Template, rng: np.random.Generator, stream: np.ndarray, length: int) -> tuple[str, int]:
+    """A random key, and a random start in stream with room for that key's filler at this length."""
+    key = template.random_key(rng)
+    n = max(0, template.filler_length(key, length))
+    if len(stream) < n:
+        raise UserError(f"a passkey sample of {length} tokens needs {n} tokens of filler; the text has {len(stream)}")
+    return key, int(rng.integers(0, len(stream) - n + 1))
+
+
+def samples(template: Template, stream: np.ndarray, bos: int, n: int, lengths: tuple[int, int], seed: list[int]):
+    """n training samples: lengths uniform in [lo, hi], depths uniform in [0, 1], keys and filler at random."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        length = int(rng.integers(lengths[0], lengths[1] + 1))
+        depth = float(rng.random())
+        key, start = draw(template, rng, stream, length)
+        yield template.sample(bos, stream[start:], key, depth, length, start)
+
+
+def write_passkey(tmp: Path, data: dict, base: Path, log):
+    """data=passkey into tmp: data.train_docs and data.val_docs samples over the training split of the corpus
+    prepared at `base`, with its tokenizer (both splits' filler from its training split: val_loss monitors the
+    format; the corpus's held-out works are left for evaluation)."""
+    spec = tokenizer.read_spec(base)
+    enc, meta = tokenizer.load(spec), load_meta(base)
+    template = Template(enc, int(data["key_digits"]))
+    lo, hi = int(data["min_tokens"]), int(data["max_tokens"])
+    if lo < template.shortest():
+        raise UserError(f"data.min_tokens={lo} is shorter than the passkey template; pass >= {template.shortest()}")
+    if hi < lo:
+        raise UserError(f"data.max_tokens={hi} is below data.min_tokens={lo}; pass a range of sample lengths")
+    stream = filler_stream(TokenSplit(base, "train").documents())
+    (tmp / "tokenizer.json").write_text(json.dumps(spec))
+    out = {"vocab_size": meta["vocab_size"], "bos": meta["bos"], "dtype": meta["dtype"], "splits": {}}
+    for i, split in enumerate(SPLITS):
+        n = int(data["train_docs"] if split == "train" else data["val_docs"])
+        if n < 1:
+            raise UserError(f"data.{split}_docs={n} must be >= 1; pass how many samples to generate")
+        docs = (s.tokens for s in samples(template, stream, meta["bos"], n, (lo, hi), [int(data["seed"]), i]))
+        out["splits"][split] = write_token_split(tmp, split, docs, meta["dtype"], int(data.get("shard_tokens", 2**28)))
+        log(f"  {split}: {n} passkey samples of {lo}-{hi} tokens, {out['splits'][split]['n_tokens']:,} tokens")
+    (tmp / "meta.json").write_text(json.dumps(out, indent=1))

@@ -1,0 +1,93 @@
+"""Fine-tuning from a checkpoint's weights: a fresh optimizer and step count, its own out_dir, any train.seq_len.
+
+python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4 \
+    train.max_steps=200                                  (-> out/rope-shakespeare-1024-yarn4)
+python train.py init_from=out/learned train.seq_len=1024 (the 256-row table becomes 1024 rows by interpolation)
+python train.py init_from=out/rope data=passkey train.max_steps=150        (learn the passkey task)
+init_from takes the weights only; train.resume=true is what continues a run's optimizer, step and data position.
+The model must have the init checkpoint's shape and tokenizer; what may differ is the length: a learned table is
+resized (positional/learned.py: interpolate_rows), and a rotary scheme may take positional.scaling, whose
+original_length is the length the unscaled frequencies were trained at: init_from's train.seq_len, or its own
+original_length when it was itself a scaled fine-tune (so a chain of fine-tunes keeps scaling the same frequencies).
+"""
+
+from positional import SCALING_KEYS
+from positional.learned import Learned, interpolate_rows
+from utils import checkpoint
+from utils.errors import UserError
+
+LENGTH_KEYS = ("max_positions",)  # positional options that follow train.seq_len (a learned table's rows)
+
+
+def read_init(cfg) -> dict | None:
+    """init_from's checkpoint (memory-mapped: only the weights are ever read), or None; fills in
+    positional.original_length where a scaling needs it and the command line left it null."""
+    pos = cfg.positional
+    scaled = pos.get("scaling", "none") != "none" and pos.get("original_length") is None
+    if not cfg.init_from:
+        return None  # a scaling with no original length is refused by schema.check_train
+    if not checkpoint.checkpoint_path(cfg.init_from).exists():
+        raise UserError(
+            f"init_from={cfg.init_from} holds no checkpoint ({checkpoint.checkpoint_path(cfg.init_from)}); pass a run "
+            f"folder holding {checkpoint.NAME}, or a .pt file"
+        )
+    ckpt = checkpoint.load(cfg.init_from, mmap=True)
+    if scaled:
+        saved = ckpt["model_config"]["positional"]
+        pos.original_length = int(saved.get("original_length") or ckpt["seq_len"])
+    return ckpt
+
+
+def flat(model_config: dict) -> dict:
+    """model_config as the command-line keys that set it (model.n_layer, positional.base, ...), less the options
+    a fine-tune may change: the scaling and a table's length."""
+    out = {f"model.{k}": v for k, v in model_config.items() if k != "positional"}
+
+    def walk(spec, prefix):
+        for k, v in spec.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}.{k}")
+            elif k not in SCALING_KEYS + LENGTH_KEYS:
+                out[f"{prefix}.{k}"] = v
+
+    walk(model_config["positional"], "positional")
+    return out
+
+
+def check_compatible(init: dict, run: dict, path, older: dict):
+    """Refuse, in one line, an init checkpoint this run's model cannot take the weights of. older: defaults of the
+    model options added after checkpoints were written (train.py's OLDER)."""
+    if init["tokenizer"] != run["tokenizer"]:
+        raise UserError(
+            f"init_from={path} was trained with another tokenizer than this run's data and tokenizer; fine-tune "
+            f"with the data= and tokenizer= it was trained with (data=passkey uses its corpus's tokenizer)"
+        )
+    have, want = flat({**older["model_config"], **init["model_config"]}), flat(run["model_config"])
+    unset = "unset"
+    keys = sorted(set(have) | set(want), key=lambda k: (k != "positional.name", k))  # the scheme's name first
+    diff = [f"{k}={want.get(k, unset)} (it has {have.get(k, unset)})" for k in keys if have.get(k) != want.get(k)]
+    if diff:
+        raise UserError(
+            f"init_from={path} has another model shape than this run: {', '.join(diff)}; pass the options it was "
+            f"trained with"
+        )
+
+
+def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
+    """Copy init's weights into model (not its optimizer, step or data position); a learned table takes as many
+    rows as model's has. Returns what the new checkpoint records of where its weights came from."""
+    check_compatible(init, run, path, older)
+    state = dict(init["model"])
+    for name, module in model.named_modules():
+        if isinstance(module, Learned):
+            key = f"{name}.table.weight"
+            if key in state and state[key].shape[0] != module.max_positions:
+                state[key] = interpolate_rows(state[key], module.max_positions)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+        raise UserError(
+            f"init_from={path} does not fit this run's model ({first}); pass the options it was trained with"
+        ) from None
+    return {"path": str(checkpoint.checkpoint_path(path)), "step": init["step"], "seq_len": init["seq_len"]}
