@@ -41,11 +41,13 @@ def init_subject(spec: dict, cfg):
     from evaluation.gallery import Subject
 
     m = cfg.model
-    try:
-        pe = positional.build(spec, m.n_head, m.d_model // m.n_head, m.d_model)
+    try:  # with positional.layers (irope): the scheme of its P layers; the N layers have no positions to draw
+        pe, _ = positional.build_layers(spec, m.n_head, m.d_model // m.n_head, m.d_model)
     except ValueError as e:
-        raise UserError(f"positional={spec['name']}: {e}") from None
-    return Subject(spec["name"], pe, cfg.train.seq_len, "at init")
+        msg = str(e)
+        raise UserError(msg if msg.startswith("positional") else f"positional={spec['name']}: {msg}") from None
+    label = spec["name"] + (f"-{spec['layers']}" if "layers" in spec else "")  # rope-PPPN: the file names too
+    return Subject(label, pe, cfg.train.seq_len, "at init")
 
 
 def held_out_text(ckpt: dict, n_tokens: int, allow_prepare: bool):

@@ -283,3 +283,10 @@ def test_an_unknown_scheme_exits_2_with_one_line():
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
     assert "positional" in lines[0] and "xyz" in lines[0], lines[0]
+
+
+def test_a_per_layer_scheme_draws_its_p_layers(tmp_path):
+    """positional=irope (rope with positional.layers=PPPN) draws RoPE's pictures under the label rope-PPPN."""
+    proc = run("viz.py", "positional=irope", f"viz.out={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "rope-PPPN_decay.png").exists()
