@@ -2,6 +2,7 @@
 
 python eval.py checkpoint=out/rope                            lengths 0.5..16 x training length, two modes
 python eval.py checkpoint=out/rope eval.rope_scaling=all      + linear, ntk, dynamic_ntk and yarn extension
+python eval.py checkpoint=out/alibi eval.log_scaling=true     + a `log` row: logits x log_L n past L (any scheme)
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00         every run of a training sweep, one table
 python eval.py -m checkpoint=out/rope,out/alibi,out/learned   likewise, as a Hydra multirun
 python eval.py checkpoint=out/sink eval.mode=stream           streaming perplexity through sink caches
@@ -31,6 +32,7 @@ from utils.logger import start_wandb
 from utils.progress import progress, say
 
 DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)
+LOG = "log"  # the variant row of eval.log_scaling
 
 
 def resolve_lengths(lengths, train_length: int) -> list[int]:
@@ -70,6 +72,19 @@ def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str
     if requested != "none" and not rotary:
         raise UserError(f"eval.rope_scaling applies to rotary schemes (rope, sink over rope), not {pe.name}")
     return [requested]
+
+
+def with_log_scaling(variants: list[str], requested: bool, ckpt: dict) -> list[str]:
+    """The variants plus `log` (model/log_scaling.py: unscaled RoPE, logits x max(1, ln n / ln L)) when asked for:
+    first, or right after `none`, before any RoPE variant, whose frequencies would otherwise linger into it. A model
+    trained with model.ssmax already scales its logits by ln n: a second log factor is not scored."""
+    if not requested:
+        return variants
+    if ckpt["model_config"].get("ssmax"):
+        say("note: trained with model.ssmax=true (logits x s ln n): eval.log_scaling adds no row")
+        return variants
+    at = 1 if variants[0] == "none" else 0
+    return [*variants[:at], LOG, *variants[at:]]
 
 
 def scheme_label(pe, ckpt: dict) -> str:
@@ -119,7 +134,7 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     ev = cfg.eval
     lengths = resolve_lengths(ev.lengths, train_length)
     strides = resolve_strides(ev.stride, lengths)
-    variants = resolve_variants(ev.rope_scaling, pe, trained_scaling(ckpt))
+    variants = with_log_scaling(resolve_variants(ev.rope_scaling, pe, trained_scaling(ckpt)), ev.log_scaling, ckpt)
     name = scheme_label(pe, ckpt)
     pieces, regs = scored_text(ckpt, ev, lengths[-1])
     draws = bootstrap.block_draws(len(pieces), [[p.work, p.start, p.size] for p in pieces])
@@ -133,7 +148,8 @@ def evaluate_lengths(path, cfg, rt) -> dict:
             note = f"n/a: learned table covers {pe.max_positions} positions"
             rows.append({**row, "ppl": None, "nll": None, "tokens": 0, "note": note})
             continue
-        if variant != "none":
+        model.set_log_scaling(train_length if variant == LOG else None)
+        if variant not in ("none", LOG):
             factor = length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
             pe.set_scaling(variant, factor, train_length)
         t = time.time()
@@ -157,7 +173,8 @@ def evaluate_lengths(path, cfg, rt) -> dict:
             f"  {variant:>11} {mode:>10} {length:>6}: ppl {cell.ppl:9.2f} [{ci[0]:.2f}, {ci[1]:.2f}] on "
             f"{cell.tokens:,} tokens ({time.time() - t:.1f} s)"
         )
-    if variants != ["none"]:
+    model.set_log_scaling(None)
+    if set(variants) - {"none", LOG}:  # (a fine-tuned model's built-in scaling is never touched)
         pe.set_scaling("none")
     return {
         "checkpoint": str(checkpoint.checkpoint_path(path)),

@@ -33,7 +33,7 @@ from utils.logger import Logger, start_wandb
 
 MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "bos_aligned", "optimizer_format")  # a resume shares these
 # options added after checkpoints were written: an older checkpoint was trained with their defaults
-OLDER = {"bos_aligned": False, "model_config": {"qk_norm": "rms", "sink_logit": False}}
+OLDER = {"bos_aligned": False, "model_config": {"qk_norm": "rms", "sink_logit": False, "ssmax": False}}
 
 
 class StopFlag:

@@ -52,7 +52,14 @@ def table(rows: list[dict], lengths: list[int], title: str) -> str:
     return "\n".join(lines)
 
 
-VARIANT_STYLE = {"none": "-", "linear": ":", "ntk": "--", "dynamic_ntk": (0, (1, 3)), "yarn": "-."}
+VARIANT_STYLE = {
+    "none": "-",
+    "linear": ":",
+    "ntk": "--",
+    "dynamic_ntk": (0, (1, 3)),
+    "yarn": "-.",
+    "log": (0, (5, 1, 1, 1)),
+}
 MODE_STYLE = {"nonoverlap": "-", "sliding": "--"}
 
 

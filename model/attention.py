@@ -10,6 +10,8 @@ make_plan picks the backend from the scheme and the positions:
 A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False); in a sliding-window
 layer (model.window=W) also only iff q_pos[i] - k_pos[j] < W. Layers with a window read plan.windows[W], a plan
 of its own (one mask per distinct window) that shares the rotation state when it attends over the same keys.
+A plan may also carry a per-query factor on the logits (q_scale, log_n: model/log_scaling.py), which the layers
+multiply into their queries before attend(), so every backend sees the same scaled queries.
 The N layers of positional.layers (NoPE in an iRoPE model) read plan.nope: a plan of their own scheme over the same
 positions (its rotation state is NoPE's query temperature; its mask carries no scheme bias), with its own windows.
 
@@ -57,6 +59,8 @@ class AttnPlan:
     window: int | None = None  # this plan's sliding window (None: full causal attention)
     windows: dict | None = None  # window -> the plan of the layers with that window (see add_window)
     nope: "AttnPlan | None" = None  # the plan of positional.layers' N layers (NoPE), over the same positions
+    q_scale: torch.Tensor | None = None  # (Tq, 1) eval-time log-length factor of the queries (model/log_scaling.py)
+    log_n: torch.Tensor | None = None  # (Tq, 1) ln(q_pos + 1), which model.ssmax multiplies by each head's s
 
 
 def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int, window: int | None = None) -> torch.Tensor | None:
@@ -113,6 +117,7 @@ def add_window(plan: AttnPlan, window: int, n_head: int, backend: str, sink: boo
     k_pos = plan.k_pos if same else k_pos
     rot = (plan.q_rot, plan.k_rot if same else plan.pe.rotation(k_pos))
     windowed = make_plan(plan.pe, plan.q_pos, k_pos, True, n_head, backend, sink, window, rot)
+    windowed.q_scale, windowed.log_n = plan.q_scale, plan.log_n  # the same queries: the same query state
     plan.windows = {**(plan.windows or {}), window: windowed}
     return plan
 

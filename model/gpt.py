@@ -4,6 +4,7 @@ python train.py model=tiny positional=alibi
 python train.py model.qk_norm=learned model.sink_logit=true      (the options that let a head form a sink)
 python train.py model.window=64 model.window_pattern=SSSL         (sliding windows in 3 layers of 4, as nanochat)
 python train.py positional=irope                                  (RoPE, and NoPE in every 4th layer, as Llama 4)
+python train.py model.ssmax=true                                  (Scalable-Softmax: logits x s_h ln n, s_h learned)
 Functional RMSNorm (no weights), QK-norm, ReLU^2 MLP, untied embeddings, grouped-query attention, logit
 softcap, no biases, zero-initialised output projections. The scheme (positional/) acts on the embeddings,
 on queries and keys, and/or on the attention scores; this file never asks which scheme it is.
@@ -13,6 +14,8 @@ model.window=W: layers marked S in model.window_pattern (tiled over the layers; 
 W most recent keys, themselves included: q_pos - k_pos < W. Any scheme, every backend, both caches.
 positional.layers (positional/__init__.py): layers marked N in the pattern (tiled like model.window_pattern) use
 NoPE, with its query temperature, instead of the scheme; they read plan.nope, the plan of their scheme.
+model.ssmax, and eval.py's training-free eval.log_scaling (GPT.set_log_scaling), multiply each query by a factor of
+the log of its position (model/log_scaling.py), in every layer, N layers included.
 """
 
 import re
@@ -27,6 +30,7 @@ import positional
 from .attention import BACKENDS, add_window, attend, make_plan
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
+from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
 
 QK_NORMS = ("rms", "learned", "none")
 
@@ -46,6 +50,7 @@ class GPTConfig:
     sink_logit: bool = False
     window: int | None = None
     window_pattern: str = "S"
+    ssmax: bool = False
 
     def __post_init__(self):
         if self.window is not None and self.window < 1:
@@ -106,6 +111,8 @@ class Attention(nn.Module):
             self.k_gain = nn.Parameter(torch.ones(cfg.n_kv_head, cfg.head_dim))
         # zeros: the nothing slot starts as one more key with score 0, a 1/(n+1) share of n visible keys
         self.sink = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.sink_logit else None
+        # model.ssmax: each head's s in s ln n (model/log_scaling.py), a layer's own as in Nakanishi 2025
+        self.ssmax = nn.Parameter(torch.full((cfg.n_head,), SSMAX_INIT)) if cfg.ssmax else None
         # the scheme's own part of this layer (FoX: its forget gate), which reads the layer input
         self.pe_layer = None if pe is None else pe.layer_module()
         self.window = cfg.layer_window(layer_idx)
@@ -139,7 +146,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         plan = self.own_plan(plan)
         q, k, v = self.project(x)
-        q = plan.pe.rotate(q, plan.q_pos, plan.q_rot)
+        q = self.scale_queries(plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan)
         state = None if self.pe_layer is None else self.pe_layer(x)
         if cache is None:
             k = plan.pe.rotate_key(k, plan.k_pos, plan.k_rot)
@@ -149,6 +156,15 @@ class Attention(nn.Module):
                 state = cache.update_state(self.layer_idx, state)
         y = attend(q, k, v, plan, self.sink, self.content(q, state, plan))
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    def scale_queries(self, q, plan):
+        """q (B, H, Tq, Dh) times the plan's log-length factor (Tq, 1) and SSMax's s_h ln n (H, Tq, 1), where on:
+        a query's scale is its logits' scale, and the keys (cached, shared by the queries) stay as they are."""
+        scale = plan.q_scale
+        if self.ssmax is not None:
+            learned = self.ssmax.float()[:, None, None] * plan.log_n
+            scale = learned if scale is None else learned * scale
+        return q if scale is None else q * scale.to(q.dtype)
 
     @staticmethod
     def content(q, state, plan):
@@ -187,7 +203,15 @@ class GPT(nn.Module):
         schemes = [self.pe_nope if cfg.layer_nope(i) else self.pe for i in range(cfg.n_layer)]
         self.blocks = nn.ModuleList(Block(cfg, i, pe) for i, pe in enumerate(schemes))
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.log_scaling = None  # the training length L of eval-time log-length scaling (set_log_scaling), or None
         self._init_weights()
+
+    def set_log_scaling(self, train_length: int | None):
+        """Scale every query at position p by max(1, ln(p + 1) / ln L) from now on (model/log_scaling.py); None: off.
+        An eval-time choice like a scheme's set_scaling: not a parameter, not saved with the model."""
+        if train_length is not None and train_length < 2:
+            raise ValueError(f"log scaling needs a training length of at least 2 tokens, got {train_length}")
+        self.log_scaling = train_length
 
     @torch.no_grad()
     def _init_weights(self):
@@ -248,9 +272,13 @@ class GPT(nn.Module):
         positional.layers (their own rotation state, NoPE's query temperature, and mask: no scheme bias)."""
         c = self.cfg
         backend = backend or c.attn_backend
+        # the queries' log-length factors, made once from their positions for every layer (model/log_scaling.py)
+        q_scale = None if self.log_scaling is None else log_length_factor(q_pos, self.log_scaling)
+        log_n = log_positions(q_pos) if c.ssmax else None
 
         def scheme_plan(pe, nope: bool):
             plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit)
+            plan.q_scale, plan.log_n = q_scale, log_n  # before add_window, which hands them on
             for w in c.windows(nope):
                 add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos)
             return plan

@@ -35,6 +35,7 @@ class Model:
     attn_backend: str = MISSING
     qk_norm: str = MISSING
     sink_logit: bool = MISSING
+    ssmax: bool = MISSING
     window: int | None = MISSING
     window_pattern: str = MISSING
     lr: float = MISSING  # the AdamW learning rate that suits this size; optim.lr follows it unless given
@@ -117,6 +118,7 @@ class Eval:
     batch_tokens: int = MISSING
     rope_scaling: str = MISSING
     rope_factor: Any = MISSING  # auto | a number
+    log_scaling: bool = MISSING
     prepare: bool = MISSING
     stream_tokens: int = MISSING
     block: int = MISSING
