@@ -71,6 +71,28 @@ def assert_same_logits_and_grads(model, reference, idx):
         assert torch.allclose(a.grad, b.grad, atol=1e-3, rtol=1e-3), n
 
 
+def assert_decoding_equals_full_forward(model, idx, static: bool = True, atol: float = 1e-4):
+    """A dense KV cache fed token by token and in uneven chunks (and, with static, the static step after a one-token
+    prefill) gives the logits of one full forward over idx (B, 20 or more tokens)."""
+    from model.kv_cache import DenseCache
+    from model.static_decode import StaticDecoder
+
+    B, T = idx.shape
+    with torch.no_grad():
+        full = model(idx)
+        step = DenseCache(model, B, 64)
+        one_by_one = torch.cat([model.decode(idx[:, t : t + 1], step) for t in range(T)], dim=1)
+        chunked = DenseCache(model, B, 64)
+        pieces = torch.cat([model.decode(idx[:, a:b], chunked) for a, b in ((0, 9), (9, 11), (11, T))], dim=1)
+        assert torch.allclose(full, one_by_one, atol=atol) and torch.allclose(full, pieces, atol=atol)
+        if static:
+            cache = DenseCache(model, B, 64)
+            model.decode(idx[:, :1], cache)
+            decoder = StaticDecoder(model, cache, compile=False)
+            got = torch.stack([decoder(idx[:, t : t + 1]) for t in range(1, T)], dim=1)
+            assert torch.allclose(full[:, 1:], got, atol=atol)
+
+
 def layer_outputs_from_probs(model, idx):
     """Per layer (probs, probs @ V through c_proj, the layer's actual output): the attention probabilities the sink
     diagnostic reads (evaluation/sink_mass.py) and whether they recompose what the model computed."""

@@ -5,13 +5,17 @@ import math
 
 import pytest
 import torch
-from conftest import assert_same_logits_and_grads, layer_outputs_from_probs, random_model
+from conftest import (
+    assert_decoding_equals_full_forward,
+    assert_same_logits_and_grads,
+    layer_outputs_from_probs,
+    random_model,
+)
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from model.gpt import GPTConfig
 from model.kv_cache import DenseCache, SinkCache
-from model.static_decode import StaticDecoder
 from positional import build_layers
 from positional.nope import NoPE
 from utils import schema
@@ -110,19 +114,8 @@ def test_kv_cache_decoding_equals_full_forward(name, window):
     """Token by token and in chunks (and, without a window ring, the static step), with the temperature changing
     along the sequence: every step scales its queries at their own positions. With a window, PN x SL windows the
     scheme's layers and leaves the N layers global (Command A's layout)."""
-    model, idx = layered(name, n_layer=4, window=window, window_pattern="SL"), tokens()
-    full = model(idx)
-    step = DenseCache(model, 2, 64)
-    one_by_one = torch.cat([model.decode(idx[:, t : t + 1], step) for t in range(T)], dim=1)
-    chunked = DenseCache(model, 2, 64)
-    pieces = torch.cat([model.decode(idx[:, a:b], chunked) for a, b in ((0, 9), (9, 11), (11, T))], dim=1)
-    assert torch.allclose(full, one_by_one, atol=1e-4) and torch.allclose(full, pieces, atol=1e-4)
-    if window is None:
-        static = DenseCache(model, 2, 64)
-        model.decode(idx[:, :1], static)
-        decoder = StaticDecoder(model, static, compile=False)
-        got = torch.stack([decoder(idx[:, t : t + 1]) for t in range(1, T)], dim=1)
-        assert torch.allclose(full[:, 1:], got, atol=1e-4)
+    model = layered(name, n_layer=4, window=window, window_pattern="SL")
+    assert_decoding_equals_full_forward(model, tokens(), static=window is None)
 
 
 def test_sink_cache_equals_dense_while_it_fits_and_reindexes_the_temperature_past_it():

@@ -6,14 +6,12 @@ import math
 
 import pytest
 import torch
-from conftest import TINY, assert_same_logits_and_grads, config, random_model
+from conftest import TINY, assert_decoding_equals_full_forward, assert_same_logits_and_grads, config, random_model
 from hydra import compose, initialize_config_dir
 
 from model.attention import dense_bias, reference_attention
 from model.gpt import GPT, GPTConfig
-from model.kv_cache import DenseCache
 from model.log_scaling import SSMAX_INIT, log_length_factor, log_positions
-from model.static_decode import StaticDecoder
 from train import train
 from utils import runtime
 
@@ -121,20 +119,7 @@ CASES = [
 def test_dense_cache_decoding_equals_the_full_forward(name, kw, ssmax):
     """Token by token, in chunks and (without a window ring) the static step: each query's factor is read from its
     absolute position, as in the full forward."""
-    model, idx = scaled(name, ssmax=ssmax, **kw), tokens()
-    with torch.no_grad():
-        full = model(idx)
-        step = DenseCache(model, 2, 64)
-        one_by_one = torch.cat([model.decode(idx[:, t : t + 1], step) for t in range(T)], dim=1)
-        chunked = DenseCache(model, 2, 64)
-        pieces = torch.cat([model.decode(idx[:, a:b], chunked) for a, b in ((0, 9), (9, 11), (11, T))], dim=1)
-        assert torch.allclose(full, one_by_one, atol=1e-4) and torch.allclose(full, pieces, atol=1e-4)
-        if "window" not in kw:
-            static = DenseCache(model, 2, 64)
-            model.decode(idx[:, :1], static)
-            decoder = StaticDecoder(model, static, compile=False)
-            got = torch.stack([decoder(idx[:, t : t + 1]) for t in range(1, T)], dim=1)
-            assert torch.allclose(full[:, 1:], got, atol=1e-4)
+    assert_decoding_equals_full_forward(scaled(name, ssmax=ssmax, **kw), tokens(), static="window" not in kw)
 
 
 @pytest.mark.parametrize("name", ["rope", "alibi"])
