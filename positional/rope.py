@@ -29,21 +29,33 @@ def rotate_by(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     return _Rotate.apply(x, cos, sin)
 
 
+TABLE_MIN = 1 << 17  # elements of x from which the laid-out tables pay for themselves (below: decoding, short rows)
+
+
 def _rotate_into(out, x, cos, sin):
     """Write the rotation of x into out: x cos over whole rows, then the two cross terms half by half.
 
     cos and sin are first laid out over every head in x's own memory order (a table of T x H x Dh floats, small
     beside x): multiplied against a table broadcast over the heads instead, each op's innermost loop is one
-    16-float half row, and the rotation takes 2-3x longer on the CPU (bench/RESULTS.md, #19)."""
+    16-float half row, and the rotation takes 2-3x longer on the CPU (bench/RESULTS.md, #19). Building the tables
+    costs 25-50 us, which a small x (a decoding step: one token) never earns back: there every op goes half by
+    half against the broadcast cos and sin (break-even near 64K elements at 1 thread)."""
     h = x.size(-1) // 2
+    x1, x2, o1, o2 = x[..., :h], x[..., h:], out[..., :h], out[..., h:]
+    if x.numel() < TABLE_MIN:
+        torch.mul(x1, cos, out=o1)
+        o1.addcmul_(x2, sin, value=-1.0)
+        torch.mul(x1, sin, out=o2)
+        o2.addcmul_(x2, cos)
+        return out
     like = x[(0,) * (x.dim() - 3)] if x.dim() > 3 else x  # one sequence's (heads, T, Dh) in x's layout
     cos2 = torch.empty_like(like)
     cos2[..., :h], cos2[..., h:] = cos, cos
     sin2 = torch.empty_like(like)[..., :h]  # strided as x's halves are
     sin2.copy_(sin.expand_as(sin2))
     torch.mul(x, cos2, out=out)
-    out[..., :h].addcmul_(x[..., h:], sin2, value=-1.0)
-    out[..., h:].addcmul_(x[..., :h], sin2)
+    o1.addcmul_(x2, sin2, value=-1.0)
+    o2.addcmul_(x1, sin2)
     return out
 
 

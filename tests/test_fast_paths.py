@@ -127,13 +127,17 @@ def test_chunked_head_equals_full_logits(reduction, monkeypatch):
         assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tables", [True, False])
 @pytest.mark.parametrize("layout", ["contiguous", "heads_inner", "qkv_slice"])
-def test_rotation_in_every_memory_layout(layout):
+def test_rotation_in_every_memory_layout(layout, tables, monkeypatch):
     """The in-place rotation lays cos and sin out in x's own memory order: its values and gradient equal the
     concatenated-halves formula for a contiguous (B, H, T, D) tensor, one stored (B, T, H, D) as the QK norm
     leaves it, and a strided slice of a fused q/k/v output (qk_norm=none), with an upstream gradient that is
-    itself a broadcast."""
+    itself a broadcast; with the cos/sin tables laid out (large x) and without (a decoding step)."""
+    from positional import rope
     from positional.rope import rotate_by
+
+    monkeypatch.setattr(rope, "TABLE_MIN", 0 if tables else 1 << 30)  # the laid-out tables, or half by half
 
     B, H, T, D = 2, 3, 5, 8
     g = torch.Generator().manual_seed(0)
