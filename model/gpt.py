@@ -202,6 +202,10 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         schemes = [self.pe_nope if cfg.layer_nope(i) else self.pe for i in range(cfg.n_layer)]
         self.blocks = nn.ModuleList(Block(cfg, i, pe) for i, pe in enumerate(schemes))
+        # the distinct windows of each scheme's layers (N: positional.layers' NoPE), once: plan() runs per token
+        self.scheme_windows = {False: cfg.windows(False)}
+        if any(map(cfg.layer_nope, range(cfg.n_layer))):
+            self.scheme_windows[True] = cfg.windows(True)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.log_scaling = None  # the training length L of eval-time log-length scaling (set_log_scaling), or None
         self._init_weights()
@@ -279,12 +283,12 @@ class GPT(nn.Module):
         def scheme_plan(pe, nope: bool):
             plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit)
             plan.q_scale, plan.log_n = q_scale, log_n  # before add_window, which hands them on
-            for w in c.windows(nope):
+            for w in self.scheme_windows[nope]:
                 add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos)
             return plan
 
         plan = scheme_plan(self.pe, False)
-        if any(block.attn.nope for block in self.blocks):
+        if True in self.scheme_windows:  # some layer is an N layer
             plan.nope = scheme_plan(self.pe_nope, True)
         return plan
 
