@@ -73,6 +73,11 @@ class Positional(nn.Module):
         if kind != "none":
             raise ValueError(f"rope scaling applies to rotary schemes, not positional={self.name}")
 
+    def fit_state(self, state: dict, prefix: str) -> None:
+        """Fit this scheme's entries of a saved state dict (keys under prefix, e.g. 'pe.') to this instance's sizes,
+        in place, where a fine-tune at another length changes them (init_from; Learned resizes its table).
+        Default: nothing depends on the length."""
+
     def check_length(self, n_positions: int) -> None:
         """Raise PositionLimitError if positions 0..n_positions-1 are not all covered."""
         if self.max_positions is not None and n_positions > self.max_positions:

@@ -4,7 +4,7 @@ python train.py positional=learned positional.max_positions=512
 The table covers max_positions positions and refuses any position past it (no silent wrap or clamp).
 Its init std (init_std, configs/positional/learned.yaml: 0.1 against token embeddings of std 1) sets how much
 of the residual stream is position at the start: at 0.5 the tiny model lagged at the training length.
-python train.py init_from=out/learned train.seq_len=1024     (the table resized by interpolate_rows, then trained)
+python train.py init_from=out/learned train.seq_len=1024     (fit_state resizes the table by interpolate_rows)
 """
 
 import torch
@@ -29,6 +29,11 @@ class Learned(Positional):
                 raise PositionLimitError(f"positional=learned got a negative position {int(pos.min())}")
             self.check_length(int(pos.max()) + 1)
         return x + self.table(pos).to(x.dtype)
+
+    def fit_state(self, state, prefix):
+        key = f"{prefix}table.weight"  # a table of another length (init_from at a new train.seq_len): resized
+        if key in state and state[key].size(0) != self.max_positions:
+            state[key] = interpolate_rows(state[key], self.max_positions)
 
 
 def interpolate_rows(table: torch.Tensor, n: int) -> torch.Tensor:

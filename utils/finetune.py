@@ -5,14 +5,14 @@ python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn po
 python train.py init_from=out/learned train.seq_len=1024 (the 256-row table becomes 1024 rows by interpolation)
 python train.py init_from=out/rope data=passkey train.max_steps=150        (learn the passkey task)
 init_from takes the weights only; train.resume=true is what continues a run's optimizer, step and data position.
-The model must have the init checkpoint's shape and tokenizer; what may differ is the length: a learned table is
-resized (positional/learned.py: interpolate_rows), and a rotary scheme may take positional.scaling, whose
-original_length is the length the unscaled frequencies were trained at: init_from's train.seq_len, or its own
-original_length when it was itself a scaled fine-tune (so a chain of fine-tunes keeps scaling the same frequencies).
+The model must have the init checkpoint's shape and tokenizer; what may differ is the length: each scheme fits its
+own length-dependent weights (fit_state: a learned table is interpolated), and a rotary scheme may take
+positional.scaling, whose original_length is the length the unscaled frequencies were trained at: init_from's
+train.seq_len, or its own original_length when it was itself a scaled fine-tune (so a chain of fine-tunes keeps
+scaling the same frequencies).
 """
 
-from positional import SCALING_KEYS
-from positional.learned import Learned, interpolate_rows
+from positional import SCALING_KEYS, Positional
 from utils import checkpoint
 from utils.errors import UserError
 
@@ -79,10 +79,8 @@ def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
     check_compatible(init, run, path, older)
     state = dict(init["model"])
     for name, module in model.named_modules():
-        if isinstance(module, Learned):
-            key = f"{name}.table.weight"
-            if key in state and state[key].shape[0] != module.max_positions:
-                state[key] = interpolate_rows(state[key], module.max_positions)
+        if isinstance(module, Positional):  # each scheme fits its own length-dependent entries (base.fit_state)
+            module.fit_state(state, f"{name}.")
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
