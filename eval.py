@@ -44,14 +44,6 @@ def resolve_lengths(lengths, train_length: int) -> list[int]:
     return lengths
 
 
-def trained_scaling(ckpt: dict) -> str | None:
-    """'yarn x4 from 256' for a model fine-tuned with positional.scaling (built into it), else None."""
-    pos = ckpt["model_config"]["positional"]
-    if pos.get("scaling", "none") == "none":
-        return None
-    return f"{pos['scaling']} x{float(pos['scaling_factor']):g} from {pos['original_length']}"
-
-
 def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str]:
     """The eval-time RoPE extensions to score. A model that was fine-tuned with positional.scaling has its
     frequencies built in: another scaling would replace them, not add to them, so it is refused, and `all` (as in a
@@ -85,12 +77,6 @@ def with_log_scaling(variants: list[str], requested: bool, ckpt: dict) -> list[s
         return variants
     at = 1 if variants[0] == "none" else 0
     return [*variants[:at], LOG, *variants[at:]]
-
-
-def scheme_label(pe, ckpt: dict) -> str:
-    """The scheme's name, with a scaling it was fine-tuned with: rope[yarn x4 from 256]."""
-    trained = trained_scaling(ckpt)
-    return f"{pe.name}[{trained}]" if trained else pe.name
 
 
 def peak_memory_mb(rt) -> float:
@@ -134,8 +120,9 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     ev = cfg.eval
     lengths = resolve_lengths(ev.lengths, train_length)
     strides = resolve_strides(ev.stride, lengths)
-    variants = with_log_scaling(resolve_variants(ev.rope_scaling, pe, trained_scaling(ckpt)), ev.log_scaling, ckpt)
-    name = scheme_label(pe, ckpt)
+    trained = report.trained_scaling(ckpt["model_config"])
+    variants = with_log_scaling(resolve_variants(ev.rope_scaling, pe, trained), ev.log_scaling, ckpt)
+    name = report.scheme_label(ckpt["model_config"])
     pieces, regs = scored_text(ckpt, ev, lengths[-1])
     draws = bootstrap.block_draws(len(pieces), [[p.work, p.start, p.size] for p in pieces])
     rows, by_position, t0 = [], {}, time.time()

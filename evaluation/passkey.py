@@ -26,7 +26,7 @@ import torch
 from data import tokenizer
 from data.passkey import Template, draw, filler_stream
 from evaluation.heldout import held_out_works
-from evaluation.report import _pyplot
+from evaluation.report import _pyplot, scheme_label
 from utils import checkpoint
 from utils.errors import UserError
 from utils.progress import progress, say
@@ -115,7 +115,7 @@ def run_passkey(path, cfg, rt, out_dir, lengths: list[int]) -> dict:
         say(f"  length {length:>6}: accuracy (key tokens right) by depth {accs} ({time.time() - t:.1f} s)")
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
-        "scheme": pe.name,
+        "scheme": scheme_label(ckpt["model_config"]),
         "positional": ckpt["model_config"]["positional"],
         "train_length": train_length,
         "train_data": ckpt["config"]["data"]["name"],

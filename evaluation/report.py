@@ -8,6 +8,26 @@ A cell reads `ppl [lo, hi]`, its 95% bootstrap interval (evaluation/bootstrap.py
 from pathlib import Path
 
 
+def trained_scaling(model_config: dict) -> str | None:
+    """'yarn x4 from 256' for a model fine-tuned with positional.scaling (built into it), else None."""
+    pos = model_config["positional"]
+    if pos.get("scaling", "none") == "none":
+        return None
+    return f"{pos['scaling']} x{float(pos['scaling_factor']):g} from {pos['original_length']}"
+
+
+def scheme_label(model_config: dict) -> str:
+    """The scheme as its saved config defines it, for every report: rope, rope/PPPN (positional.layers with NoPE
+    layers: iRoPE), rope[yarn x4 from 256] (fine-tuned with a scaling). Not the module's name, which is the same
+    for rope and iRoPE."""
+    pos = model_config["positional"]
+    name = pos["name"]
+    if "N" in str(pos.get("layers", "")) and name != "nope":
+        name += f"/{pos['layers']}"
+    trained = trained_scaling(model_config)
+    return f"{name}[{trained}]" if trained else name
+
+
 def label(row: dict) -> str:
     name = row.get("run_label", row["scheme"])
     return name if row.get("variant", "none") == "none" else f"{name}+{row['variant']}"

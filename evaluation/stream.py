@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from evaluation import bootstrap
+from evaluation import bootstrap, report
 from evaluation.attention_map import plot_attention_maps
 from evaluation.heldout import held_out_works
 from evaluation.length import equal_shares
@@ -169,7 +169,7 @@ def run_stream(path, cfg, rt, out_dir):
     pairs = summarize(results, raw, ev.block)
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
-        "scheme": pe.name,
+        "scheme": report.scheme_label(ckpt["model_config"]),
         "train_length": train_length,
         "stream_tokens": ev.stream_tokens,
         "works": parts,

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from evaluation.compare import compare, group_runs
+from evaluation.report import scheme_label
 
 PIECES = [{"work": f"w{i % 4}", "start": 64 * (i // 4 + 1), "tokens": 64} for i in range(16)]
 
@@ -64,3 +65,14 @@ def test_a_difference_inside_the_noise_is_marked_and_other_keys_split_groups(tmp
     rows = {r["run_label"]: r for r in json.loads((tmp_path / "compare.json").read_text())["results"]}
     assert rows["nope"]["mark"] == "~" and rows["nope"]["vs_best"]["within_noise"]
     assert rows["rope [train.seq_len=32]"]["ppl_sd"] is None  # one run: no spread to give
+
+
+def test_reports_name_a_scheme_by_its_config_not_its_module():
+    """iRoPE's attention module is RoPE's: a label from the module would make rope and irope one row."""
+    rope = {"positional": {"name": "rope", "base": 10000}}
+    irope = {"positional": {"name": "rope", "base": 10000, "layers": "PPPN", "attn_scale": 0.1}}
+    every_layer = {"positional": {"name": "rope", "layers": "P"}}
+    yarn = {"positional": {"name": "rope", "scaling": "yarn", "scaling_factor": 4.0, "original_length": 256}}
+    nope = {"positional": {"name": "nope", "layers": "N"}}
+    labels = [scheme_label(c) for c in (rope, irope, every_layer, yarn, nope)]
+    assert labels == ["rope", "rope/PPPN", "rope", "rope[yarn x4 from 256]", "nope"]

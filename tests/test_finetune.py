@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import SCHEMES, TINY, config, random_model, run, scheme_spec
 
-from eval import resolve_variants, trained_scaling
+from eval import resolve_variants
+from evaluation.report import trained_scaling
 from model.gpt import GPT, GPTConfig
 from positional.learned import interpolate_rows
 from train import OLDER, train
@@ -105,10 +106,10 @@ def test_scaling_is_saved_and_rebuilt_by_eval_and_sample(init_runs, tmp_path):
     with torch.no_grad():
         assert torch.equal(model(idx), by_hand(idx)) and not torch.allclose(model(idx), unscaled)
     # eval.py: the trained scaling is the model's own; another one is refused, `all` scores it as it is
-    assert trained_scaling(ckpt) == "yarn x2 from 32"
+    assert trained_scaling(ckpt["model_config"]) == "yarn x2 from 32"
     with pytest.raises(UserError, match="eval.rope_scaling=ntk.*trained with positional.scaling=yarn"):
-        resolve_variants("ntk", model.pe, trained_scaling(ckpt))
-    assert resolve_variants("all", model.pe, trained_scaling(ckpt)) == ["none"]
+        resolve_variants("ntk", model.pe, trained_scaling(ckpt["model_config"]))
+    assert resolve_variants("all", model.pe, trained_scaling(ckpt["model_config"])) == ["none"]
     proc = run("sample.py", f"checkpoint={out}", "max_new_tokens=4", "temperature=0", "device=cpu")
     assert proc.returncode == 0, proc.stderr
 
