@@ -122,7 +122,7 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     strides = resolve_strides(ev.stride, lengths)
     trained = report.trained_scaling(ckpt["model_config"])
     variants = with_log_scaling(resolve_variants(ev.rope_scaling, pe, trained), ev.log_scaling, ckpt)
-    name = report.scheme_label(ckpt["model_config"])
+    name = report.scheme_label(ckpt)
     pieces, regs = scored_text(ckpt, ev, lengths[-1])
     draws = bootstrap.block_draws(len(pieces), [[p.work, p.start, p.size] for p in pieces])
     rows, by_position, t0 = [], {}, time.time()

@@ -115,7 +115,7 @@ def run_passkey(path, cfg, rt, out_dir, lengths: list[int]) -> dict:
         say(f"  length {length:>6}: accuracy (key tokens right) by depth {accs} ({time.time() - t:.1f} s)")
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
-        "scheme": scheme_label(ckpt["model_config"]),
+        "scheme": scheme_label(ckpt),
         "positional": ckpt["model_config"]["positional"],
         "train_length": train_length,
         "train_data": ckpt["config"]["data"]["name"],

@@ -16,15 +16,17 @@ def trained_scaling(model_config: dict) -> str | None:
     return f"{pos['scaling']} x{float(pos['scaling_factor']):g} from {pos['original_length']}"
 
 
-def scheme_label(model_config: dict) -> str:
-    """The scheme as its saved config defines it, for every report: rope, rope/PPPN (positional.layers with NoPE
-    layers: iRoPE), rope[yarn x4 from 256] (fine-tuned with a scaling). Not the module's name, which is the same
-    for rope and iRoPE."""
+def scheme_label(ckpt: dict) -> str:
+    """The scheme as its checkpoint defines it, for every report: rope, rope/PPPN (positional.layers with NoPE
+    layers: iRoPE), rope[yarn x4 from 256] (fine-tuned with a scaling), nope[dropped rope] (DroPE: a NoPE fine-tune
+    of a RoPE model). Not the module's name, which is the same for rope and iRoPE."""
+    model_config = ckpt["model_config"]
     pos = model_config["positional"]
     name = pos["name"]
     if "N" in str(pos.get("layers", "")) and name != "nope":
         name += f"/{pos['layers']}"
-    trained = trained_scaling(model_config)
+    dropped = (ckpt.get("init_from") or {}).get("dropped")
+    trained = f"dropped {dropped}" if dropped else trained_scaling(model_config)
     return f"{name}[{trained}]" if trained else name
 
 

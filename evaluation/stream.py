@@ -169,7 +169,7 @@ def run_stream(path, cfg, rt, out_dir):
     pairs = summarize(results, raw, ev.block)
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
-        "scheme": report.scheme_label(ckpt["model_config"]),
+        "scheme": report.scheme_label(ckpt),
         "train_length": train_length,
         "stream_tokens": ev.stream_tokens,
         "works": parts,

@@ -74,5 +74,7 @@ def test_reports_name_a_scheme_by_its_config_not_its_module():
     every_layer = {"positional": {"name": "rope", "layers": "P"}}
     yarn = {"positional": {"name": "rope", "scaling": "yarn", "scaling_factor": 4.0, "original_length": 256}}
     nope = {"positional": {"name": "nope", "layers": "N"}}
-    labels = [scheme_label(c) for c in (rope, irope, every_layer, yarn, nope)]
+    labels = [scheme_label({"model_config": c, "init_from": None}) for c in (rope, irope, every_layer, yarn, nope)]
     assert labels == ["rope", "rope/PPPN", "rope", "rope[yarn x4 from 256]", "nope"]
+    drope = {"model_config": {"positional": {"name": "nope"}}, "init_from": {"path": "out/rope", "dropped": "rope"}}
+    assert scheme_label(drope) == "nope[dropped rope]"

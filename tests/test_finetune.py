@@ -8,7 +8,7 @@ import torch
 from conftest import SCHEMES, TINY, config, random_model, run, scheme_spec
 
 from eval import resolve_variants
-from evaluation.report import trained_scaling
+from evaluation.report import scheme_label, trained_scaling
 from model.gpt import GPT, GPTConfig
 from positional.learned import interpolate_rows
 from train import OLDER, train
@@ -112,6 +112,38 @@ def test_scaling_is_saved_and_rebuilt_by_eval_and_sample(init_runs, tmp_path):
     assert resolve_variants("all", model.pe, trained_scaling(ckpt["model_config"])) == ["none"]
     proc = run("sample.py", f"checkpoint={out}", "max_new_tokens=4", "temperature=0", "device=cpu")
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_drope_drops_exactly_the_schemes_own_weights(name):
+    """positional=nope from any scheme: every weight but the scheme's own is kept; the NoPE model is then the old
+    one with its positions taken out (for RoPE: the same weights, no rotation)."""
+    old = random_model(name)
+    nope = random_model("nope", seed=1)
+    ckpt = {"model": old.state_dict(), "model_config": asdict(old.cfg), "tokenizer": {}, "step": 5, "seq_len": 32}
+    info = finetune.load_weights(nope, ckpt, {"model_config": asdict(nope.cfg), "tokenizer": {}}, "old", OLDER)
+    assert info.get("dropped") == (name if name != "nope" else None)
+    kept, own = nope.state_dict(), finetune.scheme_keys(asdict(old.cfg))
+    assert set(old.state_dict()) - own == set(kept)  # nothing else left out, nothing missing
+    assert own == {k for k in old.state_dict() if k.startswith("pe.") or ".pe_layer." in k}
+    for key, value in kept.items():
+        torch.testing.assert_close(value, old.state_dict()[key], atol=0, rtol=0)
+    if name in ("rope", "xpos", "prope"):  # no weights of their own: identical tensors, only the rotation is gone
+        assert not own
+
+
+def test_drope_fine_tune_records_what_it_dropped(init_runs, tmp_path):
+    out = tmp_path / "drope"
+    train(config(*TINY, *ADAMW, *STILL, "positional=nope", f"init_from={init_runs / 'rope'}"), out)
+    ft, init = checkpoint.load(out), checkpoint.load(init_runs / "rope")
+    assert ft["model_config"]["positional"]["name"] == "nope" and ft["init_from"]["dropped"] == "rope"
+    for key, before in init["model"].items():
+        torch.testing.assert_close(ft["model"][key], before, atol=1e-9, rtol=0)
+    assert scheme_label(ft) == "nope[dropped rope]"
+    with pytest.raises(UserError, match=r"another model shape.*model.n_layer=3 \(it has 2\)"):
+        train(config(*TINY, *ADAMW, "positional=nope", f"init_from={init_runs / 'rope'}", "model.n_layer=3"), out / "b")
+    drope_dir = schema.default_out_dir("nope", "out/rope", "shakespeare", 256, "none", 1.0)
+    assert drope_dir == "out/rope-nope-shakespeare-256"
 
 
 def test_a_fine_tune_has_its_own_default_out_dir():

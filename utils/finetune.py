@@ -4,13 +4,20 @@ python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn po
     train.max_steps=200                                  (-> out/rope-shakespeare-1024-yarn4)
 python train.py init_from=out/learned train.seq_len=1024 (the 256-row table becomes 1024 rows by interpolation)
 python train.py init_from=out/rope data=passkey train.max_steps=150        (learn the passkey task)
+python train.py init_from=out/rope positional=nope train.max_steps=60      (DroPE: drop RoPE, recalibrate)
 init_from takes the weights only; train.resume=true is what continues a run's optimizer, step and data position.
 The model must have the init checkpoint's shape and tokenizer; what may differ is the length: each scheme fits its
 own length-dependent weights (fit_state: a learned table is interpolated), and a rotary scheme may take
 positional.scaling, whose original_length is the length the unscaled frequencies were trained at: init_from's
 train.seq_len, or its own original_length when it was itself a scaled fine-tune (so a chain of fine-tunes keeps
 scaling the same frequencies).
+DroPE (Gelberg et al. 2025) is the one change of scheme a fine-tune may make: to positional=nope, from any scheme.
+The scheme's own weights (what its model has beyond a NoPE model of the same shape: a learned table, T5's buckets,
+FoX's gates, a sink token) are dropped, everything else is kept, and the run recalibrates at the length it is given
+(the paper: the original length). The checkpoint records init_from.dropped, which reports show: nope[dropped rope].
 """
+
+import torch
 
 from positional import SCALING_KEYS, Positional
 from utils import checkpoint
@@ -38,10 +45,26 @@ def read_init(cfg) -> dict | None:
     return ckpt
 
 
-def flat(model_config: dict) -> dict:
+def dropping(init: dict, run: dict) -> str | None:
+    """The scheme a DroPE fine-tune drops (init's, when the run is NoPE and init was not), else None."""
+    have, want = init["model_config"]["positional"]["name"], run["model_config"]["positional"]["name"]
+    return have if want == "nope" and have != "nope" else None
+
+
+def scheme_keys(model_config: dict) -> set[str]:
+    """The state-dict keys a model has beyond a NoPE model of the same shape: its scheme's own weights."""
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        model = checkpoint.build_model(model_config)
+        nope = checkpoint.build_model({**model_config, "positional": {"name": "nope"}})
+    return set(model.state_dict()) - set(nope.state_dict())
+
+
+def flat(model_config: dict, positional: bool = True) -> dict:
     """model_config as the command-line keys that set it (model.n_layer, positional.base, ...), less the options
-    a fine-tune may change: the scaling and a table's length."""
+    a fine-tune may change: the scaling and a table's length (and the scheme's options, positional=False)."""
     out = {f"model.{k}": v for k, v in model_config.items() if k != "positional"}
+    if not positional:
+        return out
 
     def walk(spec, prefix):
         for k, v in spec.items():
@@ -62,7 +85,8 @@ def check_compatible(init: dict, run: dict, path, older: dict):
             f"init_from={path} was trained with another tokenizer than this run's data and tokenizer; fine-tune "
             f"with the data= and tokenizer= it was trained with (data=passkey uses its corpus's tokenizer)"
         )
-    have, want = flat({**older["model_config"], **init["model_config"]}), flat(run["model_config"])
+    keep = dropping(init, run) is None  # DroPE: the scheme may change (to nope); the model's shape may not
+    have, want = flat({**older["model_config"], **init["model_config"]}, keep), flat(run["model_config"], keep)
     unset = "unset"
     keys = sorted(set(have) | set(want), key=lambda k: (k != "positional.name", k))  # the scheme's name first
     diff = [f"{k}={want.get(k, unset)} (it has {have.get(k, unset)})" for k in keys if have.get(k) != want.get(k)]
@@ -78,6 +102,10 @@ def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
     rows as model's has. Returns what the new checkpoint records of where its weights came from."""
     check_compatible(init, run, path, older)
     state = dict(init["model"])
+    dropped = dropping(init, run)
+    if dropped:
+        for key in scheme_keys({**older["model_config"], **init["model_config"]}):
+            state.pop(key, None)
     for name, module in model.named_modules():
         if isinstance(module, Positional):  # each scheme fits its own length-dependent entries (base.fit_state)
             module.fit_state(state, f"{name}.")
@@ -88,4 +116,5 @@ def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
         raise UserError(
             f"init_from={path} does not fit this run's model ({first}); pass the options it was trained with"
         ) from None
-    return {"path": str(checkpoint.checkpoint_path(path)), "step": init["step"], "seq_len": init["seq_len"]}
+    info = {"path": str(checkpoint.checkpoint_path(path)), "step": init["step"], "seq_len": init["seq_len"]}
+    return {**info, "dropped": dropped} if dropped else info

@@ -219,13 +219,15 @@ def register():
 
 def default_out_dir(scheme: str, init_from, data: str, seq_len: int, scaling: str, factor) -> str:
     """hydra.run.dir when out_dir is not given: out/<scheme>, or for a fine-tune a folder of its own beside the
-    one it starts from, e.g. out/rope-shakespeare-1024-yarn4 (never the init checkpoint's own folder)."""
+    one it starts from, e.g. out/rope-shakespeare-1024-yarn4 or out/rope-nope-shakespeare-256 (never the init
+    checkpoint's own folder)."""
     if not init_from:
         return f"out/{scheme}"
     base = str(init_from).rstrip("/")
     base = base.rsplit("/", 1)[0] if base.endswith(".pt") and "/" in base else base.removesuffix(".pt")
     tail = f"-{scaling}{float(factor):g}" if scaling not in (None, "none") else ""
-    return f"{base}-{data}-{seq_len}{tail}"
+    named = scheme in base.rsplit("/", 1)[-1]  # a switch of scheme (DroPE: init_from=out/rope positional=nope) says so
+    return f"{base}{'' if named else '-' + scheme}-{data}-{seq_len}{tail}"
 
 
 register()
