@@ -8,6 +8,7 @@ does not fit, the index says what was skipped and why, and a test can gather eve
 paying for matplotlib's drawing (about a second a figure on a small CPU).
 """
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -267,13 +268,20 @@ def draw(s: Subject, o: Options, out_dir: Path) -> list[tuple[str, str | None, s
 
 
 def write_index(out_dir: Path, command: str, entries: list[tuple[str, str, str, list]]) -> Path:
-    """index.md: for each (label, state, scheme name, draw's rows), its pictures, and each one it lacks and why."""
-    lines = [f"# Positional pictures\n\nWritten by `{command}`.\n"]
-    lines += [f"- `{name}`: {what}" for name, (*_, what) in PICTURES.items()]
+    """index.md: for each (label, state, scheme name, draw's rows), its pictures, and each one it lacks and why.
+    Pictures of other subjects already in the folder (an earlier `viz.py positional=...`) stay listed: the
+    sections live in index.json, where this run's subjects replace their own and leave the others."""
+    record = out_dir / "index.json"
+    sections = json.loads(record.read_text()) if record.exists() else {}
     for label, state, scheme, rows in entries:
-        lines.append(f"\n## {label} ({state})\n")
-        lines += [f"![{label} {name}]({file})\n" for name, file, _ in rows if file]
-        lines += [f"- {name}: skipped, {scheme} {why}" for name, _, why in rows if why]
+        sections[label] = {"state": state, "scheme": scheme, "command": command, "rows": [list(r) for r in rows]}
+    record.write_text(json.dumps(sections, indent=1) + "\n")
+    lines = ["# Positional pictures\n"]
+    lines += [f"- `{name}`: {what}" for name, (*_, what) in PICTURES.items()]
+    for label, sec in sections.items():
+        lines.append(f"\n## {label} ({sec['state']})\n\nWritten by `{sec['command']}`.\n")
+        lines += [f"![{label} {name}]({file})\n" for name, file, _ in sec["rows"] if file]
+        lines += [f"- {name}: skipped, {sec['scheme']} {why}" for name, _, why in sec["rows"] if why]
     path = out_dir / "index.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -140,6 +140,8 @@ def test_drope_fine_tune_records_what_it_dropped(init_runs, tmp_path):
     for key, before in init["model"].items():
         torch.testing.assert_close(ft["model"][key], before, atol=1e-9, rtol=0)
     assert scheme_label(ft) == "nope[dropped rope]"
+    train(config(*TINY, *ADAMW, "positional=nope", f"init_from={out}"), tmp_path / "drope-again")
+    assert scheme_label(checkpoint.load(tmp_path / "drope-again")) == "nope[dropped rope]"  # and its fine-tunes
     with pytest.raises(UserError, match=r"another model shape.*model.n_layer=3 \(it has 2\)"):
         train(config(*TINY, *ADAMW, "positional=nope", f"init_from={init_runs / 'rope'}", "model.n_layer=3"), out / "b")
     drope_dir = schema.default_out_dir("nope", "out/rope", "shakespeare", 256, "none", 1.0)

@@ -238,6 +238,9 @@ def test_each_picture_is_drawn_and_listed(tmp_path):
     index = gallery.write_index(tmp_path, "test", entries).read_text()
     assert "![fire bias](fire_bias.png)" in index
     assert "- vectors: skipped, fire adds no vector to the token embeddings" in index
+    again = gallery.write_index(tmp_path, "again", entries[:1]).read_text()  # a later run of one scheme
+    assert "![fire bias](fire_bias.png)" in again and again.count("## sinusoidal") == 1  # the others stay listed
+    assert "Written by `again`" in again and "Written by `test`" in again
 
 
 def viz_config(*overrides):

@@ -117,4 +117,6 @@ def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
             f"init_from={path} does not fit this run's model ({first}); pass the options it was trained with"
         ) from None
     info = {"path": str(checkpoint.checkpoint_path(path)), "step": init["step"], "seq_len": init["seq_len"]}
+    stays_nope = run["model_config"]["positional"]["name"] == "nope"
+    dropped = dropped or (stays_nope and (init.get("init_from") or {}).get("dropped"))  # a DroPE model's fine-tunes
     return {**info, "dropped": dropped} if dropped else info

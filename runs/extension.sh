@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Context extension, measured in one command: training-free scalings against short fine-tunes, DroPE, and passkey
+# retrieval (issue "Context extension the way practitioners do it"). It starts from the seed-1 runs of
+# `bash runs/study.sh` (rope, alibi, nope), so run that first (or point BASE at folders holding rope, alibi, nope).
+#
+#   bash runs/extension.sh                                # ext/: every run below, then ext/REPORT.md
+#   STEPS=30 DROPE_STEPS=20 PASSKEY_STEPS=40 EXT=ext-quick bash runs/extension.sh     # a quick pass
+#   EVAL_ARGS="eval.tokens=131072" bash runs/extension.sh # eval.py overrides for every length evaluation
+#   PASSKEY_ARGS="eval.trials=100" bash runs/extension.sh # and for every passkey evaluation
+#
+# 1. the RoPE base, training-free: eval.rope_scaling=all (PI, NTK, dynamic NTK, YaRN) and eval.log_scaling;
+# 2. fine-tuned at 4x the length for STEPS steps (same tokens per step as the base): YaRN x4, PI x4, unscaled;
+# 3. DroPE: the RoPE base with its rotation dropped, recalibrated at the original length for DROPE_STEPS steps
+#    (init_from=... positional=nope), scored zero-shot with and without log-length scaling; against a NoPE model
+#    trained from scratch for the base's steps plus DROPE_STEPS (the same tokens in all);
+# 4. passkey: each of rope, rope+YaRN fine-tuned, DroPE, alibi, nope learns the task at its own training length
+#    in PASSKEY_STEPS steps (data=passkey), then eval.mode=passkey at LENGTHS.
+# Every length evaluation scores the same held-out tokens at the same LENGTHS, so one table compares them all.
+# Resumes like runs/study.sh: a run with a DONE file is skipped, an interrupted one resumes from its checkpoint,
+# an evaluated one is not evaluated again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BASE=${BASE:-study}
+EXT=${EXT:-ext}
+PY=${PYTHON:-python}
+STEPS=${STEPS:-200}
+DROPE_STEPS=${DROPE_STEPS:-60}
+PASSKEY_STEPS=${PASSKEY_STEPS:-600}
+LENGTHS=${LENGTHS:-"[256,512,1024,2048,4096]"}
+read -r -a eval_args <<< "${EVAL_ARGS:-}"
+read -r -a passkey_args <<< "${PASSKEY_ARGS:-}"
+mkdir -p "$EXT"
+
+base_run() {  # the study's seed-1 run of a scheme, linked (not copied) into $EXT/<scheme>
+  local scheme=$1 from="$BASE/$1-s1"
+  [ -f "$from/DONE" ] || from="$BASE/$1"
+  if [ ! -f "$from/ckpt.pt" ]; then
+    echo "error: no trained $scheme run in $BASE ($BASE/$scheme-s1 or $BASE/$scheme); run bash runs/study.sh first" >&2
+    exit 2
+  fi
+  mkdir -p "$EXT/$scheme"
+  [ -f "$EXT/$scheme/ckpt.pt" ] || ln "$from/ckpt.pt" "$EXT/$scheme/ckpt.pt" 2>/dev/null || cp "$from/ckpt.pt" "$EXT/$scheme/"
+}
+
+train() {  # train <out_dir> <overrides...>
+  local run=$1
+  shift
+  [ -f "$run/DONE" ] && return
+  local resume=()
+  [ -f "$run/ckpt.pt" ] && resume=(train.resume=true)
+  echo "== $run: training ${resume[*]}"
+  "$PY" train.py out_dir="$run" logger.wandb=false logger.group="$EXT" "${resume[@]}" "$@"
+  touch "$run/DONE"
+}
+
+length_eval() {  # length_eval <run> <overrides...>
+  local run=$1
+  shift
+  [ -f "$run/eval/length.json" ] || "$PY" eval.py checkpoint="$run" eval.lengths="$LENGTHS" logger.wandb=false \
+    "${eval_args[@]}" "$@"
+}
+
+for scheme in rope alibi nope; do base_run "$scheme"; done
+base_steps=$("$PY" -c "import sys, torch; print(torch.load(sys.argv[1], map_location='cpu', mmap=True)['step'])" \
+  "$EXT/rope/ckpt.pt")
+at4x=(train.seq_len=1024 train.batch_size=8 train.max_steps="$STEPS")  # 8 x 1024 = the base's 32 x 256 tokens
+
+train "$EXT/rope-yarn4" init_from="$EXT/rope" "${at4x[@]}" positional.scaling=yarn positional.scaling_factor=4
+train "$EXT/rope-pi4" init_from="$EXT/rope" "${at4x[@]}" positional.scaling=linear positional.scaling_factor=4
+train "$EXT/rope-1024" init_from="$EXT/rope" "${at4x[@]}"
+train "$EXT/drope" init_from="$EXT/rope" positional=nope train.max_steps="$DROPE_STEPS"
+train "$EXT/nope-scratch" positional=nope train.max_steps=$((base_steps + DROPE_STEPS))
+
+length_eval "$EXT/rope" eval.rope_scaling=all eval.log_scaling=true
+for run in rope-yarn4 rope-pi4 rope-1024 nope-scratch; do length_eval "$EXT/$run"; done
+length_eval "$EXT/drope" eval.log_scaling=true
+
+passkey() {  # passkey <run> <overrides...>: learn the task from <run>'s weights at its own length, then score it
+  local run=$1
+  shift
+  train "$EXT/$run-passkey" init_from="$EXT/$run" data=passkey train.max_steps="$PASSKEY_STEPS" "$@"
+  [ -f "$EXT/$run-passkey/eval/passkey.json" ] || "$PY" eval.py checkpoint="$EXT/$run-passkey" eval.mode=passkey \
+    eval.lengths="$LENGTHS" logger.wandb=false "${passkey_args[@]}"
+}
+passkey rope
+passkey rope-yarn4 train.seq_len=1024 train.batch_size=8 positional.scaling=yarn positional.scaling_factor=4
+passkey drope positional=nope
+passkey alibi positional=alibi
+passkey nope positional=nope
+
+"$PY" -m evaluation.study "$EXT"
