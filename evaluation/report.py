@@ -18,15 +18,18 @@ def trained_scaling(model_config: dict) -> str | None:
 
 def scheme_label(ckpt: dict) -> str:
     """The scheme as its checkpoint defines it, for every report: rope, rope/PPPN (positional.layers with NoPE
-    layers: iRoPE), rope[yarn x4 from 256] (fine-tuned with a scaling), nope[dropped rope] (DroPE: a NoPE fine-tune
-    of a RoPE model). Not the module's name, which is the same for rope and iRoPE."""
+    layers: iRoPE), rope[yarn x4 from 256] (fine-tuned with a scaling), rope[at 1024 from 256] (fine-tuned longer,
+    unscaled), nope[dropped rope] (DroPE: a NoPE fine-tune of a RoPE model). Not the module's name, which is the
+    same for rope and iRoPE."""
     model_config = ckpt["model_config"]
     pos = model_config["positional"]
     name = pos["name"]
     if "N" in str(pos.get("layers", "")) and name != "nope":
         name += f"/{pos['layers']}"
-    dropped = (ckpt.get("init_from") or {}).get("dropped")
-    trained = f"dropped {dropped}" if dropped else trained_scaling(model_config)
+    init = ckpt.get("init_from") or {}
+    trained = f"dropped {init['dropped']}" if init.get("dropped") else trained_scaling(model_config)
+    if not trained and init and init.get("seq_len") != ckpt.get("seq_len"):  # fine-tuned longer, unscaled
+        trained = f"at {ckpt['seq_len']} from {init['seq_len']}"
     return f"{name}[{trained}]" if trained else name
 
 

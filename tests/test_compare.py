@@ -78,3 +78,6 @@ def test_reports_name_a_scheme_by_its_config_not_its_module():
     assert labels == ["rope", "rope/PPPN", "rope", "rope[yarn x4 from 256]", "nope"]
     drope = {"model_config": {"positional": {"name": "nope"}}, "init_from": {"path": "out/rope", "dropped": "rope"}}
     assert scheme_label(drope) == "nope[dropped rope]"
+    longer = {"model_config": rope, "seq_len": 1024, "init_from": {"path": "out/rope", "seq_len": 256}}
+    assert scheme_label(longer) == "rope[at 1024 from 256]"
+    assert scheme_label({**longer, "seq_len": 256}) == "rope"  # at its own length (a passkey fine-tune): rope
