@@ -54,7 +54,7 @@ class Space:
     starts: tuple[int, ...]  # the start_tokens values, ascending
 
     def factors(self, c: Candidate) -> list[float]:
-        return [1.0 + self.step * v for v in c.levels]
+        return [round(1.0 + self.step * v, 9) for v in c.levels]  # 1.66, not 1.6600000000000001, in the file
 
     def snap(self, lam, start: int = 0) -> Candidate:
         """Factors onto the grid (rounding is monotone, so a non-decreasing seed stays non-decreasing)."""
