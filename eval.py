@@ -2,6 +2,8 @@
 
 python eval.py checkpoint=out/rope                            lengths 0.5..16 x training length, two modes
 python eval.py checkpoint=out/rope eval.rope_scaling=all      + linear, ntk, dynamic_ntk and yarn extension
+python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   factors searched beforehand
+                                                              (python -m evaluation.longrope_search, its docstring)
 python eval.py checkpoint=out/alibi eval.log_scaling=true     + a `log` row: logits x log_L n past L (any scheme)
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00         every run of a training sweep, one table
 python eval.py -m checkpoint=out/rope,out/alibi,out/learned   likewise, as a Hydra multirun
@@ -22,22 +24,21 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from evaluation import bootstrap, compare, report
+from evaluation import bootstrap, compare, longrope, report
 from evaluation.heldout import held_out_works
-from evaluation.length import regions, score, scoring_pieces
-from positional.rope_scaling import KINDS
+from evaluation.length import default_lengths, read_span, regions, score, scoring_pieces
+from positional.rope_scaling import KINDS, SEARCHED
 from utils import checkpoint, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import start_wandb
 from utils.progress import progress, say
 
-DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)
 LOG = "log"  # the variant row of eval.log_scaling
 
 
 def resolve_lengths(lengths, train_length: int) -> list[int]:
     if lengths is None:
-        return [max(1, int(m * train_length)) for m in DEFAULT_MULTIPLES]
+        return default_lengths(train_length)
     lengths = sorted({int(n) for n in lengths})
     if not lengths or lengths[0] < 1:
         raise UserError(f"eval.lengths must be positive token counts, got {lengths}")
@@ -49,8 +50,8 @@ def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str
     frequencies built in: another scaling would replace them, not add to them, so it is refused, and `all` (as in a
     sweep) scores that model as it is."""
     rotary = pe.rotary
-    if requested not in KINDS and requested != "all":
-        raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(KINDS)}, all")
+    if requested not in KINDS + SEARCHED and requested != "all":
+        raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(KINDS + SEARCHED)}, all")
     if trained and requested != "none":
         if requested == "all":
             say(f"note: trained with positional.scaling={trained}: scored as it is, with no eval-time scaling")
@@ -59,7 +60,7 @@ def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str
             f"eval.rope_scaling={requested}: this model was trained with positional.scaling={trained}, built into it; "
             f"another scaling would replace it, not compose with it: evaluate it with eval.rope_scaling=none"
         )
-    if requested == "all":
+    if requested == "all":  # the closed-form kinds: a SEARCHED one needs its search run first, and is asked by name
         return list(KINDS) if rotary else ["none"]
     if requested != "none" and not rotary:
         raise UserError(f"eval.rope_scaling applies to rotary schemes (rope, sink over rope), not {pe.name}")
@@ -114,6 +115,38 @@ def scored_text(ckpt: dict, ev, max_len: int):
     return pieces, regions(works, pieces, max_len)
 
 
+def searched_scalings(path, pe, variants, lengths, factor_of, train_length: int) -> dict:
+    """{(variant, length): set_scaling's keyword arguments} for the SEARCHED variants past the training length, read
+    from the files their search wrote beside the checkpoint (evaluation/longrope.py), all before any scoring: a
+    missing or mismatched file stops the run at once, with the command that makes it."""
+    run_dir, out = checkpoint.checkpoint_path(path).parent, {}
+    for variant in (v for v in variants if v in SEARCHED):
+        for length in (n for n in lengths if factor_of(n) > 1):
+            record = longrope.load(run_dir, factor_of(length), train_length)
+            try:
+                pe.set_scaling(variant, factor_of(length), train_length, **longrope.scaling_args(record))
+            except ValueError as e:
+                raise UserError(f"{run_dir / longrope.file_name(factor_of(length))}: {e}") from None
+            finally:
+                pe.set_scaling("none")
+            out[variant, length] = record
+    return out
+
+
+def note_search_overlap(searched: dict, pieces, max_len: int):
+    """Say so when the text a search scored its candidates on is part of what this table reads (another
+    eval.lengths or eval.tokens than the search kept clear of): those cells are then not independent of it."""
+    spans = {}
+    for p in pieces:
+        spans.setdefault(p.work, []).append(read_span(p, max_len))
+    for (variant, length), record in searched.items():
+        if n := longrope.overlap(record.get("windows", []), spans):
+            say(
+                f"note: {variant} at {length}: {n:,} tokens of its search windows are read here too; search again "
+                f"with this eval.lengths and eval.tokens for a table the search never saw"
+            )
+
+
 def evaluate_lengths(path, cfg, rt) -> dict:
     model, ckpt = checkpoint.load_model(path, rt.device)
     pe, train_length = model.pe, ckpt["seq_len"]
@@ -123,7 +156,13 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     trained = report.trained_scaling(ckpt["model_config"])
     variants = with_log_scaling(resolve_variants(ev.rope_scaling, pe, trained), ev.log_scaling, ckpt)
     name = report.scheme_label(ckpt)
+
+    def factor_of(length: int) -> float:
+        return length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
+
+    searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
     pieces, regs = scored_text(ckpt, ev, lengths[-1])
+    note_search_overlap(searched, pieces, lengths[-1])
     draws = bootstrap.block_draws(len(pieces), [[p.work, p.start, p.size] for p in pieces])
     rows, by_position, t0 = [], {}, time.time()
     cells = [(v, n, m) for v in variants for n in lengths for m in ("nonoverlap", "sliding")]
@@ -137,8 +176,8 @@ def evaluate_lengths(path, cfg, rt) -> dict:
             continue
         model.set_log_scaling(train_length if variant == LOG else None)
         if variant not in ("none", LOG):
-            factor = length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
-            pe.set_scaling(variant, factor, train_length)
+            extra = longrope.scaling_args(searched[variant, length]) if (variant, length) in searched else {}
+            pe.set_scaling(variant, factor_of(length), train_length, **extra)
         t = time.time()
         cell = score(model, regs, length, mode, strides[length], ev.batch_tokens, rt)
         ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))

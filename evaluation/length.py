@@ -82,6 +82,13 @@ def spread(slots: int, k: int) -> list[int]:
     return [cands[round(i * (len(cands) - 1) / (k - 1))] for i in range(k)]
 
 
+DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)  # eval.lengths=null: these multiples of the training length
+
+
+def default_lengths(train_length: int) -> list[int]:
+    return [max(1, int(m * train_length)) for m in DEFAULT_MULTIPLES]
+
+
 MIN_WORKS = 4  # a budget smaller than this many pieces is raised: one work's text says little about another's
 
 
@@ -104,12 +111,17 @@ def scoring_pieces(works: list[tuple[str, np.ndarray]], max_len: int, budget: in
     return pieces
 
 
+def read_span(p: Piece, max_len: int) -> tuple[int, int]:
+    """[lo, hi): the tokens of its document a piece's region holds: max_len of context before it, then its own."""
+    return max(0, p.start - max_len), p.start + p.size + 1
+
+
 def regions(works: list[tuple[str, np.ndarray]], pieces: list[Piece], max_len: int) -> list[Region]:
     """Each piece's tokens with the max_len tokens before it (where the document has them) as context."""
     out = []
     for p in pieces:
-        lo = max(0, p.start - max_len)
-        out.append(Region(works[p.doc][1][lo : p.start + p.size + 1], p.start - lo))
+        lo, hi = read_span(p, max_len)
+        out.append(Region(works[p.doc][1][lo:hi], p.start - lo))
     return out
 
 

@@ -36,7 +36,8 @@ class PositionLimitError(ValueError):
 class Positional(nn.Module):
     name = "none"
     relative = False
-    rotary = False  # rotary schemes also implement set_scaling(kind, factor, original_length) (rope_scaling.py)
+    rotary = False  # rotary schemes also implement set_scaling(kind, factor, original_length, **searched), searched
+    # the parameters of a searched kind (LongRoPE's rescale, start_tokens, attn_scale; rope_scaling.py)
     max_positions: int | None = None
     n_prefix = 0
     score_bias = None  # subclasses with a bias define a method score_bias(h, q_pos, k_pos) -> Tensor
@@ -69,9 +70,14 @@ class Positional(nn.Module):
     def prefix(self) -> torch.Tensor | None:
         return None
 
-    def set_scaling(self, kind: str, factor: float = 1.0, original_length: int = 1):
+    def set_scaling(self, kind: str, factor: float = 1.0, original_length: int = 1, **searched):
         if kind != "none":
             raise ValueError(f"rope scaling applies to rotary schemes, not positional={self.name}")
+
+    def scaling_factors(self, kind: str, factor: float, original_length: int):
+        """A closed-form rope scaling's frequencies as LongRoPE factors, one per pair set_scaling's rescale takes
+        (rotary schemes; the LongRoPE search starts from these)."""
+        raise ValueError(f"rope scaling applies to rotary schemes, not positional={self.name}")
 
     def fit_state(self, state: dict, prefix: str) -> None:
         """Fit this scheme's entries of a saved state dict (keys under prefix, e.g. 'pe.') to this instance's sizes,

@@ -89,6 +89,8 @@ class RoPE(Positional):
         if self.n_rotated < 1:
             raise ValueError(f"positional.rotary_fraction={rotary_fraction} rotates no pair of a {head_dim}-dim head")
         self.register_buffer("inv_freq", torch.empty(self.n_frequencies()), persistent=False)
+        plain = self.arrange(rope_scaling.base_inv_freq(self.freq_dim(), self.base)).float()
+        self.register_buffer("plain_inv_freq", plain, persistent=False)  # LongRoPE's first start_tokens positions
         self.set_scaling("none")
 
     def n_frequencies(self) -> int:
@@ -102,12 +104,24 @@ class RoPE(Positional):
         """Those frequencies laid out over this head's pairs: the pairs past them stand still (frequency 0)."""
         return F.pad(inv_freq, (0, self.n_frequencies() - len(inv_freq)))
 
-    def set_scaling(self, kind: str, factor: float = 1.0, original_length: int = 1):
+    def set_scaling(
+        self, kind: str, factor: float = 1.0, original_length: int = 1, rescale=None, start_tokens=0, attn_scale=None
+    ):
+        """rescale, start_tokens, attn_scale: a SEARCHED kind's parameters (longrope: a factor per rotated pair, how
+        many first positions keep the unscaled frequencies, and its cos/sin scale, None for the default)."""
+        if start_tokens and kind not in rope_scaling.SEARCHED:
+            raise ValueError(f"start_tokens belong to a searched rope scaling ({', '.join(rope_scaling.SEARCHED)})")
+        if int(start_tokens) < 0:
+            raise ValueError(f"start_tokens={start_tokens} must be >= 0")
         inv_freq, self.pos_scale, self.cos_scale = rope_scaling.static_frequencies(
-            kind, self.freq_dim(), self.base, float(factor), int(original_length)
+            kind, self.freq_dim(), self.base, float(factor), int(original_length), rescale, attn_scale
         )
         self.inv_freq.copy_(self.arrange(inv_freq).float())
         self.scaling, self.factor, self.original_length = kind, float(factor), int(original_length)
+        self.start_tokens = int(start_tokens) if float(factor) > 1.0 else 0
+
+    def scaling_factors(self, kind, factor, original_length):
+        return rope_scaling.equivalent_factors(kind, self.freq_dim(), self.base, float(factor), int(original_length))
 
     def rotation(self, pos):
         """(cos, sin), each (T, Dh/2), at these positions: computed once per forward by the attention plan."""
@@ -116,12 +130,19 @@ class RoPE(Positional):
             dims, length = self.freq_dim(), pos.max() + 1
             inv_freq = self.arrange(rope_scaling.dynamic_inv_freq(dims, self.base, self.original_length, length))
         angles = (pos.float() * self.pos_scale)[:, None] * inv_freq[None, :]
-        return angles.cos() * self.cos_scale, angles.sin() * self.cos_scale
+        cos, sin = angles.cos() * self.cos_scale, angles.sin() * self.cos_scale
+        if self.start_tokens:  # LongRoPE: the first positions rotate as in training, unscaled (as its released code)
+            keep = (pos < self.start_tokens)[:, None]
+            plain = pos.float()[:, None] * self.plain_inv_freq[None, :]
+            cos, sin = torch.where(keep, plain.cos(), cos), torch.where(keep, plain.sin(), sin)
+        return cos, sin
 
     def rotate(self, x, pos, rotation=None):
         cos, sin = self.rotation(pos) if rotation is None else rotation
         return rotate_by(x, cos, sin)
 
     def extra_repr(self):
-        scaling = f"scaling={self.scaling}, factor={self.factor}"
+        scaling = f"scaling={self.scaling}, factor={self.factor}" + (
+            f", start_tokens={self.start_tokens}" if self.start_tokens else ""
+        )
         return f"base={self.base}, rotary_fraction={self.rotary_fraction}, {scaling}, " + super().extra_repr()

@@ -1,6 +1,7 @@
 """Training-free context extension for rotary embeddings, chosen at eval time.
 
 python eval.py checkpoint=out/rope eval.rope_scaling=yarn      (or linear, ntk, dynamic_ntk, all)
+python eval.py checkpoint=out/rope eval.rope_scaling=longrope  (after python -m evaluation.longrope_search ...)
 With s = factor (>1 to extend), d = head dim and theta_i = base^(-2i/d):
   linear       positional interpolation (Chen et al. 2023): positions / s
   ntk          NTK-aware: base' = base * s^(d/(d-2))
@@ -8,6 +9,11 @@ With s = factor (>1 to extend), d = head dim and theta_i = base^(-2i/d):
   yarn         (Peng et al. 2023) per-frequency ramp on r_i = L_orig / wavelength_i between beta_slow=1
                and beta_fast=32: theta_i' = theta_i * ((1 - g)/s + g), g = clamp((r - 1)/(32 - 1), 0, 1),
                and cos, sin multiplied by 0.1 ln s + 1 (attention logits scaled by its square)
+  longrope     (Ding et al. 2024) searched factors lambda_i, one per rotary pair, theta_i' = theta_i / lambda_i, and
+               the first `start_tokens` positions at the unscaled theta_i; cos, sin multiplied by
+               sqrt(1 + ln s / ln L_orig), so the logits are scaled by 1 + ln s / ln L_orig (the released code's "su"
+               scale, microsoft/LongRoPE rope/longrope.py, as HF's Phi-3 applies it). Not closed-form: the factors
+               come from evaluation/longrope_search.py, so it is a SEARCHED kind, never part of eval's `all`
 At s <= 1 every variant returns the plain RoPE frequencies unchanged. dynamic_ntk is meant for full forwards
 (as eval.py runs them): a KV cache would hold keys rotated at the scale of the step that stored them.
 """
@@ -16,7 +22,8 @@ import math
 
 import torch
 
-KINDS = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
+KINDS = ("none", "linear", "ntk", "dynamic_ntk", "yarn")  # closed-form: a factor is all they need
+SEARCHED = ("longrope",)  # their per-pair factors are searched for one model and length, then read from a file
 
 
 def base_inv_freq(head_dim: int, base: float) -> torch.Tensor:
@@ -33,12 +40,38 @@ def yarn_ramp(head_dim: int, base: float, original_length: int, beta_fast=32.0, 
     return ((rotations - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
 
 
-def static_frequencies(kind: str, head_dim: int, base: float, factor: float, original_length: int):
-    """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) for the length-independent variants."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown rope scaling '{kind}'; choose one of: {', '.join(KINDS)}")
+def longrope_scale(factor: float, original_length: int) -> float:
+    """LongRoPE's cos/sin multiplier sqrt(1 + ln s / ln L_orig) (1 at s <= 1); the logits get its square."""
+    if factor <= 1.0 or original_length < 2:
+        return 1.0
+    return math.sqrt(1.0 + math.log(factor) / math.log(original_length))
+
+
+def check_rescale(rescale, pairs: int) -> torch.Tensor:
+    """LongRoPE's factors as float64, or ValueError: one finite positive number per rotary pair."""
+    if rescale is None:
+        raise ValueError("rope scaling 'longrope' needs its searched factors (rescale=), one per rotary pair")
+    lam = torch.as_tensor(rescale, dtype=torch.float64).flatten()
+    if len(lam) != pairs:
+        raise ValueError(f"longrope factors: {len(lam)} given for {pairs} rotary pairs; search them for this model")
+    if not torch.isfinite(lam).all() or (lam <= 0).any():
+        raise ValueError("longrope factors must be finite and positive (lambda_i = theta_i / theta_i')")
+    return lam
+
+
+def static_frequencies(
+    kind: str, head_dim: int, base: float, factor: float, original_length: int, rescale=None, attn_scale=None
+) -> tuple[torch.Tensor, float, float]:
+    """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) for the length-independent variants;
+    rescale: longrope's factors (head_dim/2 of them); attn_scale: its cos/sin scale, None for longrope_scale's."""
+    if kind not in KINDS + SEARCHED:
+        raise ValueError(f"unknown rope scaling '{kind}'; choose one of: {', '.join(KINDS + SEARCHED)}")
     inv_freq = base_inv_freq(head_dim, base)
-    if kind in ("none", "dynamic_ntk") or factor <= 1.0:
+    if kind == "longrope" and factor > 1.0:  # (at s <= 1 it is plain RoPE: no factors are searched for it)
+        lam = check_rescale(rescale, len(inv_freq))
+        scale = longrope_scale(factor, original_length) if attn_scale is None else float(attn_scale)
+        return inv_freq / lam, 1.0, scale
+    if kind in ("none", "dynamic_ntk", "longrope") or factor <= 1.0:
         return inv_freq, 1.0, 1.0
     if kind == "linear":
         return inv_freq, 1.0 / factor, 1.0
@@ -54,3 +87,11 @@ def dynamic_inv_freq(head_dim: int, base: float, original_length: int, length: t
     s = (length.double() / original_length).clamp(min=1.0)
     exponent = torch.arange(0, head_dim, 2, device=length.device, dtype=torch.float64) / head_dim
     return ((base * s ** (head_dim / (head_dim - 2))) ** (-exponent)).float()
+
+
+def equivalent_factors(kind: str, head_dim: int, base: float, factor: float, original_length: int) -> torch.Tensor:
+    """A closed-form kind's frequencies as LongRoPE factors, lambda_i = theta_i / (theta_i' x position scale):
+    s everywhere for linear, s^(2i/(d-2)) for ntk, 1 / ((1 - g_i)/s + g_i) for yarn. The search starts from these.
+    (yarn's own cos/sin scale is not carried over: every LongRoPE candidate takes LongRoPE's.)"""
+    inv_freq, pos_scale, _ = static_frequencies(kind, head_dim, base, factor, original_length)
+    return base_inv_freq(head_dim, base) / (inv_freq * pos_scale)

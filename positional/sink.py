@@ -52,3 +52,6 @@ class Sink(Positional):
 
     def set_scaling(self, *args, **kwargs):
         return self.inner.set_scaling(*args, **kwargs)
+
+    def scaling_factors(self, *args):
+        return self.inner.scaling_factors(*args)

@@ -206,9 +206,49 @@ class VizConfig:
     positional: Any = MISSING
 
 
+@dataclass
+class Search:
+    population: int = MISSING
+    parents: int = MISSING
+    mutations: int = MISSING
+    crossovers: int = MISSING
+    generations: int = MISSING
+    mutation_rate: float = MISSING
+    crossover_tries: int = MISSING
+    step: float = MISSING
+    max_factor: float | None = MISSING
+    start_tokens: list[int] = MISSING
+    windows: int = MISSING
+    seed: int = MISSING
+
+
+@dataclass
+class SearchEval:
+    lengths: list[int] | None = MISSING
+    tokens: int = MISSING
+    batch_tokens: int = MISSING
+    prepare: bool = MISSING
+
+
+@dataclass
+class LongRoPEConfig:
+    checkpoint: str | None = MISSING
+    target_length: int = MISSING
+    device: str = MISSING
+    dtype: str = MISSING
+    search: Search = field(default_factory=Search)
+    eval: SearchEval = field(default_factory=SearchEval)
+
+
 def register():
     cs = ConfigStore.instance()
-    configs = {"train": TrainConfig, "eval": EvalConfig, "sample": SampleConfig, "viz": VizConfig}
+    configs = {
+        "train": TrainConfig,
+        "eval": EvalConfig,
+        "sample": SampleConfig,
+        "viz": VizConfig,
+        "longrope": LongRoPEConfig,
+    }
     for name, node in configs.items():
         cs.store(group="schema", name=name, node=node)
     cs.store(group="schema/optim", name="adamw", node=AdamW)
@@ -297,9 +337,25 @@ EVAL_RULES = [
 EVAL_CHOICES = {
     **COMMON_CHOICES,
     "eval.mode": ("length", "stream", "passkey"),
-    "eval.rope_scaling": ("none", "linear", "ntk", "dynamic_ntk", "yarn", "all"),
+    "eval.rope_scaling": ("none", "linear", "ntk", "dynamic_ntk", "yarn", "longrope", "all"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
 }
+LONGROPE_RULES = [
+    ("target_length", ">=", 2, "pass the length to extend to, longer than the training length"),
+    ("search.population", ">=", 2, "pass at least 2 candidates"),
+    ("search.parents", ">=", 1, "pass how many of the fittest each generation keeps"),
+    ("search.mutations", ">=", 0, "pass how many mutants each generation adds"),
+    ("search.crossovers", ">=", 0, "pass how many crossover children each generation adds"),
+    ("search.generations", ">=", 0, "pass how many generations to run (0: the initial population only)"),
+    ("search.mutation_rate", ">", 0, "pass a probability in (0, 1]"),
+    ("search.mutation_rate", "<=", 1, "pass a probability in (0, 1]"),
+    ("search.crossover_tries", ">=", 1, "pass how many draws a crossover gets"),
+    ("search.step", ">", 0, "pass the factors' grid step, e.g. 0.01"),
+    ("search.max_factor", ">", 1, "pass the largest factor (> 1), or null for 1.25 x the extension"),
+    ("search.windows", ">=", 1, "pass how many held-out windows score each candidate"),
+    ("eval.tokens", ">=", 1, "pass eval.py's eval.tokens (the length table the search keeps clear of)"),
+    ("eval.batch_tokens", ">=", 1, "pass tokens per forward pass"),
+]
 SAMPLE_RULES = [
     ("temperature", ">=", 0, "pass 0 for greedy decoding"),
     ("top_k", ">=", 1, "pass null for the whole vocabulary"),
@@ -480,6 +536,20 @@ def check_eval(cfg):
     factor = cfg.eval.rope_factor
     if factor != "auto" and (isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0):
         raise UserError(f"eval.rope_factor={show(factor)} must be auto or a positive number")
+
+
+def check_longrope(cfg):
+    check_device(cfg)
+    check_choices(cfg, COMMON_CHOICES)
+    check_rules(cfg, LONGROPE_RULES)
+    s = cfg.search
+    if s.parents > s.population:
+        raise UserError(f"search.parents={s.parents} must be <= search.population={s.population}; keep fewer")
+    if not s.start_tokens or min(s.start_tokens) < 0:
+        raise UserError(f"search.start_tokens={list(s.start_tokens)} must be counts >= 0; e.g. [0,4,16]")
+    lengths = cfg.eval.lengths
+    if lengths is not None and (len(lengths) == 0 or min(lengths) < 1):
+        raise UserError(f"eval.lengths={list(lengths)} must be positive token counts; e.g. eval.lengths=[256,1024]")
 
 
 def check_viz(cfg):

@@ -1,0 +1,132 @@
+"""LongRoPE's searched factors on disk, and the held-out text their search may read.
+
+python -m evaluation.longrope_search checkpoint=out/rope target_length=1024   writes out/rope/longrope_x4.json
+python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   reads it
+One file per extension factor s = target length / training length, beside the checkpoint: longrope_x<s>.json holds
+the factors (one per rotary pair), start_tokens, the cos/sin scale, the fitness, the search settings and the
+windows it was scored on. eval.py finds the file for each length's factor; a missing one stops it with the command
+that makes it.
+
+Which text the search scores. The held-out split is four plays in two spellings (evaluation/heldout.py), and the
+length table reads one spelling of each (held_out_works): the held-out documents it does not score are the First
+Folio twins of the same plays, near-duplicate text, so searching on them would tune the factors on the very lines
+the table then scores. The search instead takes windows from the spans of held_out_works that the length table
+never reads, neither as scored tokens nor as context (its regions, evaluation/length.py, at eval.lengths and
+eval.tokens, eval.py's defaults unless given): held-out text, disjoint from the test. eval.py checks the windows
+recorded in the file against the regions it reads and says so if another eval.lengths or eval.tokens makes them
+overlap.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from evaluation.length import equal_shares, read_span, scoring_pieces
+from utils.errors import UserError
+
+COMMAND = "python -m evaluation.longrope_search"
+
+
+def file_name(factor: float) -> str:
+    return f"longrope_x{factor:g}.json"
+
+
+def make_command(run_dir: Path, target_length: int) -> str:
+    return f"{COMMAND} checkpoint={run_dir} target_length={target_length}"
+
+
+def save(run_dir: Path, record: dict) -> Path:
+    """Write the record for its factor beside the checkpoint (a temporary file, then a rename)."""
+    path = Path(run_dir) / file_name(record["factor"])
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+    return path
+
+
+NUMBER = (int, float)
+REQUIRED = {"factors": list, "start_tokens": int, "attn_scale": NUMBER, "original_length": int, "factor": NUMBER}
+
+
+def load(run_dir: Path, factor: float, train_length: int) -> dict:
+    """The record for this factor, or a one-line UserError: missing (with the command that makes it), unreadable,
+    or searched for another training length."""
+    path = Path(run_dir) / file_name(factor)
+    target = round(factor * train_length)
+    if not path.exists():
+        raise UserError(
+            f"eval.rope_scaling=longrope at eval length {target} ({factor:g} x {train_length}) needs {path}; "
+            f"make it with: {make_command(run_dir, target)}"
+        )
+    try:
+        record = json.loads(path.read_text())
+        bad = [k for k, t in REQUIRED.items() if not isinstance(record.get(k), t)]
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        bad = ["(not JSON)"]
+    if bad:
+        raise UserError(
+            f"{path} is not a LongRoPE factors file (bad or missing {', '.join(bad)}); make it again with: "
+            f"{make_command(run_dir, target)}"
+        )
+    if record["original_length"] != train_length or not math.isclose(record["factor"], factor):
+        raise UserError(
+            f"{path} was searched for x{record['factor']:g} of {record['original_length']} tokens, not x{factor:g} "
+            f"of this checkpoint's {train_length}; make it again with: {make_command(run_dir, target)}"
+        )
+    return record
+
+
+def scaling_args(record: dict) -> dict:
+    """The record as set_scaling's keyword arguments."""
+    return {"rescale": record["factors"], "start_tokens": record["start_tokens"], "attn_scale": record["attn_scale"]}
+
+
+def read_spans(works, max_len: int, tokens: int) -> dict[str, list[tuple[int, int]]]:
+    """Per work name, the [lo, hi) token spans the length table reads at this longest length and token budget."""
+    spans = {}
+    for p in scoring_pieces(works, max_len, tokens):
+        spans.setdefault(p.work, []).append(read_span(p, max_len))
+    return spans
+
+
+def free_windows(doc_len: int, spans: list[tuple[int, int]], length: int) -> list[int]:
+    """Starts of windows of length + 1 tokens (inputs and targets), back to back, inside [0, doc_len) and outside
+    every span."""
+    starts, lo = [], 0
+    for a, b in [*sorted(spans), (doc_len, doc_len)]:
+        starts += range(lo, a - length, length)  # a window [s, s + length + 1) must end by a
+        lo = max(lo, b)
+    return starts
+
+
+def search_windows(works, length: int, count: int, spans: dict) -> list[dict]:
+    """count windows of `length` targets outside the spans, an equal share from each work (as far as each has
+    room), evenly spaced along each; [{work, start, tokens}]. UserError if the free text holds fewer."""
+    free = [free_windows(len(doc), spans.get(name, []), length) for name, doc in works]
+    if sum(map(len, free)) < count:
+        raise UserError(
+            f"the held-out text the length table leaves unread holds {sum(map(len, free))} windows of {length} "
+            f"tokens, fewer than search.windows={count}; ask for fewer, or keep clear of a smaller table "
+            f"(eval.tokens=, eval.lengths=)"
+        )
+    out = []
+    for (name, _), starts, k in zip(works, free, equal_shares(count, list(map(len, free))), strict=True):
+        picks = [len(starts) // 2] if k == 1 else [round(i * (len(starts) - 1) / (k - 1)) for i in range(k)]
+        out += [{"work": name, "start": int(starts[i]), "tokens": length} for i in picks[:k]]
+    return out
+
+
+def window_tokens(works, windows: list[dict]) -> list[np.ndarray]:
+    docs = dict(works)
+    return [docs[w["work"]][w["start"] : w["start"] + w["tokens"] + 1] for w in windows]
+
+
+def overlap(windows: list[dict], spans: dict) -> int:
+    """How many tokens of the windows fall inside the spans (0: the search never read what is scored)."""
+    total = 0
+    for w in windows:
+        a, b = w["start"], w["start"] + w["tokens"] + 1
+        total += sum(max(0, min(b, hi) - max(a, lo)) for lo, hi in spans.get(w["work"], []))
+    return total

@@ -1,0 +1,249 @@
+"""LongRoPE's evolutionary search (Ding et al. 2024, sec. 3.2 and Algorithm 1) for one checkpoint and target length.
+
+python -m evaluation.longrope_search checkpoint=out/rope target_length=1024          -> out/rope/longrope_x4.json
+python -m evaluation.longrope_search checkpoint=out/rope target_length=1024 search.generations=20 search.population=64
+python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   scores what it found
+It lives in evaluation/, not positional/ (where the issue placed it): its fitness runs the model on held-out text,
+and positional/ sits below model/, utils/ and data/, none of which it may import (the layering in DESIGN.md). The
+LongRoPE frequencies themselves are a rope_scaling kind like the others (positional/rope_scaling.py).
+
+A candidate is a factor lambda_i per rotary pair (theta_i' = theta_i / lambda_i), on a grid of search.step from 1
+to search.max_factor (null: the paper's 1.25 s), non-decreasing from the highest frequency to the lowest (the paper's
+monotone constraint), and start_tokens, the first positions left at the unscaled frequencies (the paper's n-hat,
+from search.start_tokens, the paper's list). Fitness: mean NLL over search.windows fixed held-out windows of the
+target length (evaluation/longrope.py says which text, and why not the text eval.py scores), every candidate with
+LongRoPE's cos/sin scale sqrt(1 + ln s / ln L). The initial population is PI, NTK and YaRN as factors, then
+mutations of them; each generation keeps the best search.parents and adds search.mutations mutants and
+search.crossovers children. The paper runs a population of 64 for 40 generations on an LLM; the defaults here are
+sized for a few CPU minutes on the tiny model.
+"""
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from evaluation import longrope
+from evaluation.heldout import held_out_works
+from evaluation.length import Region, default_lengths, score
+from positional.rope_scaling import longrope_scale
+from utils import checkpoint, runtime, schema
+from utils.errors import UserError, cli, hydra_cli
+from utils.progress import progress, say
+
+SEEDS = ("linear", "ntk", "yarn")  # the closed-form kinds the initial population starts from (the paper's PI/NTK/YaRN)
+NOVEL_TRIES = 50  # draws a mutation gets to find a candidate not seen before, before a repeat is let through
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """levels[i]: lambda_i = 1 + step * levels[i] (integers, so the monotone test is exact); start: start_tokens."""
+
+    levels: tuple[int, ...]
+    start: int
+
+
+@dataclass(frozen=True)
+class Space:
+    step: float
+    top: int  # the highest level: lambda <= 1 + step * top
+    starts: tuple[int, ...]  # the start_tokens values, ascending
+
+    def factors(self, c: Candidate) -> list[float]:
+        return [round(1.0 + self.step * v, 9) for v in c.levels]  # 1.66, not 1.6600000000000001, in the file
+
+    def snap(self, lam, start: int = 0) -> Candidate:
+        """Factors onto the grid (rounding is monotone, so a non-decreasing seed stays non-decreasing)."""
+        levels = np.clip(np.rint((np.asarray(lam, dtype=np.float64) - 1.0) / self.step), 0, self.top)
+        return Candidate(tuple(int(v) for v in levels), start)
+
+
+def monotone(c: Candidate) -> bool:
+    return all(a <= b for a, b in zip(c.levels, c.levels[1:], strict=False))
+
+
+def mutate(c: Candidate, space: Space, rng: np.random.Generator, rate: float, seen=()) -> Candidate:
+    """Each factor, with probability rate, redrawn between its neighbours' current values (first: from 1, last: to
+    the top), left to right, so every draw keeps the order; start_tokens, with probability rate, moves one step in
+    its list. Tries for a candidate unlike its parent and not in seen."""
+    child = c
+    for _ in range(NOVEL_TRIES):
+        levels = list(c.levels)
+        for i in range(len(levels)):
+            if rng.random() < rate:
+                lo = levels[i - 1] if i > 0 else 0
+                hi = levels[i + 1] if i + 1 < len(levels) else space.top
+                levels[i] = int(rng.integers(lo, hi + 1))
+        k = space.starts.index(c.start) if c.start in space.starts else 0
+        if rng.random() < rate:
+            k = min(len(space.starts) - 1, max(0, k + (1 if rng.random() < 0.5 else -1)))
+        child = Candidate(tuple(levels), space.starts[k])
+        if child != c and child not in seen:
+            break
+    return child
+
+
+def crossover(a: Candidate, b: Candidate, rng: np.random.Generator, tries: int, seen=()) -> Candidate | None:
+    """Each factor from a or b with even odds, start_tokens from one of them; a child that breaks the order (or is
+    a parent or seen) is drawn again, up to tries times; None if none passed (the caller mutates instead)."""
+    if a == b:
+        return None
+    for _ in range(tries):
+        pick = rng.random(len(a.levels)) < 0.5
+        child = Candidate(
+            tuple(int(y if p else x) for x, y, p in zip(a.levels, b.levels, pick, strict=True)),
+            b.start if rng.random() < 0.5 else a.start,
+        )
+        if monotone(child) and child not in (a, b) and child not in seen:
+            return child
+    return None
+
+
+def select(population: list[Candidate], fitness, k: int) -> list[Candidate]:
+    """The k fittest (lowest NLL) distinct candidates."""
+    return sorted(dict.fromkeys(population), key=fitness)[:k]
+
+
+def evolve(seeds: list[Candidate], fitness, space: Space, s, rng: np.random.Generator) -> dict:
+    """Algorithm 1: an initial population of the seeds and their mutants, then s.generations of selection,
+    mutation and crossover. fitness(candidate) -> NLL is called once per distinct candidate. Returns the best
+    candidate, its fitness, the initial population's best, and the best fitness after each generation."""
+    cache: dict[Candidate, float] = {}
+
+    def fit(c: Candidate) -> float:
+        if c not in cache:
+            cache[c] = float(fitness(c))
+        return cache[c]
+
+    population = list(dict.fromkeys(seeds))
+    for i in range(NOVEL_TRIES * s.population):  # bounded: a tiny space may hold fewer distinct candidates
+        if len(population) >= s.population:
+            break
+        child = mutate(seeds[i % len(seeds)], space, rng, s.mutation_rate, population)
+        if child not in population:
+            population.append(child)
+    initial = min(fit(c) for c in population)
+    history = [initial]
+    for _ in range(s.generations):
+        parents = select(population, fit, s.parents)
+        children = []
+        for _ in range(s.mutations):
+            parent = parents[int(rng.integers(len(parents)))]
+            children.append(mutate(parent, space, rng, s.mutation_rate, cache))
+        for _ in range(s.crossovers):
+            i, j = sorted(rng.choice(len(parents), 2, replace=False)) if len(parents) > 1 else (0, 0)
+            child = crossover(parents[i], parents[j], rng, s.crossover_tries, cache)
+            children.append(child or mutate(parents[i], space, rng, s.mutation_rate, cache))
+        for c in children:
+            fit(c)
+        population = parents + children
+        history.append(fit(select(population, fit, 1)[0]))
+    best = select(population, fit, 1)[0]
+    return {"best": best, "fitness": fit(best), "initial": initial, "history": history, "scores": cache}
+
+
+def search(cfg: DictConfig, rt) -> dict:
+    model, ckpt = checkpoint.load_model(cfg.checkpoint, rt.device)
+    pe, train_length, target = model.pe, ckpt["seq_len"], cfg.target_length
+    pos = ckpt["model_config"]["positional"]
+    if not pe.rotary:
+        raise UserError(f"LongRoPE rescales rotary frequencies, and positional={pe.name} has none; pick a rope run")
+    if pos.get("scaling", "none") != "none":
+        raise UserError(
+            f"this model was fine-tuned with positional.scaling={pos['scaling']}, built into its frequencies; "
+            f"LongRoPE would replace it, not compose with it: search on the run it was fine-tuned from"
+        )
+    if target <= train_length:
+        raise UserError(f"target_length={target} must be longer than the training length {train_length}")
+    factor = target / train_length
+    s = cfg.search
+    top = (1.25 * factor if s.max_factor is None else s.max_factor) - 1.0
+    space = Space(s.step, max(1, math.floor(top / s.step + 1e-9)), tuple(sorted({int(n) for n in s.start_tokens})))
+
+    works = held_out_works(ckpt, cfg.eval.prepare)
+    lengths = default_lengths(train_length) if cfg.eval.lengths is None else list(cfg.eval.lengths)
+    spans = longrope.read_spans(works, max(lengths), cfg.eval.tokens)
+    windows = longrope.search_windows(works, target, s.windows, spans)
+    regions = [Region(t, 0) for t in longrope.window_tokens(works, windows)]
+    scale = longrope_scale(factor, train_length)
+
+    def nll() -> float:
+        return score(model, regions, target, "nonoverlap", target, cfg.eval.batch_tokens, rt).nll
+
+    total = s.population + s.generations * (s.mutations + s.crossovers)
+    bar = progress(None, f"longrope x{factor:g}", total=total, unit="cand")
+
+    def fitness(c: Candidate) -> float:
+        pe.set_scaling("longrope", factor, train_length, rescale=space.factors(c), start_tokens=c.start)
+        value = nll()
+        bar.update(1)
+        bar.set_postfix(ppl=f"{math.exp(value):.2f}")
+        return value
+
+    t0 = time.time()
+    seeds = [space.snap(pe.scaling_factors(kind, factor, train_length), space.starts[0]) for kind in SEEDS]
+    rng = np.random.default_rng(s.seed)
+    result = evolve(seeds, fitness, space, s, rng)
+    bar.close()
+    seed_nll = {kind: result["scores"][c] for kind, c in zip(SEEDS, seeds, strict=True)}
+    pe.set_scaling("none")
+    plain = nll()
+    best = result["best"]
+    record = {
+        "kind": "longrope",
+        "factors": space.factors(best),
+        "start_tokens": best.start,
+        "attn_scale": scale,
+        "target_length": target,
+        "original_length": train_length,
+        "factor": factor,
+        "fitness": {"nll": result["fitness"], "ppl": math.exp(result["fitness"])},
+        "initial_best": {"nll": result["initial"], "ppl": math.exp(result["initial"])},
+        "seeds": {k: {"nll": v, "ppl": math.exp(v)} for k, v in seed_nll.items()},  # as LongRoPE factors and scale
+        "plain_rope": {"nll": plain, "ppl": math.exp(plain)},
+        "history_nll": result["history"],
+        "evaluations": len(result["scores"]),
+        "search": OmegaConf.to_container(s),
+        "avoided": {"eval.lengths": lengths, "eval.tokens": cfg.eval.tokens},
+        "windows": windows,
+        "checkpoint": str(checkpoint.checkpoint_path(cfg.checkpoint)),
+        "step": ckpt["step"],
+        "device": str(rt.device),
+        "seconds": round(time.time() - t0, 1),
+    }
+    return record
+
+
+def run(cfg: DictConfig) -> Path:
+    schema.check_longrope(cfg)
+    if not cfg.checkpoint:
+        raise UserError("pass checkpoint=<run folder or ckpt.pt> and target_length=<tokens>")
+    rt = runtime.setup(cfg.device, cfg.dtype, 0)
+    record = search(cfg, rt)
+    path = longrope.save(checkpoint.checkpoint_path(cfg.checkpoint).parent, record)
+
+    def show(r: dict) -> str:
+        return f"ppl {r['ppl']:.2f}"
+
+    say(
+        f"longrope x{record['factor']:g} at {record['target_length']} on {len(record['windows'])} windows "
+        f"({record['evaluations']} candidates, {record['seconds']} s): best {show(record['fitness'])}, initial "
+        f"population's best {show(record['initial_best'])}, plain RoPE {show(record['plain_rope'])}; "
+        + ", ".join(f"{k} {show(v)}" for k, v in record["seeds"].items())
+    )
+    say(f"start_tokens {record['start_tokens']}, factors {[round(x, 2) for x in record['factors']]}")
+    say(f"written {path}")
+    return path
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="longrope")
+def main(cfg: DictConfig):
+    cli(lambda: run(cfg))
+
+
+if __name__ == "__main__":
+    hydra_cli(main)
