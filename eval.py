@@ -60,7 +60,7 @@ def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str
             f"eval.rope_scaling={requested}: this model was trained with positional.scaling={trained}, built into it; "
             f"another scaling would replace it, not compose with it: evaluate it with eval.rope_scaling=none"
         )
-    if requested == "all":  # the closed-form kinds: a SEARCHED one needs its search run first, and is asked by name
+    if requested == "all":  # the closed-form kinds; with_searched adds a SEARCHED one where its search has been run
         return list(KINDS) if rotary else ["none"]
     if requested != "none" and not rotary:
         raise UserError(f"eval.rope_scaling applies to rotary schemes (rope, sink over rope), not {pe.name}")
@@ -115,6 +115,19 @@ def scored_text(ckpt: dict, ev, max_len: int):
     return pieces, regions(works, pieces, max_len)
 
 
+def with_searched(variants: list[str], requested: str, path, factors: list[float]) -> list[str]:
+    """`all` also scores each SEARCHED kind whose search has been run for every factor past 1 here (its files are
+    beside the checkpoint); one not searched yet is left out with a note, as it is for a scheme with no rotation."""
+    if requested != "all" or "linear" not in variants:  # not rotary, or a fine-tune's scaling is built in
+        return variants
+    run_dir, past = checkpoint.checkpoint_path(path).parent, [f for f in factors if f > 1]
+    missing = [f for f in past if not (run_dir / longrope.file_name(f)).exists()]
+    if missing:
+        say(f"note: eval.rope_scaling=all leaves out {', '.join(SEARCHED)}: not searched for x{missing[0]:g} here")
+        return variants
+    return variants + list(SEARCHED)
+
+
 def searched_scalings(path, pe, variants, lengths, factor_of, train_length: int) -> dict:
     """{(variant, length): set_scaling's keyword arguments} for the SEARCHED variants past the training length, read
     from the files their search wrote beside the checkpoint (evaluation/longrope.py), all before any scoring: a
@@ -160,6 +173,7 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     def factor_of(length: int) -> float:
         return length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
 
+    variants = with_searched(variants, ev.rope_scaling, path, [factor_of(n) for n in lengths])
     searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
     pieces, regs = scored_text(ckpt, ev, lengths[-1])
     note_search_overlap(searched, pieces, lengths[-1])

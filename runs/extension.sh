@@ -8,7 +8,8 @@
 #   EVAL_ARGS="eval.tokens=131072" bash runs/extension.sh # eval.py overrides for every length evaluation
 #   PASSKEY_ARGS="eval.trials=100" bash runs/extension.sh # and for every passkey evaluation
 #
-# 1. the RoPE base, training-free: eval.rope_scaling=all (PI, NTK, dynamic NTK, YaRN) and eval.log_scaling;
+# 1. the RoPE base, training-free: eval.rope_scaling=all (PI, NTK, dynamic NTK, YaRN, and LongRoPE, whose factors
+#    are searched first for each length past training) and eval.log_scaling;
 # 2. fine-tuned at 4x the length for STEPS steps (same tokens per step as the base): YaRN x4, PI x4, unscaled;
 # 3. DroPE: the RoPE base with its rotation dropped, recalibrated at the original length for DROPE_STEPS steps
 #    (init_from=... positional=nope), scored zero-shot with and without log-length scaling; against a NoPE model
@@ -71,6 +72,13 @@ train "$EXT/rope-1024" init_from="$EXT/rope" "${at4x[@]}"
 train "$EXT/drope" init_from="$EXT/rope" positional=nope train.max_steps="$DROPE_STEPS"
 train "$EXT/nope-scratch" positional=nope train.max_steps=$((base_steps + DROPE_STEPS))
 
+train_len=$("$PY" -c "import sys, torch; print(torch.load(sys.argv[1], map_location='cpu', mmap=True)['seq_len'])" \
+  "$EXT/rope/ckpt.pt")
+for n in ${LENGTHS//[\[\],]/ }; do  # LongRoPE's factors, searched for each length past training (eval.py's `all` then
+  factor=$("$PY" -c "print(f'{$n / $train_len:g}')")  # scores them beside the closed-form scalings)
+  [ "$n" -le "$train_len" ] || [ -f "$EXT/rope/longrope_x$factor.json" ] || "$PY" -m evaluation.longrope_search \
+    checkpoint="$EXT/rope" target_length="$n" eval.lengths="$LENGTHS" "${eval_args[@]}"
+done
 length_eval "$EXT/rope" eval.rope_scaling=all eval.log_scaling=true
 for run in rope-yarn4 rope-pi4 rope-1024 nope-scratch; do length_eval "$EXT/$run"; done
 length_eval "$EXT/drope" eval.log_scaling=true

@@ -241,3 +241,14 @@ def test_search_bad_input_is_one_line(tiny_checkpoint, tmp_path, capsys):
     one_line_exit_2(capsys, lambda: ls.run(tiny_search_cfg(ckpt, "target_length=32")), "target_length=32 must be")
     one_line_exit_2(capsys, lambda: ls.run(tiny_search_cfg(ckpt, "search.parents=9")), "search.parents=9")
     one_line_exit_2(capsys, lambda: ls.run(tiny_search_cfg(ckpt, "search.windows=100000")), "search.windows=100000")
+
+
+def test_all_adds_longrope_only_where_every_factor_has_been_searched(tmp_path):
+    closed = ["none", "linear", "ntk", "dynamic_ntk", "yarn"]
+    factors = [0.5, 1.0, 2.0, 4.0]
+    (tmp_path / longrope.file_name(2.0)).write_text("{}")
+    assert eval_py.with_searched(closed, "all", tmp_path, factors) == closed  # x4 not searched yet
+    (tmp_path / longrope.file_name(4.0)).write_text("{}")
+    assert eval_py.with_searched(closed, "all", tmp_path, factors) == [*closed, "longrope"]
+    assert eval_py.with_searched(["none"], "all", tmp_path, factors) == ["none"]  # no rotation, or a scaling built in
+    assert eval_py.with_searched(["yarn"], "yarn", tmp_path, factors) == ["yarn"]  # asked by name: only that
