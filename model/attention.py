@@ -177,8 +177,8 @@ def with_nothing_slot(k, v, mask, sink, n_queries: int):
     """Keys and values with a zero key 0 (score 0) and zero value, and the 4-D mask with column 0 = the sink logit
     (B or 1, H, Tq, 1 + Tk): SDPA's softmax then has exp(s_h) in its denominator and adds nothing to the output.
     Key 0 rather than last, so a diagonal block's keys stay one prefix slice."""
-    zero = k.new_zeros(k.size(0), k.size(1), 1, k.size(3))
-    k, v = torch.cat((zero, k), dim=2), torch.cat((zero, v), dim=2)
+    k = torch.cat((k.new_zeros(*k.shape[:2], 1, k.size(3)), k), dim=2)  # keys may be wider than values (PoPE)
+    v = torch.cat((v.new_zeros(*v.shape[:2], 1, v.size(3)), v), dim=2)
     n_head, n_keys = sink.size(0), k.size(2) - 1
     batch = 1 if mask is None else mask.size(0)  # a content bias gives every sequence its own mask
     body = (sink.new_zeros(1, 1, 1, 1) if mask is None else mask).expand(batch, n_head, n_queries, n_keys)
