@@ -2,6 +2,7 @@
 
 python eval.py checkpoint=out/rope                            lengths 0.5..16 x training length, two modes
 python eval.py checkpoint=out/rope eval.rope_scaling=all      + linear, ntk, dynamic_ntk and yarn extension
+python eval.py checkpoint=out/rope eval.rope_scaling=rerope   + ReRoPE (or leaky_rerope; eval.rerope_window, _leak)
 python eval.py checkpoint=out/alibi eval.log_scaling=true     + a `log` row: logits x log_L n past L (any scheme)
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00         every run of a training sweep, one table
 python eval.py -m checkpoint=out/rope,out/alibi,out/learned   likewise, as a Hydra multirun
@@ -25,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from evaluation import bootstrap, compare, report
 from evaluation.heldout import held_out_works
 from evaluation.length import regions, score, scoring_pieces
+from positional import rerope
 from positional.rope_scaling import KINDS
 from utils import checkpoint, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
@@ -33,6 +35,8 @@ from utils.progress import progress, say
 
 DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)
 LOG = "log"  # the variant row of eval.log_scaling
+VARIANTS = KINDS + rerope.KINDS  # eval.rope_scaling's choices besides all
+ALL = KINDS  # what eval.rope_scaling=all scores
 
 
 def resolve_lengths(lengths, train_length: int) -> list[int]:
@@ -57,8 +61,8 @@ def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str
     frequencies built in: another scaling would replace them, not add to them, so it is refused, and `all` (as in a
     sweep) scores that model as it is."""
     rotary = pe.rotary
-    if requested not in KINDS and requested != "all":
-        raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(KINDS)}, all")
+    if requested not in VARIANTS and requested != "all":
+        raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(VARIANTS)}, all")
     if trained and requested != "none":
         if requested == "all":
             say(f"note: trained with positional.scaling={trained}: scored as it is, with no eval-time scaling")
@@ -68,9 +72,12 @@ def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str
             f"another scaling would replace it, not compose with it: evaluate it with eval.rope_scaling=none"
         )
     if requested == "all":
-        return list(KINDS) if rotary else ["none"]
+        return list(ALL) if rotary else ["none"]
     if requested != "none" and not rotary:
-        raise UserError(f"eval.rope_scaling applies to rotary schemes (rope, sink over rope), not {pe.name}")
+        raise UserError(
+            f"eval.rope_scaling={requested} applies to rotary schemes (rope, prope, xpos, pope, sink over rope), "
+            f"not {pe.name}"
+        )
     return [requested]
 
 
@@ -151,7 +158,13 @@ def evaluate_lengths(path, cfg, rt) -> dict:
         model.set_log_scaling(train_length if variant == LOG else None)
         if variant not in ("none", LOG):
             factor = length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
-            pe.set_scaling(variant, factor, train_length)
+            far = {}
+            if variant in rerope.KINDS:  # this cell's w and k (positional/rerope.py), also in its row
+                w = rerope.window(train_length, ev.rerope_window)
+                k = rerope.leak(variant, w, train_length, factor, None if ev.rerope_leak == "auto" else ev.rerope_leak)
+                far = {"window": w, "leak": k}
+                row.update(window=w, leak=None if variant == "rerope" else round(k, 4))  # rerope's k = inf: null
+            pe.set_scaling(variant, factor, train_length, **far)
         t = time.time()
         cell = score(model, regs, length, mode, strides[length], ev.batch_tokens, rt)
         ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))

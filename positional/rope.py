@@ -2,16 +2,16 @@
 
 python train.py positional=rope positional.base=10000
 python train.py positional=rope positional.rotary_fraction=0.25      (partial rotary, GPT-NeoX style)
-Scores then depend only on q_pos - k_pos. Context-extension variants (rope_scaling.py) are set at eval time
-with set_scaling(kind, factor, original_length). rotary_fraction < 1 rotates only the first fraction of each
-head's dimension pairs, at the frequencies of a head that many dims wide; the other pairs get frequency 0
+Scores then depend only on q_pos - k_pos. Context-extension variants (rope_scaling.py; ReRoPE: rerope.py) are set
+at eval time with set_scaling(kind, factor, original_length). rotary_fraction < 1 rotates only the first fraction of
+each head's dimension pairs, at the frequencies of a head that many dims wide; the other pairs get frequency 0
 (cos 1, sin 0: passed through unchanged), so every backend, cache and the fused rotation serve it as they are.
 """
 
 import torch
 import torch.nn.functional as F
 
-from . import rope_scaling
+from . import rerope, rope_scaling
 from .base import Positional
 
 
@@ -102,12 +102,22 @@ class RoPE(Positional):
         """Those frequencies laid out over this head's pairs: the pairs past them stand still (frequency 0)."""
         return F.pad(inv_freq, (0, self.n_frequencies() - len(inv_freq)))
 
-    def set_scaling(self, kind: str, factor: float = 1.0, original_length: int = 1):
+    def set_scaling(self, kind: str, factor: float = 1.0, original_length: int = 1, window=None, leak=None):
+        """A rope_scaling kind at factor s from original_length; or rerope / leaky_rerope (rerope.py), which keep the
+        frequencies and add a far rotation past window w (default L/2), compressed by leak k (default: for s x L)."""
+        far = kind in rerope.KINDS
         inv_freq, self.pos_scale, self.cos_scale = rope_scaling.static_frequencies(
-            kind, self.freq_dim(), self.base, float(factor), int(original_length)
+            "none" if far else kind, self.freq_dim(), self.base, float(factor), int(original_length)
         )
         self.inv_freq.copy_(self.arrange(inv_freq).float())
         self.scaling, self.factor, self.original_length = kind, float(factor), int(original_length)
+        self.far_window, self.leak = None, None
+        if far:
+            self.far_window = rerope.window(self.original_length, window)
+            self.leak = rerope.leak(kind, self.far_window, self.original_length, self.factor, leak)
+
+    def far_positions(self, pos, key):
+        return rerope.far_positions(pos, key, self.far_window, self.leak)
 
     def rotation(self, pos):
         """(cos, sin), each (T, Dh/2), at these positions: computed once per forward by the attention plan."""
@@ -124,4 +134,6 @@ class RoPE(Positional):
 
     def extra_repr(self):
         scaling = f"scaling={self.scaling}, factor={self.factor}"
+        if self.far_window is not None:
+            scaling += f", window={self.far_window}, leak={self.leak}"
         return f"base={self.base}, rotary_fraction={self.rotary_fraction}, {scaling}, " + super().extra_repr()

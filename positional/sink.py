@@ -52,3 +52,10 @@ class Sink(Positional):
 
     def set_scaling(self, *args, **kwargs):
         return self.inner.set_scaling(*args, **kwargs)
+
+    @property
+    def far_window(self):  # set by the inner scheme's set_scaling (ReRoPE), so read through, never copied
+        return self.inner.far_window
+
+    def far_positions(self, pos, key):
+        return self.inner.far_positions(pos, key)
