@@ -4,6 +4,7 @@ python eval.py checkpoint=out/rope                            lengths 0.5..16 x 
 python eval.py checkpoint=out/rope eval.rope_scaling=all      + linear, ntk, dynamic_ntk and yarn extension
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   factors searched beforehand
                                                               (python -m evaluation.longrope_search, its docstring)
+python eval.py checkpoint=out/rope eval.rope_scaling=rerope   + ReRoPE (or leaky_rerope; eval.rerope_window, _leak)
 python eval.py checkpoint=out/alibi eval.log_scaling=true     + a `log` row: logits x log_L n past L (any scheme)
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00         every run of a training sweep, one table
 python eval.py -m checkpoint=out/rope,out/alibi,out/learned   likewise, as a Hydra multirun
@@ -27,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from evaluation import bootstrap, compare, longrope, report
 from evaluation.heldout import held_out_works
 from evaluation.length import default_lengths, read_span, regions, score, scoring_pieces
+from positional import rerope
 from positional.rope_scaling import KINDS, SEARCHED
 from utils import checkpoint, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
@@ -34,6 +36,8 @@ from utils.logger import start_wandb
 from utils.progress import progress, say
 
 LOG = "log"  # the variant row of eval.log_scaling
+VARIANTS = KINDS + SEARCHED + rerope.KINDS  # eval.rope_scaling's choices besides all
+ALL = KINDS  # what eval.rope_scaling=all scores
 
 
 def resolve_lengths(lengths, train_length: int) -> list[int]:
@@ -50,8 +54,8 @@ def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str
     frequencies built in: another scaling would replace them, not add to them, so it is refused, and `all` (as in a
     sweep) scores that model as it is."""
     rotary = pe.rotary
-    if requested not in KINDS + SEARCHED and requested != "all":
-        raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(KINDS + SEARCHED)}, all")
+    if requested not in VARIANTS and requested != "all":
+        raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(VARIANTS)}, all")
     if trained and requested != "none":
         if requested == "all":
             say(f"note: trained with positional.scaling={trained}: scored as it is, with no eval-time scaling")
@@ -61,9 +65,12 @@ def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str
             f"another scaling would replace it, not compose with it: evaluate it with eval.rope_scaling=none"
         )
     if requested == "all":  # the closed-form kinds; with_searched adds a SEARCHED one where its search has been run
-        return list(KINDS) if rotary else ["none"]
+        return list(ALL) if rotary else ["none"]
     if requested != "none" and not rotary:
-        raise UserError(f"eval.rope_scaling applies to rotary schemes (rope, sink over rope), not {pe.name}")
+        raise UserError(
+            f"eval.rope_scaling={requested} applies to rotary schemes (rope, prope, xpos, pope, sink over rope), "
+            f"not {pe.name}"
+        )
     return [requested]
 
 
@@ -190,7 +197,14 @@ def evaluate_lengths(path, cfg, rt) -> dict:
             continue
         model.set_log_scaling(train_length if variant == LOG else None)
         if variant not in ("none", LOG):
-            extra = longrope.scaling_args(searched[variant, length]) if (variant, length) in searched else {}
+            far = {}
+            if variant in rerope.KINDS:  # this cell's w and k (positional/rerope.py), also in its row
+                w = rerope.window(train_length, ev.rerope_window)
+                leak = None if ev.rerope_leak == "auto" else ev.rerope_leak
+                k = rerope.leak(variant, w, train_length, factor_of(length), leak)
+                far = {"window": w, "leak": k}
+                row.update(window=w, leak=None if variant == "rerope" else round(k, 4))  # rerope's k = inf: null
+            extra = longrope.scaling_args(searched[variant, length]) if (variant, length) in searched else far
             pe.set_scaling(variant, factor_of(length), train_length, **extra)
         t = time.time()
         cell = score(model, regs, length, mode, strides[length], ev.batch_tokens, rt)

@@ -4,8 +4,11 @@ python sample.py checkpoint=out/rope prompt="ROMEO." max_new_tokens=300 temperat
 python sample.py checkpoint=out/sink cache=sink max_new_tokens=-1      (streams until Ctrl-C, constant memory)
 python sample.py checkpoint=out/alibi prompt=@scene.txt num_samples=3
 python sample.py checkpoint=out/rope static=true      (a compiled fixed-shape decode step: CUDA graphs on a GPU)
+python sample.py checkpoint=out/rope rope_scaling=rerope max_new_tokens=2000    (ReRoPE past the training length)
 cache=dense keeps every token and stops at the scheme's limit; cache=sink keeps cache.sinks first tokens plus
 a window of the cache.window most recent ones and never stops. The last line gives tokens/s and peak memory.
+rope_scaling=rerope|leaky_rerope (positional/rerope.py; rerope_window, rerope_leak as eval.py's) extends a rotary
+model without training; leaky_rerope's automatic k is the one for the cache's capacity.
 """
 
 import codecs
@@ -59,6 +62,24 @@ def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.
     return n, stopped
 
 
+def set_rope_scaling(model, ckpt, cfg, capacity: int):
+    """rope_scaling=rerope|leaky_rerope on the model, for a cache of this many tokens (leaky_rerope's auto k)."""
+    kind, pe, train_length = cfg.rope_scaling, model.pe, ckpt["seq_len"]
+    if kind == "none":
+        return
+    if not pe.rotary:
+        raise UserError(f"rope_scaling={kind} applies to rotary schemes (rope, prope, xpos, pope, sink), not {pe.name}")
+    trained = ckpt["model_config"]["positional"].get("scaling", "none")
+    if trained != "none":
+        raise UserError(
+            f"rope_scaling={kind}: this model was fine-tuned with positional.scaling={trained}, whose frequencies "
+            f"{kind} would replace; sample it with rope_scaling=none"
+        )
+    leak = None if cfg.rerope_leak == "auto" else float(cfg.rerope_leak)
+    factor = (capacity - pe.n_prefix) / train_length
+    pe.set_scaling(kind, factor, train_length, window=cfg.rerope_window, leak=leak)
+
+
 def sample(cfg: DictConfig):
     schema.check_sample(cfg)
     if not cfg.checkpoint:
@@ -77,6 +98,7 @@ def sample(cfg: DictConfig):
         if cfg.num_samples > 1:
             print(f"--- sample {k + 1}/{cfg.num_samples} ---")
         cache = build_cache(model, cfg.cache.kind, 1, ckpt["seq_len"], **cache_opts)
+        set_rope_scaling(model, ckpt, cfg, cache.capacity)
         if cfg.cache.kind == "dense" and len(ids) + model.pe.n_prefix > cache.capacity:
             raise UserError(
                 f"the prompt has {len(ids)} tokens, more than the dense cache holds ({cache.capacity}); "

@@ -5,6 +5,7 @@ python train.py model.qk_norm=learned model.sink_logit=true      (the options th
 python train.py model.window=64 model.window_pattern=SSSL         (sliding windows in 3 layers of 4, as nanochat)
 python train.py positional=irope                                  (RoPE, and NoPE in every 4th layer, as Llama 4)
 python train.py model.ssmax=true                                  (Scalable-Softmax: logits x s_h ln n, s_h learned)
+python eval.py checkpoint=out/rope eval.rope_scaling=rerope       (ReRoPE: a second rotation scores far keys)
 Functional RMSNorm (no weights), QK-norm, ReLU^2 MLP, untied embeddings, grouped-query attention, logit
 softcap, no biases, zero-initialised output projections. The scheme (positional/) acts on the embeddings,
 on queries and keys, and/or on the attention scores; this file never asks which scheme it is.
@@ -145,17 +146,28 @@ class Attention(nn.Module):
     def forward(self, x, plan, cache=None):
         B, T, _ = x.shape
         plan = self.own_plan(plan)
-        q, k, v = self.project(x)
-        q = self.scale_queries(plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan)
+        q_raw, k_raw, v = self.project(x)
+        q = self.scale_queries(plan.pe.rotate(q_raw, plan.q_pos, plan.q_rot), plan)
         state = None if self.pe_layer is None else self.pe_layer(x)
         if cache is None:
-            k = plan.pe.rotate_key(k, plan.k_pos, plan.k_rot)
+            k = plan.pe.rotate_key(k_raw, plan.k_pos, plan.k_rot)
         else:  # the cache rotates keys at the positions it gives them and returns all it holds
-            k, v = cache.update(self.layer_idx, k, v, plan)
+            k, v = cache.update(self.layer_idx, k_raw, v, plan)
             if state is not None:  # and the scheme's per-token state, kept beside the keys
                 state = cache.update_state(self.layer_idx, state)
-        y = attend(q, k, v, plan, self.sink, self.content(q, state, plan))
+        far = None if plan.far is None else self.far(q_raw, k_raw, plan, cache)
+        y = attend(q, k, v, plan, self.sink, self.content(q, state, plan), far)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    def far(self, q, k, plan, cache=None):
+        """(q_far, k_far): this layer's queries and keys (before rotation) at the plan's far rotation (ReRoPE), the
+        keys through the cache (after update(), which stored the raw ones a sink cache rotates from). A query's
+        log-length factor scales its far logits as much as its near ones."""
+        f = plan.far
+        q_far = self.scale_queries(plan.pe.rotate(q, f.q_pos, f.q_rot), plan)
+        if cache is None:
+            return q_far, plan.pe.rotate_key(k, f.k_pos, f.k_rot)
+        return q_far, cache.update_far(self.layer_idx, k, plan)
 
     def scale_queries(self, q, plan):
         """q (B, H, Tq, Dh) times the plan's log-length factor (Tq, 1) and SSMax's s_h ln n (H, Tq, 1), where on:

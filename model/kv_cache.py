@@ -8,7 +8,11 @@ drives a cache through three calls: room() (how many tokens the next exact step 
 (store this step's keys and values, return all cached keys, rotated by the plan's scheme and rotation state (a
 layer's own: positional.layers), and values),
 and for a scheme with per-token state (positional/base.py layer_module: FoX's log forget gates) update_state(layer,
-state) (store it beside the new keys, return every cached key's, in slot order; the scheme orders them by position).
+state) (store it beside the new keys, return every cached key's, in slot order; the scheme orders them by position),
+and for a scheme with a far rotation (ReRoPE, positional/rerope.py) update_far(layer, k, plan) (after update(): every
+cached key at the far rotation). The dense cache keeps the new keys at both rotations, 1.5x its memory, as a far
+key's rotation depends on its own position alone and so never changes: re-rotating every cached key per step
+would cost as much as attending to it. The sink cache rotates the raw keys it keeps, at in-cache positions.
 A slot's position is its index in the cache minus the scheme's prefix length, so a full forward and a cache
 agree on positions.
 Sliding-window layers (model.window): the dense cache keeps each a ring of the W most recent keys (rotated, at
@@ -43,11 +47,13 @@ class _Cache:
         state = (cfg.n_layer, batch_size, model.pe.state_dim, capacity)  # fp32: FoX sums it over the whole cache
         self.state = torch.zeros(state, device=device) if model.pe.state_dim else None
         self.pe, self.capacity, self.length = model.pe, capacity, 0
+        self.kf = None  # the dense cache's keys at the far rotation (ReRoPE), made at the first step that needs them
         self.offset = model.pe.n_prefix  # prefix tokens sit at negative positions, the text starts at 0
         self.slot_pos = torch.arange(capacity, device=device) - self.offset
 
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + (0 if self.state is None else self.state.nbytes)
+        extra = [t.nbytes for t in (self.state, self.kf) if t is not None]
+        return self.k.nbytes + self.v.nbytes + sum(extra)
 
     def update_state(self, layer: int, state):
         """Store the new tokens' per-token state (B, state_dim, n) as they are (a sink cache re-indexes at read, as it
@@ -83,6 +89,7 @@ class DenseCache(_Cache):
         self.row = {layer: r for r, layer in enumerate(full)}  # a full layer's row of self.k
         self.ring = {layer: r for r, layer in enumerate(windowed)}  # a window layer's ring in self.wk
         self.window = cfg.window
+        self.wk = self.wv = self.wkf = None  # window rings of keys, values and far keys (ReRoPE), where needed
         if windowed:
             shape = (len(windowed), *self.k.shape[1:3], cfg.window)
             self.wk = self.k.new_zeros(*shape, self.k.size(-1))
@@ -90,7 +97,7 @@ class DenseCache(_Cache):
             self.ring_pos = torch.full((cfg.window,), EMPTY, device=self.k.device)
 
     def nbytes(self) -> int:
-        return super().nbytes() + (self.wk.nbytes + self.wv.nbytes if self.ring else 0)
+        return super().nbytes() + sum(t.nbytes for t in (self.wk, self.wv, self.wkf) if t is not None)
 
     def room(self) -> int:
         if self.length >= self.capacity:
@@ -116,17 +123,32 @@ class DenseCache(_Cache):
         return self._window_k_pos if self.ring else None
 
     def update(self, layer: int, k, v, plan):
-        k = plan.pe.rotate_key(k, plan.q_pos, plan.q_rot).to(self.k.dtype)  # at the new keys' positions
+        k = plan.pe.rotate_key(k, plan.q_pos, plan.q_rot)  # at the new keys' positions
+        return self._store(layer, k, self.k, self.wk), self._store(layer, v, self.v, self.wv)
+
+    def update_far(self, layer: int, k, plan):
+        """The new keys at the far rotation (at their own positions, plan.far.new_rot) stored beside the others;
+        every cached key's back. The rows are made at the first step with far scores, which must be the first."""
+        if self.kf is None:
+            if self.slot:
+                raise CacheError("the far rotation (rerope) was set after this dense cache took tokens; build it after")
+            self.kf = torch.zeros_like(self.k)
+            self.wkf = None if self.wk is None else torch.zeros_like(self.wk)
+        k = plan.pe.rotate_key(k, plan.far.new_pos, plan.far.new_rot)
+        return self._store(layer, k, self.kf, self.wkf)
+
+    def _store(self, layer: int, x, rows, rings):
+        """Write the new tokens' x (keys or values) into a full layer's row, or a window layer's ring (which then
+        returns its ring as it was plus the new ones); return all the layer attends over."""
+        x = x.to(rows.dtype)
         if layer in self.ring:
-            r, kept = self.ring[layer], slice(max(0, k.size(2) - self.window), None)
-            keys, values = torch.cat((self.wk[r], k), dim=2), torch.cat((self.wv[r], v.to(self.v.dtype)), dim=2)
-            self.wk[r, :, :, self._ring_slots] = k[:, :, kept]
-            self.wv[r, :, :, self._ring_slots] = v[:, :, kept].to(self.v.dtype)
-            return keys, values
+            r, kept = self.ring[layer], slice(max(0, x.size(2) - self.window), None)
+            out = torch.cat((rings[r], x), dim=2)
+            rings[r, :, :, self._ring_slots] = x[:, :, kept]
+            return out
         layer = self.row[layer]
-        self.k[layer, :, :, self._new] = k
-        self.v[layer, :, :, self._new] = v
-        return self.k[layer, :, :, : self.length], self.v[layer, :, :, : self.length]
+        rows[layer, :, :, self._new] = x
+        return rows[layer, :, :, : self.length]
 
 
 class SinkCache(_Cache):
@@ -177,6 +199,10 @@ class SinkCache(_Cache):
         self.v[layer, :, :, self._new] = v
         keys = self.k[layer, :, :, : self.length]
         return plan.pe.rotate_key(keys, plan.k_pos, plan.k_rot), self.v[layer, :, :, : self.length]
+
+    def update_far(self, layer: int, k, plan):
+        """Every kept key (stored raw by update()) at the far rotation of its in-cache position."""
+        return plan.pe.rotate_key(self.k[layer, :, :, : self.length], plan.far.k_pos, plan.far.k_rot)
 
     def token_indices(self) -> torch.Tensor:
         """Which tokens (0-based, prefix included) the cache holds, in slot order; for tests and inspection."""

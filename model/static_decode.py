@@ -29,7 +29,7 @@ class StaticDecoder:
         self.k_pos = torch.full((cache.capacity,), HIDDEN, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         if device.type == "cuda":  # CUDA graphs need these at fixed addresses, written in place between replays
-            for t in (self.q_pos, self.k_pos, self.slot, cache.k, cache.v, cache.state):
+            for t in (self.q_pos, self.k_pos, self.slot, cache.k, cache.v, cache.state, cache.kf):
                 if t is not None:
                     torch._dynamo.mark_static_address(t)
         mode = "reduce-overhead" if device.type == "cuda" else "default"
@@ -62,6 +62,15 @@ class StaticDecoder:
         if self.cache.raw_keys:
             keys = plan.pe.rotate_key(keys, plan.k_pos, plan.k_rot)
         return keys, self.cache.v[layer]
+
+    def update_far(self, layer: int, k, plan):
+        """The far rotation (ReRoPE) of this token's key to its slot (dense) or of every raw key (sink), every slot's
+        back, as the eager caches do."""
+        if self.cache.raw_keys:
+            return plan.pe.rotate_key(self.cache.k[layer], plan.far.k_pos, plan.far.k_rot)
+        k = plan.pe.rotate_key(k, plan.far.new_pos, plan.far.new_rot)
+        self.cache.kf[layer].index_copy_(2, self.slot, k.to(self.cache.kf.dtype))
+        return self.cache.kf[layer]
 
     def update_state(self, layer: int, state):
         """The scheme's per-token state (FoX's log forget gates): this token's to its slot, every slot's back

@@ -18,6 +18,11 @@ layer has its own queries and input, by two more hooks (the plan, shared by the 
                                  q and of the keys, not positions; plan.q_pos[i] and plan.k_pos[j] give those),
                                  written with broadcasting tensor ops over tensors it captures, like score_bias:
                                  the dense paths call it on index grids, flex calls it from its score_mod
+A scheme may score far keys differently from near ones (ReRoPE, positional/rerope.py), with two more hooks:
+  far_window                     w, or None: keys at distance q_pos - k_pos >= w score q_far . k_far, the queries
+                                 and keys rotated by rotation(far_positions(pos, key)) instead of rotation(pos);
+                                 the attention plan makes both rotation states once for every layer
+  far_positions(pos, key)        where that second rotation puts queries (key=False) or keys at pos (float)
 Positions are explicit integer tensors. A scheme also states what it supports:
   relative       scores depend on positions only through q_pos - k_pos, so a streaming sink cache can re-index
                  them (FIRE: also through the query's own position, which its normaliser reads; see fire.py)
@@ -36,13 +41,14 @@ class PositionLimitError(ValueError):
 class Positional(nn.Module):
     name = "none"
     relative = False
-    rotary = False  # rotary schemes also implement set_scaling(kind, factor, original_length, **searched), searched
-    # the parameters of a searched kind (LongRoPE's rescale, start_tokens, attn_scale; rope_scaling.py)
+    rotary = False  # rotary schemes also implement set_scaling(kind, factor, original_length, **options): options
+    # a searched kind's parameters (LongRoPE: rescale, start_tokens, attn_scale) or ReRoPE's window and leak
     max_positions: int | None = None
     n_prefix = 0
     score_bias = None  # subclasses with a bias define a method score_bias(h, q_pos, k_pos) -> Tensor
     content_bias = None  # subclasses whose bias reads q or the layer input define content_bias(q, state, plan)
     state_dim = 0  # channels of the per-token state layer_module() computes (a KV cache keeps them per key)
+    far_window: int | None = None  # ReRoPE's w (set by set_scaling): far keys score through a second rotation
 
     def __init__(self, n_head: int, head_dim: int, d_model: int):
         super().__init__()
@@ -63,6 +69,9 @@ class Positional(nn.Module):
     def rotate_key(self, x: torch.Tensor, pos: torch.Tensor, rotation=None) -> torch.Tensor:
         return self.rotate(x, pos, rotation)
 
+    def far_positions(self, pos: torch.Tensor, key: bool) -> torch.Tensor:
+        raise NotImplementedError(f"positional={self.name} has no far rotation")
+
     def rotated_dim(self) -> int:
         """The width of rotated queries and keys (values keep head_dim)."""
         return self.head_dim
@@ -70,7 +79,7 @@ class Positional(nn.Module):
     def prefix(self) -> torch.Tensor | None:
         return None
 
-    def set_scaling(self, kind: str, factor: float = 1.0, original_length: int = 1, **searched):
+    def set_scaling(self, kind: str, factor: float = 1.0, original_length: int = 1, **options):
         if kind != "none":
             raise ValueError(f"rope scaling applies to rotary schemes, not positional={self.name}")
 

@@ -2,16 +2,16 @@
 
 python train.py positional=rope positional.base=10000
 python train.py positional=rope positional.rotary_fraction=0.25      (partial rotary, GPT-NeoX style)
-Scores then depend only on q_pos - k_pos. Context-extension variants (rope_scaling.py) are set at eval time
-with set_scaling(kind, factor, original_length). rotary_fraction < 1 rotates only the first fraction of each
-head's dimension pairs, at the frequencies of a head that many dims wide; the other pairs get frequency 0
+Scores then depend only on q_pos - k_pos. Context-extension variants (rope_scaling.py; ReRoPE: rerope.py) are set
+at eval time with set_scaling(kind, factor, original_length). rotary_fraction < 1 rotates only the first fraction of
+each head's dimension pairs, at the frequencies of a head that many dims wide; the other pairs get frequency 0
 (cos 1, sin 0: passed through unchanged), so every backend, cache and the fused rotation serve it as they are.
 """
 
 import torch
 import torch.nn.functional as F
 
-from . import rope_scaling
+from . import rerope, rope_scaling
 from .base import Positional
 
 
@@ -105,20 +105,39 @@ class RoPE(Positional):
         return F.pad(inv_freq, (0, self.n_frequencies() - len(inv_freq)))
 
     def set_scaling(
-        self, kind: str, factor: float = 1.0, original_length: int = 1, rescale=None, start_tokens=0, attn_scale=None
+        self,
+        kind: str,
+        factor: float = 1.0,
+        original_length: int = 1,
+        rescale=None,
+        start_tokens=0,
+        attn_scale=None,
+        window=None,
+        leak=None,
     ):
-        """rescale, start_tokens, attn_scale: a SEARCHED kind's parameters (longrope: a factor per rotated pair, how
-        many first positions keep the unscaled frequencies, and its cos/sin scale, None for the default)."""
+        """A rope_scaling kind at factor s from original_length. rescale, start_tokens, attn_scale: a SEARCHED kind's
+        parameters (longrope: a factor per rotated pair, how many first positions keep the unscaled frequencies, and
+        its cos/sin scale, None for the default). window, leak: rerope / leaky_rerope (rerope.py), which keep the
+        frequencies and add a far rotation past window w (default L/2), compressed by leak k (default: for s x L)."""
         if start_tokens and kind not in rope_scaling.SEARCHED:
             raise ValueError(f"start_tokens belong to a searched rope scaling ({', '.join(rope_scaling.SEARCHED)})")
         if int(start_tokens) < 0:
             raise ValueError(f"start_tokens={start_tokens} must be >= 0")
+        far = kind in rerope.KINDS
+        frequencies = "none" if far else kind  # ReRoPE keeps the trained frequencies
         inv_freq, self.pos_scale, self.cos_scale = rope_scaling.static_frequencies(
-            kind, self.freq_dim(), self.base, float(factor), int(original_length), rescale, attn_scale
+            frequencies, self.freq_dim(), self.base, float(factor), int(original_length), rescale, attn_scale
         )
         self.inv_freq.copy_(self.arrange(inv_freq).float())
         self.scaling, self.factor, self.original_length = kind, float(factor), int(original_length)
         self.start_tokens = int(start_tokens) if float(factor) > 1.0 else 0
+        self.far_window, self.leak = None, None
+        if far:
+            self.far_window = rerope.window(self.original_length, window)
+            self.leak = rerope.leak(kind, self.far_window, self.original_length, self.factor, leak)
+
+    def far_positions(self, pos, key):
+        return rerope.far_positions(pos, key, self.far_window, self.leak)
 
     def scaling_factors(self, kind, factor, original_length):
         return rope_scaling.equivalent_factors(kind, self.freq_dim(), self.base, float(factor), int(original_length))
@@ -145,4 +164,6 @@ class RoPE(Positional):
         scaling = f"scaling={self.scaling}, factor={self.factor}" + (
             f", start_tokens={self.start_tokens}" if self.start_tokens else ""
         )
+        if self.far_window is not None:
+            scaling += f", window={self.far_window}, leak={self.leak}"
         return f"base={self.base}, rotary_fraction={self.rotary_fraction}, {scaling}, " + super().extra_repr()

@@ -55,3 +55,10 @@ class Sink(Positional):
 
     def scaling_factors(self, *args):
         return self.inner.scaling_factors(*args)
+
+    @property
+    def far_window(self):  # set by the inner scheme's set_scaling (ReRoPE), so read through, never copied
+        return self.inner.far_window
+
+    def far_positions(self, pos, key):
+        return self.inner.far_positions(pos, key)

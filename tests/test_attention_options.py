@@ -147,9 +147,10 @@ def test_sink_logit_backends_agree_with_the_fp32_reference(name, backend):
         assert g_sdpa[names.index("blocks.0.attn.sink")].abs().min() > 0  # the sink logits learn
 
 
-@pytest.mark.parametrize("name", ["rope", "alibi"])
+@pytest.mark.parametrize("name", ["rope", "alibi", "pope"])
 def test_sink_logit_on_the_diagonal_blocks(name):
-    """A causal forward long enough for query blocks along the diagonal: logits and gradients as the reference."""
+    """A causal forward long enough for query blocks along the diagonal: logits and gradients as the reference
+    (PoPE: keys twice as wide as the values, which the nothing slot's zero value must not take)."""
     blocked = random_model(name, attn_backend="sdpa", sink_logit=True)
     reference = random_model(name, attn_backend="reference", sink_logit=True)
     idx = tokens(150)

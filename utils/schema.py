@@ -118,6 +118,8 @@ class Eval:
     batch_tokens: int = MISSING
     rope_scaling: str = MISSING
     rope_factor: Any = MISSING  # auto | a number
+    rerope_window: int | None = MISSING  # null: half the training length
+    rerope_leak: Any = MISSING  # auto | a number >= 1
     log_scaling: bool = MISSING
     prepare: bool = MISSING
     stream_tokens: int = MISSING
@@ -175,6 +177,9 @@ class SampleConfig:
     seed: int = MISSING
     num_samples: int = MISSING
     static: bool = MISSING
+    rope_scaling: str = MISSING
+    rerope_window: int | None = MISSING
+    rerope_leak: Any = MISSING  # auto | a number >= 1
     device: str = MISSING
     dtype: str = MISSING
     cache: Any = MISSING  # typed by schema/cache/<kind>
@@ -331,13 +336,14 @@ EVAL_RULES = [
     ("eval.dense_limit", ">=", 1, "pass the dense cache's size in tokens"),
     ("eval.trials", ">=", 1, "pass how many passkey trials to run per (length, depth) cell"),
     ("eval.key_digits", ">=", 1, "pass the pass key's digit count, or null for the checkpoint's"),
+    ("eval.rerope_window", ">=", 1, "pass the ReRoPE window w in tokens, or null for half the training length"),
     ("cache.sinks", ">=", 0, "pass 0 for a plain window, or null for the default"),
     ("cache.window", ">=", 1, "pass a positive window, or null for the default"),
 ]
 EVAL_CHOICES = {
     **COMMON_CHOICES,
     "eval.mode": ("length", "stream", "passkey"),
-    "eval.rope_scaling": ("none", "linear", "ntk", "dynamic_ntk", "yarn", "longrope", "all"),
+    "eval.rope_scaling": ("none", "linear", "ntk", "dynamic_ntk", "yarn", "longrope", "rerope", "leaky_rerope", "all"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
 }
 LONGROPE_RULES = [
@@ -363,8 +369,9 @@ SAMPLE_RULES = [
     ("cache.max_len", ">=", 1, "pass a token count, or null for the default"),
     ("cache.sinks", ">=", 0, "pass 0 for a plain window, or null for the default"),
     ("cache.window", ">=", 1, "pass a positive window, or null for the default"),
+    ("rerope_window", ">=", 1, "pass the ReRoPE window w in tokens, or null for half the training length"),
 ]
-SAMPLE_CHOICES = {**COMMON_CHOICES, "cache.kind": ("dense", "sink")}
+SAMPLE_CHOICES = {**COMMON_CHOICES, "cache.kind": ("dense", "sink"), "rope_scaling": ("none", "rerope", "leaky_rerope")}
 VIZ_RULES = [
     ("viz.factor", ">", 1, "pass how far past the training length the pictures reach, e.g. viz.factor=4"),
     ("viz.samples", ">=", 1, "pass how many random queries to average"),
@@ -536,6 +543,13 @@ def check_eval(cfg):
     factor = cfg.eval.rope_factor
     if factor != "auto" and (isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0):
         raise UserError(f"eval.rope_factor={show(factor)} must be auto or a positive number")
+    check_leak(cfg.eval.rerope_leak, "eval.rerope_leak")
+
+
+def check_leak(k, key: str):
+    """Leaky ReRoPE's compression k (positional/rerope.py): auto, or a number >= 1."""
+    if k != "auto" and (isinstance(k, bool) or not isinstance(k, int | float) or k < 1):
+        raise UserError(f"{key}={show(k)} must be auto or a number >= 1 (1: no compression); e.g. {key}=16")
 
 
 def check_longrope(cfg):
@@ -573,3 +587,4 @@ def check_sample(cfg):
     check_rules(cfg, SAMPLE_RULES)
     if cfg.max_new_tokens < 1 and cfg.max_new_tokens != -1:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1, or -1 to stream without end (cache=sink)")
+    check_leak(cfg.rerope_leak, "rerope_leak")
