@@ -18,7 +18,10 @@ layer has its own queries and input, by two more hooks (the plan, shared by the 
                                  q and of the keys, not positions; plan.q_pos[i] and plan.k_pos[j] give those),
                                  written with broadcasting tensor ops over tensors it captures, like score_bias:
                                  the dense paths call it on index grids, flex calls it from its score_mod
-Positions are explicit integer tensors. A scheme also states what it supports:
+Positions are explicit integer tensors: (T,), one per token, or (axes, T) for a scheme that reads several axes
+(rope2d: row, column; mrope: temporal, height, width). A token given one id, (T,), carries it on every axis (M-RoPE's
+rule for text), so every scheme reads a text sequence. A scheme also states what it supports:
+  axes           how many position axes it reads (1: positions (T,) only; check_axes refuses the rest)
   relative       scores depend on positions only through q_pos - k_pos, so a streaming sink cache can re-index
                  them (FIRE: also through the query's own position, which its normaliser reads; see fire.py)
   max_positions  None for unbounded, N for a table of N positions
@@ -33,9 +36,14 @@ class PositionLimitError(ValueError):
     """A position past what the scheme covers (a learned table)."""
 
 
+class PositionAxesError(ValueError):
+    """Positions with more axes than the scheme reads, or another number of them."""
+
+
 class Positional(nn.Module):
     name = "none"
     relative = False
+    axes = 1  # position axes read: pos (T,), or (axes, T) where axes > 1
     rotary = False  # rotary schemes also implement set_scaling(kind, factor, original_length) (rope_scaling.py)
     max_positions: int | None = None
     n_prefix = 0
@@ -49,6 +57,24 @@ class Positional(nn.Module):
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
+
+    def check_axes(self, pos: torch.Tensor) -> torch.Tensor:
+        """pos, if this scheme reads it: (T,) always (a token's one id on every axis), (axes, T) for a multi-axis
+        scheme with exactly its number of axes; anything else raises PositionAxesError, which says what fits."""
+        if pos.dim() == 1 or (pos.dim() == 2 and self.axes > 1 and pos.size(0) == self.axes):
+            return pos
+        wants = (
+            "one position per token, shape (T,)" if self.axes == 1 else f"positions of shape (T,) or ({self.axes}, T)"
+        )
+        fix = "a multi-axis scheme (rope2d, mrope, sinusoidal2d, sinusoidal3d)" if self.axes == 1 else "those"
+        raise PositionAxesError(
+            f"positional={self.name} reads {wants}, but got positions of shape {tuple(pos.shape)}; pass {fix}"
+        )
+
+    def per_axis(self, pos: torch.Tensor) -> torch.Tensor:
+        """Checked positions as (axes, T): a (T,) id repeated on every axis (a view, no copy)."""
+        pos = self.check_axes(pos)
+        return pos.expand(self.axes, -1) if pos.dim() == 1 else pos
 
     def layer_module(self) -> nn.Module | None:
         return None
