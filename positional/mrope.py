@@ -39,7 +39,8 @@ class MRoPE(RoPE):
                 f"to the head's {pairs} rotary pairs; e.g. positional.sections={default_sections(pairs)}"
             )
         self.sections = sections
-        self.register_buffer("pair_axis", torch.arange(3).repeat_interleave(torch.tensor(sections)), persistent=False)
+        axis_of_pair = [axis for axis, n in enumerate(sections) for _ in range(n)]
+        self.register_buffer("pair_axis", torch.tensor(axis_of_pair), persistent=False)
 
     def extra_repr(self):
         return f"sections={self.sections}, " + super().extra_repr()

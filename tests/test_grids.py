@@ -101,6 +101,14 @@ def test_rope2d_scores_depend_only_on_the_offset_per_axis():
     assert not torch.allclose(scores(pe, q, k, q_ids.flip(0), swapped), base, atol=1e-3)
 
 
+def test_rope2d_lays_both_axes_over_the_whole_frequency_range():
+    """Axial RoPE (Heo et al. 2024): rows take the first half of the pairs, columns the second, each at the
+    frequencies of a head half as wide."""
+    pe, half = positional.build({"name": "rope2d"}, 2, 16, 32), positional.build({"name": "rope"}, 2, 8, 16)
+    assert torch.equal(pe.inv_freq, torch.cat((half.inv_freq, half.inv_freq)))
+    assert pe.pair_axis.tolist() == [0] * 4 + [1] * 4
+
+
 def test_rope2d_model_is_translation_invariant_in_2d():
     model, idx, ids = random_model("rope2d"), tokens(), image_ids(axes=2)
     assert torch.allclose(model(idx, pos=ids), model(idx, pos=ids + torch.tensor([[5], [11]])), atol=1e-4)
@@ -200,6 +208,18 @@ def test_kv_cache_decoding_equals_full_forward_at_multi_axis_positions(name):
         )
         with pytest.raises(Exception, match="static=false"):
             StaticDecoder(model, sink, compile=False)(idx[:, :1])
+
+
+def test_windows_read_the_token_order_not_the_ids():
+    """model.window counts tokens in the order they come (the mask's order), not rows or columns: a windowed rope2d
+    model decodes as its full forward does, and the window changes what it computes."""
+    idx, ids = tokens(), image_ids(axes=2)
+    windowed = random_model("rope2d", window=5, window_pattern="SL")
+    full = windowed(idx, pos=ids)
+    cache = DenseCache(windowed, 2, 64)
+    step = torch.cat([windowed.decode(idx[:, t : t + 1], cache, pos=ids[:, t : t + 1]) for t in range(T)], 1)
+    assert torch.allclose(step, full, atol=1e-4)
+    assert not torch.allclose(full, random_model("rope2d")(idx, pos=ids), atol=1e-3)
 
 
 @pytest.mark.parametrize("name", ["mrope", "rope2d"])
