@@ -162,8 +162,8 @@ def table(results: list[dict]) -> str:
                 out.append("n/a")
                 continue
             nll, sd, (lo, hi), acc, _ = cells[gi, size]
-            spread = f" ±{sd:.3f}" if sd is not None else ""
-            out.append(f"{nll:.3f}{spread} [{lo:.3f}, {hi:.3f}] {acc:.1%}{marks.get((gi, size), '')}")
+            spread = f" ±{sd:.4f}" if sd is not None else ""
+            out.append(f"{nll:.4f}{spread} [{lo:.4f}, {hi:.4f}] {acc:.1%}{marks.get((gi, size), '')}")
         lines.append("| " + " | ".join(out) + " |")
     legend = (
         "mean NLL (nats) per token after row 0 [95% bootstrap interval over grids and seeds], cell accuracy; "

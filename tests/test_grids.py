@@ -222,6 +222,17 @@ def test_windows_read_the_token_order_not_the_ids():
     assert not torch.allclose(full, random_model("rope2d")(idx, pos=ids), atol=1e-3)
 
 
+def test_a_learned_sink_token_around_mrope_takes_ids_too():
+    """positional=sink over mrope: the sink token sits just before the first id on every axis, in a full forward and
+    in a cache."""
+    model = random_model("sink", positional={"name": "sink", "inner": {"name": "mrope"}})
+    idx, ids = tokens(), image_ids()
+    assert model.pe.axes == 3
+    cache = DenseCache(model, 2, 64)
+    step = torch.cat([model.decode(idx[:, t : t + 1], cache, pos=ids[:, t : t + 1]) for t in range(T)], 1)
+    assert torch.allclose(step, model(idx, pos=ids), atol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["mrope", "rope2d"])
 def test_sink_cache_reindexes_multi_axis_ids_exactly(name):
     """Past capacity, a one-layer model's logits equal a fresh forward over the kept tokens (4 sinks, the last 8) at
