@@ -3,6 +3,7 @@
 python eval.py checkpoint=out/rope2d eval.mode=grids                 -> out/rope2d/eval/grids.{json,txt}
 python eval.py sweep_dir=runs/grids eval.mode=grids                  every run, and one table (seeds as mean, sd)
 python eval.py checkpoint=out/mrope eval.mode=grids eval.grid_sizes=[[16,14],[16,62]]
+grids.json also holds each size's mean NLL by column (nll_by_column), to tell columns a training grid had from new ones.
 Sizes (eval.grid_sizes, [height, width] each): default the training size, twice as tall, twice as wide, and both. A
 size gets eval.grids grids, drawn from a generator seeded by (eval.seed, height, width) and never one whose first row
 a training grid of that width began with (the first row fixes the whole grid), scored teacher-forced at the
@@ -66,12 +67,13 @@ def score_size(model, data: dict, height: int, width: int, n: int, seed: int, de
     scored = torch.arange(docs.size(1) - 1, device=device) >= row  # targets from row 1 on (target t is token t + 1)
     column = torch.arange(docs.size(1) - 1, device=device) % row  # of target t: 0 the left wall, width + 1 the right
     is_cell = scored & (column >= 1) & (column <= width)
-    nll, correct = [], []
+    nll, correct, by_column = [], [], torch.zeros(row, dtype=torch.float64)
     for lo in range(0, n, batch):
         x, y = docs[lo : lo + batch, :-1], docs[lo : lo + batch, 1:]
         logits = model(x, pos=pos).float()
         token_nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none")
         nll.append((token_nll * scored).sum(dim=1).double().cpu())
+        by_column.index_add_(0, column.cpu(), (token_nll * scored).sum(dim=0).double().cpu())
         correct.append(((logits.argmax(-1) == y) & is_cell).sum(dim=1).cpu())
     grid_nll, n_tokens, n_cells = torch.cat(nll).numpy(), int(scored.sum()), int(is_cell.sum())
     draws = bootstrap.resample(grid_nll[None], np.full(n, n_tokens), bootstrap.block_draws(n, [height, width, seed]))
@@ -82,6 +84,8 @@ def score_size(model, data: dict, height: int, width: int, n: int, seed: int, de
         "ci": [round(x, 5) for x in bootstrap.interval(draws)],
         "cell_accuracy": float(torch.cat(correct).sum()) / (n * n_cells),
         "grid_nll": [round(float(x) / n_tokens, 6) for x in grid_nll],
+        # mean NLL of the tokens in each column (0 the left wall, width + 1 the right): where a size goes wrong
+        "nll_by_column": [round(float(x) / (n * (height - 1)), 5) for x in by_column],
         "scored_tokens": n_tokens,
     }
 

@@ -303,6 +303,8 @@ def test_grid_score_reads_rows_after_the_first_and_cells_for_accuracy():
     assert perfect["scored_tokens"] == 3 * 7
     walls = score_size(Oracle(True), GRID, 4, 5, 6, seed=0, device="cpu")
     assert walls["cell_accuracy"] == 1.0 and walls["nll"] > 5  # walls are scored for NLL, not for accuracy
+    by_column = walls["nll_by_column"]  # columns 0 and width + 1 are the walls
+    assert len(by_column) == 7 and min(by_column[0], by_column[-1]) > 20 and max(by_column[1:-1]) < 1e-6
 
 
 def test_held_out_grids_never_start_like_a_training_grid():
