@@ -10,6 +10,7 @@ python eval.py sweep_dir=multirun/2026-11-22_10-00-00         every run of a tra
 python eval.py -m checkpoint=out/rope,out/alibi,out/learned   likewise, as a Hydra multirun
 python eval.py checkpoint=out/sink eval.mode=stream           streaming perplexity through sink caches
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey   passkey retrieval by length and depth
+python eval.py sweep_dir=runs/grids eval.mode=grids            data=grids runs: loss on larger grids (grids.py)
 Writes <run>/eval/length.{json,png} (or stream.*, passkey.*); the length tables also go to the run's wandb project.
 """
 
@@ -294,6 +295,16 @@ def evaluate_one(path, cfg, rt) -> dict:
     run_dir = checkpoint.checkpoint_path(path).parent
     out_dir = run_dir / "eval"
     print(f"evaluating {run_dir}", flush=True)
+    source = checkpoint.load(path, mmap=True)["config"]["data"].get("source")
+    if (source == "grids") != (cfg.eval.mode == "grids"):
+        raise UserError(
+            f"eval.mode={cfg.eval.mode} does not fit {run_dir}, trained on data.source={source}: "
+            f"eval.mode=grids scores the data=grids models, and they take no other mode"
+        )
+    if cfg.eval.mode == "grids":
+        from evaluation.grids import run_grids
+
+        return run_grids(path, cfg, rt, out_dir)
     if cfg.eval.mode == "stream":
         from evaluation.stream import run_stream
 
@@ -304,7 +315,7 @@ def evaluate_one(path, cfg, rt) -> dict:
         train_length = checkpoint.load(path, mmap=True)["seq_len"]
         return run_passkey(path, cfg, rt, out_dir, resolve_lengths(cfg.eval.lengths, train_length))
     if cfg.eval.mode != "length":
-        raise UserError(f"eval.mode={cfg.eval.mode} is not one of length, stream, passkey")
+        raise UserError(f"eval.mode={cfg.eval.mode} is not one of length, stream, passkey, grids")
     result = evaluate_lengths(path, cfg, rt)
     print(write_length_report(result, out_dir))
     print(f"written {out_dir}/length.json and length.png ({result['seconds']} s)")
@@ -328,6 +339,10 @@ def run(cfg: DictConfig, job_dir: Path | None = None):
             results.append(evaluate_one(p, cfg, rt))
         if cfg.eval.mode == "length":
             print(compare.compare(results, Path(cfg.sweep_dir) / "eval"))
+        if cfg.eval.mode == "grids":
+            from evaluation.grids import compare as compare_grids
+
+            print(compare_grids(results, Path(cfg.sweep_dir) / "eval"))
         return results
     if not cfg.checkpoint:
         raise UserError("pass checkpoint=<run folder or ckpt.pt> (or sweep_dir=<training sweep folder>)")

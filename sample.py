@@ -88,6 +88,11 @@ def sample(cfg: DictConfig):
         raise UserError("max_new_tokens=-1 streams without end, which only a constant-size cache can: use cache=sink")
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     model, ckpt = checkpoint.load_model(cfg.checkpoint, rt.device)
+    if model.pe.axes > 1 and ckpt["config"]["data"].get("source") == "grids":  # text positions would be wrong ids
+        raise UserError(
+            f"sample.py gives every token one position, and this positional={model.pe.name} model was trained on "
+            f"data=grids' (row, column) ids; score it with python eval.py checkpoint={cfg.checkpoint} eval.mode=grids"
+        )
     enc = tokenizer.load(ckpt["tokenizer"])
     ids = [tokenizer.bos_id(ckpt["tokenizer"], enc)] + enc.encode_ordinary(read_prompt(cfg.prompt))
     prompt = torch.tensor([ids], device=rt.device)

@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from data import tokenizer
+from data import grids, tokenizer
 from data.loader import RowSampler, TokenSplit
 from data.prepare import load_meta, prepare
 from evaluation.sink_mass import rows_first_token_attention
@@ -101,9 +101,10 @@ def evaluate(model, sampler: RowSampler, n_batches: int, batch_size: int, rt) ->
     total = torch.zeros((), device=rt.device)
     for i in range(-(-n_batches // rt.world)):
         j = i * rt.world + rt.rank
-        x, y = sampler.batch((j % n_batches) * batch_size, batch_size, rt.device)
+        first = (j % n_batches) * batch_size
+        x, y = sampler.batch(first, batch_size, rt.device)
         with rt.autocast():
-            loss = model(x, y).float()
+            loss = model(x, y, pos=sampler.positions(first, batch_size, rt.device)).float()
         total += loss if j < n_batches else 0.0
     model.train()
     return (runtime.all_reduce_mean(total) * rt.world / n_batches).item()
@@ -142,6 +143,8 @@ def train(cfg: DictConfig, out_dir, group: str | None = None) -> dict:
     cfg.out_dir = str(out_dir)
     init = finetune.read_init(cfg)  # init_from's checkpoint, mapped; it gives positional.original_length its value
     schema.check_train(cfg)  # every range and choice, before any data is read
+    if cfg.data.source == "grids":  # its options, and train.seq_len against its grid size
+        grids.check_run(OmegaConf.to_container(cfg.data, resolve=True), cfg.train.seq_len)
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     stop = StopFlag()
     try:
@@ -174,9 +177,11 @@ def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, 
     gradient norm before clipping."""
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(accum):
-        x, y = batches.batch(rows + (micro * rt.world + rt.rank) * tr.batch_size, tr.batch_size, rt.device)
+        first = rows + (micro * rt.world + rt.rank) * tr.batch_size
+        x, y = batches.batch(first, tr.batch_size, rt.device)
+        pos = batches.positions(first, tr.batch_size, rt.device)  # (axes, T) ids for a grid; None for text
         with parallel.sync_grads(runner, tr.parallel, micro == accum - 1), rt.autocast():
-            loss = runner(x, y) / accum
+            loss = runner(x, y, pos=pos) / accum
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
     for opt in opts:
@@ -239,8 +244,9 @@ def _train(cfg, out_dir: Path, rt, group, stop, init=None) -> dict:
 
     accum = grad_accum_steps(tr, rt.world)
     bos_aligned = resolved["data"].get("bos_aligned", False)  # absent from configs older than the option
-    train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed, bos_aligned)
-    val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0)
+    axes = model.pe.axes  # the position axes the scheme reads from a dataset that has them (data=grids)
+    train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed, bos_aligned, axes)
+    val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0, axes=axes)
     scaler = grad_scaler(rt, ckpt.get("scaler") if tr.resume else None)
     say(
         f"{model.pe.name}: {model.num_params() / 1e6:.2f}M parameters, {train_rows.n_rows:,} training rows of "
@@ -346,7 +352,7 @@ def _train(cfg, out_dir: Path, rt, group, stop, init=None) -> dict:
                 f"val loss {val_loss:.4f} (ppl {math.exp(val_loss):.1f}) at step {step}, {wall:.0f} s, "
                 f"checkpoint {out_dir / checkpoint.NAME}"
             )
-        if tr.sample_tokens > 0 and step == tr.max_steps:
+        if tr.sample_tokens > 0 and step == tr.max_steps and not train_rows.split.position_axes:  # text only
             sampler = model
             if run["optimizer_format"] == "fsdp":  # shards cannot decode alone: a whole copy from the checkpoint
                 sampler = checkpoint.build_model(model_config).to(rt.device)

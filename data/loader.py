@@ -9,6 +9,11 @@ python train.py data.bos_aligned=true: every training row starts with BOS (align
 does, so the first token a model sees is always the same one: sinks then formed in 74% of heads against 18%
 with arbitrary first tokens (Gu et al. 2024). Validation rows stay the plain tiling, so val_loss scores the same
 tokens with and without it.
+
+Datasets with position ids per token (data=grids: (temporal, height, width) as M-RoPE lays them out) are read by
+whole documents, one per row, every row of a split the same length (train.seq_len + 1 tokens) and the same ids, so
+a batch shares its positions as the model's (axes, T) positions are shared: RowSampler.positions gives them for the
+scheme's number of axes (select_axes).
 """
 
 from pathlib import Path
@@ -17,6 +22,7 @@ import numpy as np
 import torch
 
 from data.prepare import load_meta
+from utils.errors import UserError
 
 
 class TokenSplit:
@@ -28,11 +34,24 @@ class TokenSplit:
         self.shard_starts = np.cumsum([0] + [len(s) for s in self.shards])
         self.doc_starts = np.load(folder / f"{split}_docs.npy")
         self.n_tokens, self.bos = int(info["n_tokens"]), meta["bos"]
+        self.position_axes = int(meta.get("position_axes", 0))  # 0: text, one position per token by its order
+        self.positions = [np.load(folder / s["positions"], mmap_mode="r") for s in info["shards"] if "positions" in s]
+
+    def document_positions(self, i: int) -> np.ndarray:
+        """Position ids (axes, n) of document i."""
+        start, end = self._span(i)
+        s = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
+        lo = start - int(self.shard_starts[s])
+        return np.asarray(self.positions[s][:, lo : lo + end - start], dtype=np.int64)
+
+    def _span(self, i: int) -> tuple[int, int]:
+        start = int(self.doc_starts[i])
+        end = int(self.doc_starts[i + 1]) if i + 1 < len(self.doc_starts) else self.n_tokens
+        return start, end
 
     def document(self, i: int) -> np.ndarray:
         """Tokens of document i, its BOS first (documents never straddle shards)."""
-        start = int(self.doc_starts[i])
-        end = int(self.doc_starts[i + 1]) if i + 1 < len(self.doc_starts) else self.n_tokens
+        start, end = self._span(i)
         s = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
         lo = start - int(self.shard_starts[s])
         return np.asarray(self.shards[s][lo : lo + end - start], dtype=np.int64)
@@ -64,9 +83,33 @@ def aligned_starts(doc_starts: np.ndarray, n_tokens: int, seq_len: int) -> np.nd
     return starts[starts + seq_len + 1 <= n_tokens]
 
 
+def select_axes(ids: np.ndarray, axes: int) -> np.ndarray | None:
+    """The part of stored ids (S, T) that a scheme of `axes` axes reads: all S; for a 2-axis scheme of 3 stored
+    (temporal, height, width), the last two; for a 1-axis scheme None, the token order (the model's default)."""
+    if axes == 1:
+        return None
+    if axes == len(ids) or (axes == 2 and len(ids) == 3):
+        return ids[-axes:]
+    raise UserError(f"a scheme of {axes} position axes cannot read data with {len(ids)}; pick another positional")
+
+
+def check_whole_documents(split: TokenSplit, seq_len: int):
+    """A split with position ids must be read a document per row: every document seq_len + 1 tokens."""
+    lengths = sorted(set(np.diff(np.append(split.doc_starts, split.n_tokens)).tolist()))
+    if lengths != [seq_len + 1]:
+        raise UserError(
+            f"train.seq_len={seq_len}: this dataset has position ids and is read one whole document per row, and its "
+            f"documents hold {lengths[0] - 1} tokens after BOS; pass train.seq_len={lengths[0] - 1}"
+        )
+
+
 class RowSampler:
-    def __init__(self, split: TokenSplit, seq_len: int, seed: int, bos_aligned: bool = False):
-        self.split, self.seq_len, self.seed = split, seq_len, seed
+    def __init__(self, split: TokenSplit, seq_len: int, seed: int, bos_aligned: bool = False, axes: int = 1):
+        self.split, self.seq_len, self.seed, self.axes = split, seq_len, seed, axes
+        if split.position_axes:  # rows are whole documents, at their starts (aligned_starts of exact-length ones)
+            check_whole_documents(split, seq_len)
+            select_axes(np.zeros((split.position_axes, 1)), axes)  # a scheme that cannot read them fails here
+            bos_aligned = True
         self.bos, self.starts = None, None  # plain tiling: row j of a shard starts at j * seq_len
         if bos_aligned:
             self.bos, self.starts = split.bos, []
@@ -83,7 +126,8 @@ class RowSampler:
             raise ValueError(f"the split has {split.n_tokens} tokens, fewer than one row of seq_len={seq_len} + 1")
         self._epoch, self._order = -1, None
 
-    def _row(self, k: int) -> np.ndarray:
+    def _where(self, k: int) -> tuple[int, int]:
+        """(shard, offset in it) of row k of the run."""
         epoch, i = divmod(k, self.n_rows)
         if epoch != self._epoch:
             self._order = np.random.default_rng([self.seed, epoch]).permutation(self.n_rows)
@@ -91,8 +135,22 @@ class RowSampler:
         r = int(self._order[i])
         s = int(np.searchsorted(self.row_starts, r, side="right")) - 1
         j = r - int(self.row_starts[s])
-        lo = j * self.seq_len if self.starts is None else int(self.starts[s][j])
+        return s, j * self.seq_len if self.starts is None else int(self.starts[s][j])
+
+    def _row(self, k: int) -> np.ndarray:
+        s, lo = self._where(k)
         return self.split.shards[s][lo : lo + self.seq_len + 1]
+
+    def positions(self, first_row: int, n: int, device="cpu") -> torch.Tensor | None:
+        """The position ids (axes, seq_len) of the inputs of rows first_row.. first_row + n - 1, which they share,
+        for the scheme's axes (select_axes); None for text or a 1-axis scheme (the token order)."""
+        if not self.split.position_axes or self.axes == 1:
+            return None
+        rows = [self._where(first_row + j) for j in range(n)]
+        ids = [self.split.positions[s][:, lo : lo + self.seq_len] for s, lo in rows]
+        if any(not np.array_equal(ids[0], other) for other in ids[1:]):
+            raise ValueError("rows of one batch have different position ids; a batch shares one set of positions")
+        return torch.from_numpy(select_axes(np.asarray(ids[0], dtype=np.int64), self.axes).copy()).to(device)
 
     def batch(self, first_row: int, n: int, device="cpu"):
         rows = np.stack([self._row(first_row + j) for j in range(n)]).astype(np.int64)

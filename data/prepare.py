@@ -5,6 +5,8 @@ Layout: <data.cache_dir>/<dataset key>/<tokenizer key>/ holds tokenizer.json, me
 <split>_NNN.bin (token ids, a BOS before each document) and <split>_docs.npy (where each document starts).
 The folder is built under a temporary name and renamed into place, so a crash never leaves half a dataset.
 data=passkey (data/passkey.py) is generated from another prepared corpus, with that corpus's tokenizer.
+data=grids (data/grids.py) is generated from a seed, with its own tokenizer of five tokens, and position ids per
+token (<split>_NNN.pos.npy beside each shard).
 """
 
 import json
@@ -42,6 +44,10 @@ def prepare(data: dict, tok: dict, log=print) -> Path:
     log = log or (lambda *args: None)
     if (out / "meta.json").exists():
         return out
+    if data["source"] == "grids":
+        from data.grids import write_grids
+
+        return build_atomically(out, lambda tmp: write_grids(tmp, data, log), data, tok, log)
     if data["source"] == "passkey":
         from data.passkey import write_passkey  # it reads its corpus through data.loader, which imports this module
 
@@ -104,8 +110,10 @@ def write_split(folder: Path, split: str, docs, enc, bos: int, dtype, shard_toke
 
 
 def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) -> dict:
-    """Write token documents (arrays, BOS first) as shards; start a new shard only at a document boundary."""
-    shards, starts, buf, n_total = [], [], [], 0
+    """Write token documents (arrays, BOS first) as shards; start a new shard only at a document boundary.
+    A document may also be a pair (tokens, position ids (axes, n)): each shard then has its ids beside it,
+    <split>_NNN.pos.npy of shape (axes, its tokens), int32 (data/grids.py; data/loader.py reads them)."""
+    shards, starts, buf, pos_buf, n_total = [], [], [], [], 0
 
     def flush():
         if buf:
@@ -113,10 +121,19 @@ def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) 
             arr = np.concatenate(buf).astype(dtype)
             arr.tofile(folder / name)
             shards.append({"file": name, "tokens": int(arr.size)})
+            if pos_buf:
+                shards[-1]["positions"] = name.replace(".bin", ".pos.npy")
+                np.save(folder / shards[-1]["positions"], np.concatenate(pos_buf, axis=1).astype(np.int32))
             buf.clear()
+            pos_buf.clear()
 
     in_buf = 0
     for doc in docs:
+        if isinstance(doc, tuple):
+            doc, ids = doc
+            if ids.shape[-1] != doc.size:
+                raise ValueError(f"a document of {doc.size} tokens with position ids of shape {ids.shape}")
+            pos_buf.append(ids)
         starts.append(n_total)
         buf.append(doc)
         n_total += doc.size

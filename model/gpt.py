@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import positional
+from positional import PositionAxesError
 
 from .attention import BACKENDS, add_window, attend, make_plan
 from .fused import relu_square, rms_norm
@@ -94,6 +95,18 @@ class GPTConfig:
 
 def norm(x):
     return rms_norm(x)
+
+
+def with_prefix(pos, n_prefix: int):
+    """pos (T,) or (axes, T) with the scheme's n_prefix learned sink tokens just before its first position (on
+    every axis)."""
+    before = pos[..., :1] - n_prefix + torch.arange(n_prefix, device=pos.device)
+    return torch.cat((before, pos), dim=-1)
+
+
+def check_length(pos, n_tokens: int):
+    if pos.size(-1) != n_tokens:
+        raise PositionAxesError(f"positions of shape {tuple(pos.shape)} for {n_tokens} tokens: give one per token")
 
 
 class Attention(nn.Module):
@@ -241,59 +254,79 @@ class GPT(nn.Module):
             nn.init.zeros_(block.mlp.c_proj.weight)
 
     def forward(self, idx, targets=None, pos=None, reduction: str = "mean", keep_from: int = 0):
-        """idx (B, T) at positions pos (T,), default 0..T-1 -> logits (B, T, V), or the loss if targets given.
+        """idx (B, T) at positions pos (T,), default 0..T-1, or (axes, T) for a multi-axis scheme (rope2d, mrope) ->
+        logits (B, T, V), or the loss if targets given. Multi-axis positions say where a token sits (row, column),
+        not in what order it came: the causal mask and everything else that reads one position per token
+        (windows, log scaling) read the token order 0..T-1.
 
         keep_from: only positions keep_from.. reach the head (and targets covers only them): a sliding evaluation
         scores a window's last tokens, and the head is the largest part of a short window's forward."""
         if pos is None:
             pos = torch.arange(idx.size(1), device=idx.device)
+        check_length(self.pe.check_axes(pos), idx.size(1))
         x = self.wte(idx)
         n_prefix = self.pe.n_prefix
         if n_prefix:  # learned sink tokens sit just before the first position
             x = torch.cat((self.pe.prefix().to(x.dtype).expand(x.size(0), -1, -1), x), dim=1)
-            pos = torch.cat((pos[:1] - n_prefix + torch.arange(n_prefix, device=pos.device), pos))
+            pos = with_prefix(pos, n_prefix)
+        order = pos if pos.dim() == 1 else torch.arange(-n_prefix, pos.size(-1) - n_prefix, device=pos.device)
         x = self.pe.embed(x, pos)
-        plan = self.plan(pos, pos, True)
+        plan = self.plan(order, order, True, ids=(pos, pos))
         for block in self.blocks:
             x = block(x, plan)
         return self._head(x[:, n_prefix + keep_from :], targets, reduction)
 
-    def decode(self, idx, cache):
+    def decode(self, idx, cache, pos=None):
         """Feed idx (B, T) through a KV cache and return logits (B, T, V) for these tokens.
 
         The cache says how many tokens each exact step may take (a sink cache past its capacity takes one at a
         time, since every new token re-indexes the window), so a long prompt is prefilled in as few steps as
-        exactness allows.
+        exactness allows. pos: the tokens' multi-axis positions (axes, T) for a multi-axis scheme, kept in the
+        cache beside their keys; None: each token's place in the stream on every axis (text), as for any scheme.
         """
+        if pos is not None:
+            if pos.dim() != 2 or self.pe.axes == 1:
+                raise PositionAxesError(
+                    f"decode takes pos=(axes, T) only for a multi-axis scheme; positional={self.pe.name} with "
+                    f"positions of shape {tuple(pos.shape)}: a cache gives one-axis positions itself, pass pos=None"
+                )
+            check_length(self.pe.check_axes(pos), idx.size(1))
         x = self.wte(idx)
         skip = 0
         if cache.length == 0 and self.pe.n_prefix:  # a stream starts with the learned sink tokens
             skip = self.pe.n_prefix
             x = torch.cat((self.pe.prefix().to(x.dtype).expand(x.size(0), -1, -1), x), dim=1)
+            pos = None if pos is None else with_prefix(pos, skip)
         outs, start = [], 0
         while start < x.size(1):
             n = min(cache.room(), x.size(1) - start)
-            q_pos, k_pos = cache.advance(n)
-            h = self.pe.embed(x[:, start : start + n], q_pos)
-            plan = self.plan(q_pos, k_pos, n > 1, cache.window_positions(q_pos, k_pos))
+            q_pos, k_pos = cache.advance(n, None if pos is None else pos[:, start : start + n])
+            q_ids, k_ids = cache.position_ids()
+            h = self.pe.embed(x[:, start : start + n], q_ids)
+            plan = self.plan(q_pos, k_pos, n > 1, cache.window_positions(q_pos, k_pos), ids=(q_ids, k_ids))
             for block in self.blocks:
                 h = block(h, plan, cache)
             outs.append(h)
             start += n
         return self._head(torch.cat(outs, dim=1)[:, skip:])
 
-    def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None):
+    def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None, ids=None):
         """The attention plan every layer shares, with one per distinct sliding window (over window_k_pos, the keys
         a cache keeps for its window layers, default k_pos), and plan.nope, the same for the N layers of
-        positional.layers (their own rotation state, NoPE's query temperature, and mask: no scheme bias)."""
+        positional.layers (their own rotation state, NoPE's query temperature, and mask: no scheme bias).
+        q_pos and k_pos (T,) order the tokens (mask, windows); ids = (query ids, key ids) are the positions the
+        scheme rotates at, (axes, T) for a multi-axis one (default: q_pos and k_pos themselves)."""
         c = self.cfg
         backend = backend or c.attn_backend
         # the queries' log-length factors, made once from their positions for every layer (model/log_scaling.py)
         q_scale = None if self.log_scaling is None else log_length_factor(q_pos, self.log_scaling)
         log_n = log_positions(q_pos) if c.ssmax else None
+        q_ids, k_ids = (q_pos, k_pos) if ids is None else ids
+        q_rot = self.pe.rotation(q_ids)  # the scheme's rotation state at its own positions, once for every layer
+        rot = (q_rot, q_rot if k_ids is q_ids else self.pe.rotation(k_ids))
 
         def scheme_plan(pe, nope: bool):
-            plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit)
+            plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit, rot=None if nope else rot)
             plan.q_scale, plan.log_n = q_scale, log_n  # before add_window, which hands them on
             for w in self.scheme_windows[nope]:
                 add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos)

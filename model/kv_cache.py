@@ -15,6 +15,12 @@ key's rotation depends on its own position alone and so never changes: re-rotati
 would cost as much as attending to it. The sink cache rotates the raw keys it keeps, at in-cache positions.
 A slot's position is its index in the cache minus the scheme's prefix length, so a full forward and a cache
 agree on positions.
+Multi-axis schemes (rope2d, mrope: positional/base.py axes > 1): advance(n, ids) also takes the new tokens' position
+ids (axes, n), kept per slot (default: the token's place in the stream on every axis, a text token), and
+position_ids() returns the ids the scheme rotates this step's queries and every cached key at; the slot positions
+above still order the tokens (mask, windows). A sink cache re-indexes ids as it does positions: the sinks keep theirs
+and the window's are shifted, by one amount on every axis, so that its smallest id sits right after the sink slots:
+offsets within the window are kept, and a text stream gets exactly the 1D in-cache positions.
 Sliding-window layers (model.window): the dense cache keeps each a ring of the W most recent keys (rotated, at
 their positions) instead of a full row, so such a layer never holds more than W keys between steps; a step's
 queries see the ring plus the step's own keys, masked to the window. The sink cache keeps every layer's keys
@@ -50,6 +56,9 @@ class _Cache:
         self.kf = None  # the dense cache's keys at the far rotation (ReRoPE), made at the first step that needs them
         self.offset = model.pe.n_prefix  # prefix tokens sit at negative positions, the text starts at 0
         self.slot_pos = torch.arange(capacity, device=device) - self.offset
+        axes = model.pe.axes  # a multi-axis scheme's ids per slot, as given (a sink cache shifts them at read)
+        self.ids = torch.zeros(axes, capacity, dtype=torch.long, device=device) if axes > 1 else None
+        self.explicit_ids = False  # whether some step was given ids (static decoding reads slot positions only)
 
     def nbytes(self) -> int:
         extra = [t.nbytes for t in (self.state, self.kf) if t is not None]
@@ -64,6 +73,21 @@ class _Cache:
     def window_positions(self, q_pos, k_pos):
         """The positions of the keys window layers attend over this step: None, the same keys as every layer."""
         return None
+
+    def _keep_ids(self, ids, stream_pos):
+        """Store the new tokens' ids (axes, n) in their slots; None: their stream positions on every axis."""
+        if self.ids is None:
+            if ids is not None:
+                raise CacheError(f"positional={self.pe.name} reads one position per token; give the cache no ids")
+            return
+        self.ids[:, self._new] = stream_pos if ids is None else ids
+        self.explicit_ids |= ids is not None
+
+    def position_ids(self):
+        """(query ids, key ids) of the last advance(): what the scheme rotates at (1D schemes: the positions)."""
+        if self.ids is None:
+            return self._q_pos, self._k_pos
+        return self.ids[:, self._new], self.ids[:, : self.length]
 
     @property
     def slot(self) -> int:
@@ -106,18 +130,20 @@ class DenseCache(_Cache):
             raise CacheError(f"dense cache full at {self.capacity} tokens ({why}); use cache=sink to stream further")
         return self.capacity - self.length
 
-    def advance(self, n: int):
+    def advance(self, n: int, ids=None):
         if n > self.room():
             raise CacheError(f"dense cache has room for {self.room()} more tokens, {n} were given")
         self._new = slice(self.length, self.length + n)
         self.length += n
         q_pos = self.slot_pos[self._new]
+        self._keep_ids(ids, q_pos)
+        self._q_pos, self._k_pos = q_pos, self.slot_pos[: self.length]
         if self.ring:  # window layers see their ring as it was plus this step's keys; the ring keeps the last W
             self._window_k_pos = torch.cat((self.ring_pos, q_pos))
             kept = q_pos[-self.window :]
             self._ring_slots = (kept + self.offset) % self.window
             self.ring_pos[self._ring_slots] = kept
-        return q_pos, self.slot_pos[: self.length]
+        return self._q_pos, self._k_pos
 
     def window_positions(self, q_pos, k_pos):
         return self._window_k_pos if self.ring else None
@@ -176,23 +202,35 @@ class SinkCache(_Cache):
     def room(self) -> int:
         return self.capacity - self.seen if self.seen < self.capacity else 1
 
-    def advance(self, n: int):
+    def advance(self, n: int, ids=None):
         if n > self.room():
             raise CacheError(f"sink cache can take {self.room()} tokens in this step, {n} were given")
         if self.seen + n <= self.capacity:  # still filling: exactly a dense cache
             self._new = slice(self.seen, self.seen + n)
             self.seen += n
             self.length = self.seen
-            self._k_pos = self.slot_pos[: self.length]
-            return self.slot_pos[self._new], self._k_pos
+            self._q_pos, self._k_pos = self.slot_pos[self._new], self.slot_pos[: self.length]
+            self._keep_ids(ids, self._q_pos)
+            return self._q_pos, self._k_pos
         slot = self.sinks + (self.seen - self.sinks) % self.window  # overwrite the oldest window token
         self._new = slice(slot, slot + 1)
         self.seen += 1
+        self._keep_ids(ids, self.seen - 1 - self.offset)  # a text token's id: its place in the stream
         oldest = self.seen - self.window  # token index of the oldest token still in the window
         age_rank = (self._ring - (oldest - self.sinks)) % self.window
         ring_pos = self.sinks + age_rank
         self._k_pos = torch.cat((self.slot_pos[: self.sinks], ring_pos - self.offset))
-        return self.slot_pos[self.capacity - 1 : self.capacity], self._k_pos
+        self._q_pos = self.slot_pos[self.capacity - 1 : self.capacity]
+        return self._q_pos, self._k_pos
+
+    def position_ids(self):
+        """Past capacity, the ids re-indexed within the cache: the window's shifted on every axis by one amount,
+        so that its smallest id sits right after the sinks (for text: the in-cache positions of advance())."""
+        if self.ids is None or self.seen <= self.capacity:
+            return super().position_ids()
+        window = self.ids[:, self.sinks :]
+        shift = window.min() - self.slot_pos[self.sinks]
+        return self.ids[:, self._new] - shift, torch.cat((self.ids[:, : self.sinks], window - shift), dim=1)
 
     def update(self, layer: int, k, v, plan):
         self.k[layer, :, :, self._new] = k

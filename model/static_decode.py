@@ -38,6 +38,10 @@ class StaticDecoder:
     def __call__(self, tok: torch.Tensor) -> torch.Tensor:
         if self.cache.length == 0:  # a fresh stream starts with the scheme's learned sink tokens: eager decode
             return self.model.decode(tok, self.cache)[:, -1]  # puts them first, as every later step expects
+        if self.cache.explicit_ids:  # the step below reads slot positions, not the ids a decode(pos=...) stored
+            raise CacheError(
+                "static decoding reads one position per token; this cache holds multi-axis ids: static=false"
+            )
         q_pos, k_pos = self.cache.advance(1)  # the eager cache's bookkeeping: raises CacheError when full
         self.q_pos.copy_(q_pos)
         self.slot.fill_(self.cache.slot)

@@ -17,27 +17,41 @@ every model built from a saved config (train, eval, sample) rotates at the same 
 import re
 
 from .alibi import ALiBi
-from .base import Positional, PositionLimitError
+from .base import Positional, PositionAxesError, PositionLimitError
 from .fire import FIRE
 from .fox import FoX
 from .kerple import KERPLE
 from .learned import Learned
+from .mrope import MRoPE
 from .nope import NoPE
 from .pope import PoPE
 from .prope import PRoPE
 from .rope import RoPE
+from .rope2d import RoPE2D
 from .shaw import Shaw
 from .sink import Sink
 from .sinusoidal import Sinusoidal
+from .sinusoidal2d import Sinusoidal2D
+from .sinusoidal3d import Sinusoidal3D
 from .t5 import T5
 from .xpos import XPos
 
 SCHEMES = {
     cls.name: cls
     for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5, KERPLE, FIRE, Shaw, FoX, XPos, PRoPE, PoPE)
+    + (RoPE2D, MRoPE, Sinusoidal2D, Sinusoidal3D)  # multi-axis positions (grids, images): pos (axes, T)
 }
 
-__all__ = ["SCALING_KEYS", "SCHEMES", "Positional", "PositionLimitError", "build", "build_layers", "layer_pattern"]
+__all__ = [
+    "SCALING_KEYS",
+    "SCHEMES",
+    "PositionAxesError",
+    "Positional",
+    "PositionLimitError",
+    "build",
+    "build_layers",
+    "layer_pattern",
+]
 NOPE_OPTIONS = ("attn_scale", "floor_scale")  # with positional.layers: the N layers' query temperature (nope.py)
 # positional.scaling (a rope_scaling kind), .scaling_factor (s) and .original_length (the length the unscaled
 # frequencies were trained at): options of the spec that no scheme's constructor takes

@@ -23,7 +23,10 @@ A scheme may score far keys differently from near ones (ReRoPE, positional/rerop
                                  and keys rotated by rotation(far_positions(pos, key)) instead of rotation(pos);
                                  the attention plan makes both rotation states once for every layer
   far_positions(pos, key)        where that second rotation puts queries (key=False) or keys at pos (float)
-Positions are explicit integer tensors. A scheme also states what it supports:
+Positions are explicit integer tensors: (T,), one per token, or (axes, T) for a scheme that reads several axes
+(rope2d: row, column; mrope: temporal, height, width). A token given one id, (T,), carries it on every axis (M-RoPE's
+rule for text), so every scheme reads a text sequence. A scheme also states what it supports:
+  axes           how many position axes it reads (1: positions (T,) only; check_axes refuses the rest)
   relative       scores depend on positions only through q_pos - k_pos, so a streaming sink cache can re-index
                  them (FIRE: also through the query's own position, which its normaliser reads; see fire.py)
   max_positions  None for unbounded, N for a table of N positions
@@ -38,9 +41,14 @@ class PositionLimitError(ValueError):
     """A position past what the scheme covers (a learned table)."""
 
 
+class PositionAxesError(ValueError):
+    """Positions with more axes than the scheme reads, or another number of them."""
+
+
 class Positional(nn.Module):
     name = "none"
     relative = False
+    axes = 1  # position axes read: pos (T,), or (axes, T) where axes > 1
     rotary = False  # rotary schemes also implement set_scaling(kind, factor, original_length, **options): options
     # a searched kind's parameters (LongRoPE: rescale, start_tokens, attn_scale) or ReRoPE's window and leak
     max_positions: int | None = None
@@ -56,6 +64,24 @@ class Positional(nn.Module):
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
+
+    def check_axes(self, pos: torch.Tensor) -> torch.Tensor:
+        """pos, if this scheme reads it: (T,) always (a token's one id on every axis), (axes, T) for a multi-axis
+        scheme with exactly its number of axes; anything else raises PositionAxesError, which says what fits."""
+        if pos.dim() == 1 or (pos.dim() == 2 and self.axes > 1 and pos.size(0) == self.axes):
+            return pos
+        wants = (
+            "one position per token, shape (T,)" if self.axes == 1 else f"positions of shape (T,) or ({self.axes}, T)"
+        )
+        fix = "a multi-axis scheme (rope2d, mrope, sinusoidal2d, sinusoidal3d)" if self.axes == 1 else "those"
+        raise PositionAxesError(
+            f"positional={self.name} reads {wants}, but got positions of shape {tuple(pos.shape)}; pass {fix}"
+        )
+
+    def per_axis(self, pos: torch.Tensor) -> torch.Tensor:
+        """Checked positions as (axes, T): a (T,) id repeated on every axis (a view, no copy)."""
+        pos = self.check_axes(pos)
+        return pos.expand(self.axes, -1) if pos.dim() == 1 else pos
 
     def layer_module(self) -> nn.Module | None:
         return None

@@ -148,13 +148,22 @@ class RoPE(Positional):
         if self.scaling == "dynamic_ntk":
             dims, length = self.freq_dim(), pos.max() + 1
             inv_freq = self.arrange(rope_scaling.dynamic_inv_freq(dims, self.base, self.original_length, length))
-        angles = (pos.float() * self.pos_scale)[:, None] * inv_freq[None, :]
+        angles = self.angles(pos.float() * self.pos_scale, inv_freq)
         cos, sin = angles.cos() * self.cos_scale, angles.sin() * self.cos_scale
         if self.start_tokens:  # LongRoPE: the first positions rotate as in training, unscaled (as its released code)
-            keep = (pos < self.start_tokens)[:, None]
-            plain = pos.float()[:, None] * self.plain_inv_freq[None, :]
+            first = pos if pos.dim() == 1 else pos[0]  # several axes: the first (M-RoPE's temporal) axis decides
+            keep = (first < self.start_tokens)[:, None]
+            plain = self.angles(pos.float(), self.plain_inv_freq)
             cos, sin = torch.where(keep, plain.cos(), cos), torch.where(keep, plain.sin(), sin)
         return cos, sin
+
+    def angles(self, pos, inv_freq):
+        """Each pair's angle (T, Dh/2): its frequency times its position, (T,), or with several axes (axes, T),
+        the position on the axis the pair turns with (pair_axis: rope2d, mrope). A (T,) id is the same on every
+        axis, so a multi-axis scheme turns it exactly as RoPE does (the gather copies the same floats)."""
+        if self.axes == 1:
+            return self.check_axes(pos)[:, None] * inv_freq[None, :]
+        return self.per_axis(pos)[self.pair_axis].T * inv_freq[None, :]
 
     def rotate(self, x, pos, rotation=None):
         cos, sin = self.rotation(pos) if rotation is None else rotation

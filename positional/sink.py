@@ -23,7 +23,7 @@ class Sink(Positional):
             raise ValueError(f"positional=sink wraps a relative scheme (rope, alibi, nope, t5), not {inner.name}")
         self.inner, self.n_prefix = inner, int(n_sink)
         self.sink = nn.Parameter(torch.randn(self.n_prefix, d_model))
-        self.rotary = inner.rotary
+        self.rotary, self.axes = inner.rotary, inner.axes  # the inner scheme's positions, of as many axes
         if inner.score_bias is not None:
             self.score_bias = inner.score_bias
         if inner.content_bias is not None:  # Shaw, FoX: their bias reads queries or the layer input

@@ -14,16 +14,25 @@ import torch
 from .base import Positional
 
 
+def frequencies(dim: int, base: float) -> torch.Tensor:
+    """1 / base^(2i/dim) for i < dim/2, computed in float64 and kept as float32."""
+    return (base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)).float()
+
+
+def sinusoids(pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """(T, 2 x len(inv_freq)): sin and cos of each position times each frequency, interleaved."""
+    angles = pos.float()[:, None] * inv_freq[None, :]
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+
+
 class Sinusoidal(Positional):
     name = "sinusoidal"
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, scale: float = 1.0):
         super().__init__(n_head, head_dim, d_model)
         self.scale = float(scale)  # 1.0 here, the formula's, so a checkpoint saved before the option loads as trained
-        inv_freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.register_buffer("inv_freq", frequencies(d_model, base), persistent=False)
 
     def embed(self, x, pos):
-        angles = pos.float()[:, None] * self.inv_freq[None, :]  # (T, d/2)
-        pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # interleave sin, cos
+        pe = sinusoids(self.check_axes(pos), self.inv_freq)  # (T, d)
         return x + self.scale * pe[..., : x.size(-1)].to(x.dtype)

@@ -18,7 +18,10 @@ from model.gpt import GPT, GPTConfig  # noqa: E402
 SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"]
 SCHEMES += ["kerple", "fire", "shaw", "fox"]  # the learned-bias family
 SCHEMES += ["xpos", "prope", "pope"]  # the rotary family
-RELATIVE = [name for name in SCHEMES if name not in ("learned", "sinusoidal")]
+SCHEMES += ["rope2d", "mrope", "sinusoidal2d", "sinusoidal3d"]  # multi-axis (issue 18); here on text: (T,) positions,
+# the same id on every axis (tests/test_grids.py gives them real multi-axis ids)
+ABSOLUTE = ["learned", "sinusoidal", "sinusoidal2d", "sinusoidal3d"]
+RELATIVE = [name for name in SCHEMES if name not in ABSOLUTE]
 # FIRE divides distances by the query's position past its threshold: shifting positions changes its scores
 SHIFT_INVARIANT = [name for name in RELATIVE if name != "fire"]
 # a model small enough that every test trains or decodes it in a second or two

@@ -37,6 +37,8 @@ CASES = [  # (entry point and overrides, the key the message must name)
     (TRAIN + ["model.sink_logit=maybe"], "model.sink_logit"),
     (TRAIN + ["data.bos_aligned=maybe"], "data.bos_aligned"),
     (TRAIN + ["init_from=/no/such/run"], "init_from"),
+    (TRAIN + ["data=grids", "train.seq_len=100"], "train.seq_len"),  # a row holds one 16 x 14 grid: 256 tokens
+    (TRAIN + ["positional=mrope", "positional.sections=[4,4,4]"], "positional.sections"),  # 16 pairs, not 12
     (EVAL + [NO_CKPT, "eval.tokens=0"], "eval.tokens"),
     (EVAL + [NO_CKPT, "eval.tokens=-4096"], "eval.tokens"),
     (EVAL + [NO_CKPT, "eval.tokens=lots"], "eval.tokens"),
@@ -59,6 +61,7 @@ WITH_CHECKPOINT = [  # found only once the checkpoint is read; still one line
     (EVAL + ["eval.lengths=[100000000]"], "eval.lengths"),
     (EVAL + ["eval.stride=64", "eval.lengths=[32]"], "eval.stride"),
     (SAMPLE + ["prompt=@/no/such/prompt.txt"], "prompt"),
+    (EVAL + ["eval.mode=grids"], "eval.mode"),  # a text model
 ]
 
 
@@ -139,6 +142,9 @@ CHECKS = {"train": schema.check_train, "eval": schema.check_eval, "sample": sche
         ("train", ["model.window=64", "model.window_pattern=SSXL"], "model.window_pattern"),
         ("eval", ["eval.stride=0"], "eval.stride"),
         ("eval", ["eval.lengths=[]"], "eval.lengths"),
+        ("eval", ["eval.grids=0"], "eval.grids"),
+        ("eval", ["eval.grid_sizes=[[1,5]]"], "eval.grid_sizes"),
+        ("eval", ["eval.grid_sizes=[[16]]"], "eval.grid_sizes"),
         ("eval", ["cache.window=0"], "cache.window"),
         ("eval", ["eval.rerope_window=-4"], "eval.rerope_window"),
         ("eval", ["eval.rerope_leak=0.5"], "eval.rerope_leak"),

@@ -3,7 +3,7 @@ KV-cache equality, save/load."""
 
 import pytest
 import torch
-from conftest import SCHEMES, SHIFT_INVARIANT, random_model
+from conftest import ABSOLUTE, SCHEMES, SHIFT_INVARIANT, random_model
 
 from model.attention import make_plan
 from model.gpt import GPT, GPTConfig
@@ -34,7 +34,7 @@ def test_relative_schemes_are_translation_invariant(name):
     assert torch.allclose(model(idx, pos=pos), model(idx, pos=pos + 1000), atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("name", ABSOLUTE)
 def test_absolute_schemes_are_not(name):
     model, idx = random_model(name), tokens()
     pos = torch.arange(T)

@@ -176,7 +176,7 @@ def test_trained_mean_query_key_and_content_bias():
 
 def expected_pictures(pe, trained: bool) -> set[str]:
     want = {"attention"} if trained else set()
-    if pe.name in ("learned", "sinusoidal"):
+    if pe.name in ("learned", "sinusoidal", "sinusoidal2d", "sinusoidal3d"):  # the last two at text positions (p, p)
         want.add("vectors")
     if pe.rotary:
         want |= {"decay", "decay_trained"} if trained else {"decay"}

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, SCHEMES, scheme_spec
+from conftest import ABSOLUTE, ROOT, SCHEMES, scheme_spec
 
 import positional
 from positional.alibi import alibi_slopes
@@ -103,7 +103,7 @@ def test_sink_refuses_an_absolute_inner_scheme():
 def test_every_scheme_builds_and_states_its_reach(name):
     pe = positional.build(scheme_spec(name, 64), 4, 8, 32)
     assert pe.max_positions == (64 if name == "learned" else None)
-    assert pe.relative == (name not in ("learned", "sinusoidal"))
+    assert pe.relative == (name not in ABSOLUTE)
     assert pe.n_prefix == (1 if name == "sink" else 0)
 
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import RELATIVE, TINY, config, layer_outputs_from_probs, random_model, run
+from conftest import ABSOLUTE, RELATIVE, TINY, config, layer_outputs_from_probs, random_model, run
 
 import evaluation.sink_mass as sink_mass
 import model.attention as attention
@@ -105,7 +105,7 @@ def twin_caches(model, kind):
 
 
 @pytest.mark.parametrize(
-    ("name", "kind"), [(n, "dense") for n in RELATIVE + ["learned", "sinusoidal"]] + [(n, "sink") for n in RELATIVE]
+    ("name", "kind"), [(n, "dense") for n in RELATIVE + ABSOLUTE] + [(n, "sink") for n in RELATIVE]
 )
 def test_static_decoding_equals_eager_decoding(name, kind):
     """Attending over every slot, with empty slots masked, gives the eager cache's logits; a sink cache is
@@ -157,7 +157,7 @@ def test_dense_cache_stops_at_its_capacity():
         model.decode(tokens(1), cache)
 
 
-@pytest.mark.parametrize("name", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("name", ABSOLUTE)
 def test_absolute_schemes_refuse_the_sink_cache(name):
     with pytest.raises(CacheError, match="needs a relative scheme"):
         SinkCache(random_model(name), 1, S, W)

@@ -21,11 +21,11 @@ def cli(fn):
     from omegaconf.errors import MissingMandatoryValue
 
     from model.kv_cache import CacheError
-    from positional import PositionLimitError
+    from positional import PositionAxesError, PositionLimitError
 
     try:
         return fn()
-    except (UserError, PositionLimitError, CacheError) as e:
+    except (UserError, PositionLimitError, PositionAxesError, CacheError) as e:
         fail(str(e))
     except MissingMandatoryValue as e:
         fail(f"{e.full_key} has no value; pass {e.full_key}=...")

@@ -129,6 +129,8 @@ class Eval:
     trials: int = MISSING
     key_digits: int | None = MISSING
     seed: int = MISSING
+    grid_sizes: list[list[int]] | None = MISSING
+    grids: int = MISSING
 
 
 @dataclass
@@ -337,12 +339,13 @@ EVAL_RULES = [
     ("eval.trials", ">=", 1, "pass how many passkey trials to run per (length, depth) cell"),
     ("eval.key_digits", ">=", 1, "pass the pass key's digit count, or null for the checkpoint's"),
     ("eval.rerope_window", ">=", 1, "pass the ReRoPE window w in tokens, or null for half the training length"),
+    ("eval.grids", ">=", 1, "pass how many held-out grids to score per size"),
     ("cache.sinks", ">=", 0, "pass 0 for a plain window, or null for the default"),
     ("cache.window", ">=", 1, "pass a positive window, or null for the default"),
 ]
 EVAL_CHOICES = {
     **COMMON_CHOICES,
-    "eval.mode": ("length", "stream", "passkey"),
+    "eval.mode": ("length", "stream", "passkey", "grids"),
     "eval.rope_scaling": ("none", "linear", "ntk", "dynamic_ntk", "yarn", "longrope", "rerope", "leaky_rerope", "all"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
 }
@@ -540,6 +543,10 @@ def check_eval(cfg):
     depths = cfg.eval.depths
     if len(depths) == 0 or not all(0 <= d <= 1 for d in depths):
         raise UserError(f"eval.depths={list(depths)} must be fractions in [0, 1]; e.g. eval.depths=[0,0.5,1]")
+    sizes = cfg.eval.grid_sizes
+    if sizes is not None and (not sizes or any(len(s) != 2 or s[0] < 2 or s[1] < 1 for s in sizes)):
+        shown = [list(s) for s in sizes]
+        raise UserError(f"eval.grid_sizes={shown} must be [height >= 2, width >= 1] pairs; e.g. [[16,14],[32,30]]")
     factor = cfg.eval.rope_factor
     if factor != "auto" and (isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0):
         raise UserError(f"eval.rope_factor={show(factor)} must be auto or a positive number")

@@ -1,0 +1,120 @@
+"""Grids: elementary cellular automata written as token grids, with row and column position ids (offline, seeded).
+
+python train.py data=grids positional=rope2d         (configs/data/grids.yaml: 16 rows of 14 cells, 256 tokens)
+python eval.py checkpoint=out/rope2d eval.mode=grids  (held-out grids at the training size, taller, wider, both)
+A grid is one document: BOS, then `height` rows, each a left wall `|`, `width` cells (`.` dead, `#` alive) and a right
+wall (a newline, so decoding a document prints the grid). Row 0 is random (each cell alive with probability
+data.density); every later row is the elementary cellular automaton data.rule (Wolfram's numbering; 30 by default)
+applied to the row above, a wall reading as a dead cell: cell (r, c) = rule bit of (r-1, c-1), (r-1, c), (r-1, c+1).
+Why this task: every token after row 0 is a fixed function of three tokens at fixed 2D offsets from it, and of
+nothing else. In raster order (1D positions) those tokens lie width + 1, width + 2 and width + 3 tokens back:
+offsets a 1D scheme must learn for one width, and which are wrong for any other. In (row, column) ids they are
+always (dy, dx) = (-1, -1), (-1, 0), (-1, +1), whatever the size. So the training size tests whether a scheme can
+point at the right cells at all (row 0 sets a floor of ln 2 per cell, the rest can reach 0), and a wider grid tests
+whether what it learned is a 2D offset or a 1D distance; a taller grid of the same width is only a longer sequence.
+Position ids are laid out as M-RoPE lays out an image after text (Qwen2-VL's get_rope_index): BOS, a text token, at
+(0, 0, 0); the grid token in row r and column j (0 the left wall, width + 1 the right) at (1, 1 + r, 1 + j): one
+temporal id for the whole grid, height and width ids from it. data/loader.py's select_axes gives each scheme its
+part: mrope and sinusoidal3d read all three, rope2d and sinusoidal2d (height, width), a 1D scheme the token order.
+"""
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+
+from data.prepare import SPLITS, write_token_split
+from data.tokenizer import BOS
+from utils.errors import UserError
+
+CHARS = ".#|\n"  # dead, alive, left wall, right wall; BOS is id len(CHARS)
+DEAD, ALIVE, LEFT, RIGHT = range(4)
+AXES = 3  # (temporal, height, width)
+
+
+def tokenizer_spec() -> dict:
+    """A tiktoken spec of one token per character of CHARS, plus BOS (data/tokenizer.py loads it like a BPE)."""
+    ranks = {base64.b64encode(c.encode()).decode(): i for i, c in enumerate(CHARS)}
+    return {"kind": "grid", "pattern": r"[\s\S]", "ranks": ranks, "special": {BOS: len(CHARS)}}
+
+
+def evolve(first: np.ndarray, height: int, rule: int) -> np.ndarray:
+    """(height, width) 0/1 cells: `first` as row 0, then the elementary automaton `rule` with dead cells past the
+    walls."""
+    table = np.array([(rule >> i) & 1 for i in range(8)], dtype=np.uint8)  # bit i: the cell for neighbourhood i
+    rows = [first.astype(np.uint8)]
+    for _ in range(height - 1):
+        padded = np.pad(rows[-1], 1)
+        rows.append(table[4 * padded[:-2] + 2 * padded[1:-1] + padded[2:]])
+    return np.stack(rows)
+
+
+def random_grid(rng: np.random.Generator, height: int, width: int, rule: int, density: float) -> np.ndarray:
+    return evolve((rng.random(width) < density).astype(np.uint8), height, rule)
+
+
+def tokens(cells: np.ndarray) -> np.ndarray:
+    """BOS, then each row as left wall, cells, right wall: 1 + height x (width + 2) ids."""
+    height = cells.shape[0]
+    walled = np.concatenate((np.full((height, 1), LEFT), cells, np.full((height, 1), RIGHT)), axis=1)
+    return np.concatenate(([len(CHARS)], walled.ravel())).astype(np.int64)
+
+
+def positions(height: int, width: int) -> np.ndarray:
+    """(3, 1 + height x (width + 2)) ids: BOS at (0, 0, 0), grid row r and column j at (1, 1 + r, 1 + j)."""
+    rows, cols = np.meshgrid(np.arange(height), np.arange(width + 2), indexing="ij")
+    grid = np.stack((np.ones(rows.size, dtype=np.int64), 1 + rows.ravel(), 1 + cols.ravel()))
+    return np.concatenate((np.zeros((AXES, 1), dtype=np.int64), grid), axis=1)
+
+
+def cells_of(doc: np.ndarray, height: int, width: int) -> np.ndarray:
+    """The cells of a grid document (the inverse of tokens)."""
+    return doc[1:].reshape(height, width + 2)[:, 1:-1]
+
+
+def check(data: dict):
+    """The grid options, each against its range (one line naming the key)."""
+    rules = [
+        ("height", 2, "pass at least 2 rows: row 0 is random, the rest follow the rule"),
+        ("width", 1, "pass at least 1 cell per row"),
+        ("train_docs", 1, "pass how many training grids to generate"),
+        ("val_docs", 1, "pass how many held-out grids to generate"),
+    ]
+    for key, low, hint in rules:
+        value = data.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise UserError(f"data.{key}={value} must be a whole number >= {low}; {hint}")
+    rule = data.get("rule")
+    if not isinstance(rule, int) or isinstance(rule, bool) or not 0 <= rule <= 255:
+        raise UserError(f"data.rule={rule} must be an elementary automaton's number in 0..255 (e.g. 30, 90, 110)")
+    density = data.get("density")
+    if not isinstance(density, int | float) or isinstance(density, bool) or not 0 < density < 1:
+        raise UserError(f"data.density={density} must be a probability in (0, 1), e.g. 0.5")
+
+
+def check_run(data: dict, seq_len: int):
+    """The options, and a training row that holds exactly one grid (train.py, before any work)."""
+    check(data)
+    tokens = data["height"] * (data["width"] + 2)
+    if seq_len != tokens:
+        raise UserError(
+            f"train.seq_len={seq_len}: a row holds one grid, {data['height']} rows of {data['width']} cells and 2 "
+            f"walls = {tokens} tokens after BOS; pass train.seq_len={tokens}"
+        )
+
+
+def write_grids(tmp: Path, data: dict, log):
+    """data=grids into tmp: data.train_docs and data.val_docs grids, from generators seeded by (data.seed, split)."""
+    check(data)
+    height, width, rule = data["height"], data["width"], data["rule"]
+    (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_spec()))
+    meta = {"vocab_size": len(CHARS) + 1, "bos": len(CHARS), "dtype": "uint8", "position_axes": AXES, "splits": {}}
+    pos = positions(height, width)
+    for i, split in enumerate(SPLITS):
+        rng = np.random.default_rng([int(data["seed"]), i])
+        n = int(data[f"{split}_docs"])
+        docs = ((tokens(random_grid(rng, height, width, rule, data["density"])), pos) for _ in range(n))
+        meta["splits"][split] = write_token_split(tmp, split, docs, np.uint8, int(data.get("shard_tokens", 2**28)))
+        log(f"  {split}: {n} grids of {height} x {width} (rule {rule}), {meta['splits'][split]['n_tokens']:,} tokens")
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -1,0 +1,46 @@
+"""M-RoPE (Qwen2-VL, Wang et al. 2024): RoPE whose pairs are split into temporal, height and width sections.
+
+python train.py data=grids positional=mrope                     (positions (3, T): temporal, height, width)
+python train.py positional=mrope                                (text: one id per token, exactly RoPE)
+Each pair keeps RoPE's own frequency base^(-2i/Dh); what changes is which position it turns with: the first
+sections[0] pairs with the temporal id, the next sections[1] with the height id, the last sections[2] with the width
+id (Qwen2-VL's mrope_section, [16, 24, 24] of 64 pairs; default: that ratio, rounded, for this head). So the temporal
+axis gets the highest frequencies and the width axis the lowest, as in Qwen2-VL. A text token carries the same id on
+every axis, so a text-only sequence turns every pair at RoPE's angle and the model is exactly RoPE
+(tests/test_grids.py proves it on logits). An image at text position p gets (p, p + row, p + col) (data/grids.py).
+Relative on every axis: a sink cache shifts the window's ids by one amount on all axes (model/kv_cache.py).
+"""
+
+import torch
+
+from .rope import RoPE
+
+QWEN2_VL_SECTIONS = (16, 24, 24)
+
+
+def default_sections(pairs: int) -> list[int]:
+    """Qwen2-VL's 16:24:24 split of a head's rotary pairs, rounded (the width takes what is left)."""
+    t = round(pairs * QWEN2_VL_SECTIONS[0] / sum(QWEN2_VL_SECTIONS))
+    h = round(pairs * QWEN2_VL_SECTIONS[1] / sum(QWEN2_VL_SECTIONS))
+    return [t, h, pairs - t - h]
+
+
+class MRoPE(RoPE):
+    name = "mrope"
+    axes = 3
+
+    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, sections=None):
+        super().__init__(n_head, head_dim, d_model, base)
+        pairs = head_dim // 2
+        sections = default_sections(pairs) if sections is None else [int(s) for s in sections]
+        if len(sections) != 3 or sum(sections) != pairs or min(sections) < 1:
+            raise ValueError(
+                f"positional.sections={sections} must be three positive pair counts (temporal, height, width) summing "
+                f"to the head's {pairs} rotary pairs; e.g. positional.sections={default_sections(pairs)}"
+            )
+        self.sections = sections
+        axis_of_pair = [axis for axis, n in enumerate(sections) for _ in range(n)]
+        self.register_buffer("pair_axis", torch.tensor(axis_of_pair), persistent=False)
+
+    def extra_repr(self):
+        return f"sections={self.sections}, " + super().extra_repr()

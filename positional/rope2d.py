@@ -1,0 +1,37 @@
+"""Axial 2D RoPE: half of each head's rotary pairs turn with the row index, half with the column index.
+
+python train.py data=grids positional=rope2d          (positions (2, T): row, column; data/grids.py)
+The pairs of a head of head dim Dh split in two: the first Dh/4 turn with the row, the last Dh/4 with the column,
+each half at the frequencies base^(-2i/(Dh/2)) of a head half as wide, so both axes span the whole range from
+one turn per position down to the slowest (axial RoPE of Heo et al. 2024, "Rotary Position Embedding for Vision
+Transformer"). A score then depends only on (dy, dx) = the offset between query and key on each axis: relative,
+so a sink cache re-indexes it and a grid larger than any trained on is only new offsets, never new positions.
+A (T,) position is the same on both axes (a text token): the diagonal (p, p). Rotation, caches and scaling are
+RoPE's (rope.py): only which position each pair reads (pair_axis) and the frequencies laid over the pairs differ.
+"""
+
+import torch
+
+from .rope import RoPE
+
+
+class RoPE2D(RoPE):
+    name = "rope2d"
+    axes = 2
+
+    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0):
+        if head_dim % 4:
+            raise ValueError(
+                f"positional=rope2d gives half of each head's rotary pairs to rows and half to columns: it needs a "
+                f"head dim divisible by 4, got {head_dim}; change model.d_model or model.n_head"
+            )
+        super().__init__(n_head, head_dim, d_model, base)
+        half = head_dim // 4
+        self.register_buffer("pair_axis", torch.arange(2).repeat_interleave(half), persistent=False)
+
+    def freq_dim(self) -> int:
+        return self.head_dim // 2  # each axis: the frequencies of a head half as wide
+
+    def arrange(self, inv_freq):
+        """The row's pairs, then the column's, at the same frequencies."""
+        return torch.cat((inv_freq, inv_freq))
