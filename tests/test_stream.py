@@ -75,9 +75,9 @@ def test_deep_model_attends_over_exactly_the_cached_keys_at_in_cache_positions(n
     written = {written_slot(model, cache, idx[:, t : t + 1]): t for t in range(28)}
     seen, real_attend = [], attention.attend
 
-    def spy(q, k, v, plan, sink=None, content=None):
+    def spy(q, k, v, plan, *options, **named):
         seen.append((q, k, v, plan))
-        return real_attend(q, k, v, plan, sink, content)
+        return real_attend(q, k, v, plan, *options, **named)
 
     monkeypatch.setattr("model.gpt.attend", spy)
     written[written_slot(model, cache, idx[:, 28:])] = 28

@@ -66,6 +66,9 @@ class RandomRows:
         x = torch.randint(0, 97, (n, 17), generator=g)
         return x[:, :-1].to(device), x[:, 1:].to(device)
 
+    def positions(self, start, n, device):
+        return None  # text: positions 0..T-1, as a RowSampler gives them
+
 
 def test_fp16_scales_the_loss_so_small_gradients_survive():
     """Under fp16 autocast the backward matmuls run in fp16, where gradients below 6e-8 flush to zero: a small
@@ -81,7 +84,7 @@ def test_fp16_scales_the_loss_so_small_gradients_survive():
         model = random_model("rope").train()
         before = [p.detach().clone() for p in model.parameters()]
         opts = [torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)]
-        small_loss = lambda x, y: model(x, y) * 1e-7  # gradients ~1e-9: below fp16's smallest subnormal
+        small_loss = lambda x, y, pos=None: model(x, y, pos=pos) * 1e-7  # gradients ~1e-9: below fp16 subnormals
         loss, _ = train_step(small_loss, model, opts, RandomRows(), 0, 1, tr, rt, scaler)
         assert math.isfinite(loss)
         return any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))

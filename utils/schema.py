@@ -273,8 +273,9 @@ def default_out_dir(scheme: str, init_from, data: str, seq_len: int, scaling: st
     base = str(init_from).rstrip("/")
     base = base.rsplit("/", 1)[0] if base.endswith(".pt") and "/" in base else base.removesuffix(".pt")
     tail = f"-{scaling}{float(factor):g}" if scaling not in (None, "none") else ""
-    named = scheme in base.rsplit("/", 1)[-1]  # a switch of scheme (DroPE: init_from=out/rope positional=nope) says so
-    return f"{base}{'' if named else '-' + scheme}-{data}-{seq_len}{tail}"
+    # the one switch of scheme a fine-tune may make (DroPE: init_from=out/rope positional=nope) says so
+    drop = "-nope" if scheme == "nope" and "nope" not in base.rsplit("/", 1)[-1] else ""
+    return f"{base}{drop}-{data}-{seq_len}{tail}"
 
 
 register()
