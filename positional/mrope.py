@@ -9,6 +9,11 @@ axis gets the highest frequencies and the width axis the lowest, as in Qwen2-VL.
 every axis, so a text-only sequence turns every pair at RoPE's angle and the model is exactly RoPE
 (tests/test_grids.py proves it on logits). An image at text position p gets (p, p + row, p + col) (data/grids.py).
 Relative on every axis: a sink cache shifts the window's ids by one amount on all axes (model/kv_cache.py).
+python train.py data=grids positional=mrope positional.interleaved=true
+interleaved: pair i turns with axis i mod 3 (temporal, height, width, temporal, ...), so every axis spans RoPE's
+whole frequency range, as Qwen3-VL's interleaved MRoPE does (which also leaves its last pairs to the temporal axis,
+by its sections; here the round-robin runs over every pair). Sections as above leave the width axis only the
+slowest frequencies: at head dim 32 its fastest pair turns 0.003 rad per column, 1/300 of RoPE's fastest.
 """
 
 import torch
@@ -29,9 +34,17 @@ class MRoPE(RoPE):
     name = "mrope"
     axes = 3
 
-    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, sections=None):
+    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, sections=None, interleaved: bool = False):
         super().__init__(n_head, head_dim, d_model, base)
         pairs = head_dim // 2
+        if interleaved and sections is not None:
+            raise ValueError(
+                f"positional.sections={sections} cuts the pairs into blocks, positional.interleaved=true deals them "
+                f"round-robin: drop one"
+            )
+        self.interleaved = bool(interleaved)
+        if interleaved:  # pair i: axis i mod 3
+            sections = [len(range(axis, pairs, 3)) for axis in range(3)]
         sections = default_sections(pairs) if sections is None else [int(s) for s in sections]
         if len(sections) != 3 or sum(sections) != pairs or min(sections) < 1:
             raise ValueError(
@@ -40,7 +53,9 @@ class MRoPE(RoPE):
             )
         self.sections = sections
         axis_of_pair = [axis for axis, n in enumerate(sections) for _ in range(n)]
+        if interleaved:
+            axis_of_pair = [i % 3 for i in range(pairs)]
         self.register_buffer("pair_axis", torch.tensor(axis_of_pair), persistent=False)
 
     def extra_repr(self):
-        return f"sections={self.sections}, " + super().extra_repr()
+        return f"sections={self.sections}, interleaved={self.interleaved}, " + super().extra_repr()

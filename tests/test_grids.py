@@ -46,10 +46,13 @@ def rope_twin(name):
 # ---- M-RoPE: text is RoPE ----
 
 
-def test_mrope_on_text_is_exactly_rope():
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_mrope_on_text_is_exactly_rope(interleaved):
     """One id per token, or the same id on every axis, turns every pair at RoPE's angle: the same logits bit for bit,
     in a full forward and through a cache; an image's ids (different per axis) do change them."""
-    rope, mrope = rope_twin("mrope")
+    rope = random_model("rope")
+    mrope = random_model("mrope", positional={"name": "mrope", "interleaved": interleaved})
+    mrope.load_state_dict(rope.state_dict())
     idx, pos = tokens(), torch.arange(T)
     want = rope(idx)
     assert torch.equal(mrope(idx), want)
@@ -70,6 +73,10 @@ def test_mrope_sections_follow_qwen2_vl():
     assert positional.build({"name": "mrope"}, 4, 32, 128).sections == [4, 6, 6]
     with pytest.raises(ValueError, match="positional.sections"):
         positional.build({"name": "mrope", "sections": [4, 4, 4]}, 4, 32, 128)
+    mixed = positional.build({"name": "mrope", "interleaved": True}, 4, 32, 128)  # Qwen3-VL's idea: round-robin
+    assert mixed.pair_axis.tolist() == [0, 1, 2] * 5 + [0] and mixed.sections == [6, 5, 5]
+    with pytest.raises(ValueError, match="drop one"):
+        positional.build({"name": "mrope", "interleaved": True, "sections": [4, 6, 6]}, 4, 32, 128)
 
 
 # ---- axial 2D RoPE: relative in (dy, dx) ----

@@ -407,7 +407,11 @@ POSITIONAL_RULES = [
 NULLABLE = {"original_length"}  # null: filled in from init_from (utils/finetune.py)
 # KERPLE's variant; a rotary extension fixed for training (dynamic_ntk moves with the length, so a fine-tune at one
 # length would not fix the frequencies it is evaluated with: ntk is its fixed form)
-POSITIONAL_CHOICES = {"variant": ("log", "power"), "scaling": ("none", "linear", "ntk", "yarn")}
+POSITIONAL_CHOICES = {
+    "variant": ("log", "power"),
+    "scaling": ("none", "linear", "ntk", "yarn"),
+    "interleaved": (True, False),
+}
 
 
 def show(value):
