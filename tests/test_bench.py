@@ -1,4 +1,4 @@
-"""The benchmarks read configs/ (one source of truth) and count FLOPs the same way."""
+"""The benchmarks read configs/ (one source of truth), count FLOPs the same way, and ablate positions soundly."""
 
 import pytest
 import torch
@@ -29,3 +29,25 @@ def test_plain_block_has_the_same_matmul_flops():
     assert cpu_bench.flops_per_token(cfg, 64, 97) == ours.flops_per_token(64)
     loss = plain(*torch.randint(0, 97, (2, 2, 64)))
     assert torch.isfinite(loss)
+
+
+def test_position_ablation_leaves_nope_alone_and_moves_rope():
+    """bench/position_ablation.py's premise: positions all at 0 leave a model only the token order (the causal mask
+    does not read the ids), so NoPE scores bit for bit the same, while RoPE, which reads them, does not."""
+    from bench.position_ablation import val_loss
+
+    class Rows:
+        def batch(self, first, n, device):
+            g = torch.Generator().manual_seed(first)
+            x = torch.randint(0, 97, (n, 33), generator=g)
+            return x[:, :-1], x[:, 1:]
+
+    for scheme, moved in (("nope", False), ("rope", True)):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**model_config(scheme, "tiny", 32, vocab=97))).eval()
+        with torch.no_grad():  # the output projections start at zero: give attention a say
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        true = val_loss(model, Rows(), 2, lambda T: torch.arange(T))
+        zero = val_loss(model, Rows(), 2, lambda T: torch.zeros(T, dtype=torch.long))
+        assert (zero != true) == moved, (scheme, true, zero)
