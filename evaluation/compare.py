@@ -4,7 +4,9 @@ are marked.
 python train.py -m seed=1,2,3 positional=rope,alibi && python eval.py sweep_dir=multirun/<time>
 python eval.py -m checkpoint=out/rope,out/alibi         -> the same comparison in the eval sweep folder
 Writes compare.{json,txt,png}. Runs are grouped by their training config minus the seed and the keys that only
-say where and how a run was logged or stored (IGNORED), plus the step it reached and the text it was scored on.
+say where and how a run was logged or stored (IGNORED), plus the step it reached and the text it was scored on. A
+run saved before an option existed lacks its key: it matches a run whose value is that option's off value (OFF:
+null, false, none, 0, 1.0), which is how every option here was added, and no other.
 A group's cell: perplexity exp(mean NLL over its runs), ±sd of its runs' perplexities (with two runs or more),
 and the 95% interval of a bootstrap that resamples the scored pieces and the group's runs (evaluation/bootstrap.py).
 Within noise: in each column (length and mode) the lowest perplexity is marked `*`, and every row whose paired
@@ -55,19 +57,38 @@ def run_config(result: dict) -> dict:
     return {**kept, "step": result.get("step"), "pieces": result.get("pieces")}
 
 
+OFF = (None, False, "none", 0, 1.0)  # an option's value when off: what a run saved before the option had
+
+
+def is_off(value) -> bool:
+    return any(type(value) is type(off) and value == off for off in OFF)
+
+
+def same_run(a: dict, b: dict) -> bool:
+    """Equal configs, where a key only one of them has matches only at its off value."""
+    return all(a[k] == b[k] if k in a and k in b else is_off(a.get(k, b.get(k))) for k in a.keys() | b.keys())
+
+
 def group_runs(results: list[dict]) -> list[dict]:
-    """Groups of runs with equal run_config, in first-seen order, each with a label: its scheme, and where two
-    groups share a scheme, the config values that tell them apart."""
-    groups = {}
+    """Groups of runs with the same run_config (same_run), in first-seen order, each with a label: its scheme, and
+    where two groups share a scheme, the config values that tell them apart."""
+    groups = []
     for res in results:
-        key = json.dumps(run_config(res), sort_keys=True, default=str)
-        groups.setdefault(key, {"key": key, "config": run_config(res), "runs": []})["runs"].append(res)
-    groups = list(groups.values())
+        config = run_config(res)
+        group = next((g for g in groups if same_run(g["config"], config)), None)
+        if group is None:
+            groups.append({"config": config, "runs": [res]})
+        else:
+            group["config"] = {**group["config"], **config}  # the newest keys, for the label
+            group["runs"].append(res)
+    for g in groups:
+        g["key"] = json.dumps(g["config"], sort_keys=True, default=str)
     for g in groups:
         g["scheme"] = g["runs"][0]["scheme"]
         g["seeds"] = [r.get("train_config", {}).get("seed") for r in g["runs"]]
         twins = [h for h in groups if h["runs"][0]["scheme"] == g["scheme"]]
-        differ = sorted(k for k in g["config"] if k != "pieces" and len({str(h["config"].get(k)) for h in twins}) > 1)
+        differ = sorted(k for k in g["config"] if k != "pieces" and not all(same_run(
+            {k: g["config"][k]}, {k: h["config"][k]} if k in h["config"] else {}) for h in twins))  # fmt: skip
         g["label"] = g["scheme"] + (" [" + ", ".join(f"{k}={g['config'][k]}" for k in differ) + "]" if differ else "")
     return groups
 

@@ -9,7 +9,9 @@
 # It resumes where it stopped: a finished run (its DONE file) is skipped, an interrupted one resumes from its
 # checkpoint, an evaluated run (eval/length.json, eval/stream.json) is not evaluated again. Writes
 # $STUDY/REPORT.md (the tables, with 95% intervals, and the plots) and $STUDY/eval/compare.{json,txt,png}.
-# Time on 2 CPU cores at the defaults: about 5 min per training run and 3.5 min per length eval (README).
+# Time at the defaults, measured with two of these jobs sharing 2 CPU cores (OMP_NUM_THREADS=1 each): 8-10 min per
+# training run, 1-2.5 min per length eval, 7-9 min per stream eval; the six README schemes x 3 seeds, about 4 hours
+# on one core. On one GPU: not measured yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STUDY=${STUDY:-study}

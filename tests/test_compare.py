@@ -67,6 +67,23 @@ def test_a_difference_inside_the_noise_is_marked_and_other_keys_split_groups(tmp
     assert rows["rope [train.seq_len=32]"]["ppl_sd"] is None  # one run: no spread to give
 
 
+def test_a_run_saved_before_an_option_existed_joins_only_runs_with_it_off():
+    """The study's learned seeds were saved across two new options (positional.scaling, model.ssmax): a run that
+    lacks a key is the same recipe as one holding the option's off value, and not as one that turned it on."""
+    old = fake_run("learned", 1, 0.0)
+    off = fake_run("learned", 2, 0.1, scaling="none", factor=1.0, ssmax=False)
+    on = fake_run("learned", 3, 0.2, scaling="none", factor=1.0, ssmax=True)
+    big = fake_run("learned", 4, 0.2, factor=4.0)
+    groups = group_runs([old, off, on, big])
+    assert [g["seeds"] for g in groups] == [[1, 2], [3], [4]]
+    labels = [g["label"] for g in groups]  # what tells them apart, a missing key at its off value not among it
+    assert labels == [
+        "learned [train.factor=1.0, train.ssmax=False]",
+        "learned [train.factor=1.0, train.ssmax=True]",
+        "learned [train.factor=4.0]",
+    ]
+
+
 def test_reports_name_a_scheme_by_its_config_not_its_module():
     """iRoPE's attention module is RoPE's: a label from the module would make rope and irope one row."""
     rope = {"positional": {"name": "rope", "base": 10000}}
