@@ -69,6 +69,11 @@ def same_run(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] if k in a and k in b else is_off(a.get(k, b.get(k))) for k in a.keys() | b.keys())
 
 
+def only(config: dict, key: str) -> dict:
+    """config's entry for key alone, or nothing where it lacks the key (a run saved before the option)."""
+    return {key: config[key]} if key in config else {}
+
+
 def group_runs(results: list[dict]) -> list[dict]:
     """Groups of runs with the same run_config (same_run), in first-seen order, each with a label: its scheme, and
     where two groups share a scheme, the config values that tell them apart."""
@@ -83,12 +88,14 @@ def group_runs(results: list[dict]) -> list[dict]:
             group["runs"].append(res)
     for g in groups:
         g["key"] = json.dumps(g["config"], sort_keys=True, default=str)
-    for g in groups:
         g["scheme"] = g["runs"][0]["scheme"]
         g["seeds"] = [r.get("train_config", {}).get("seed") for r in g["runs"]]
         twins = [h for h in groups if h["runs"][0]["scheme"] == g["scheme"]]
-        differ = sorted(k for k in g["config"] if k != "pieces" and not all(same_run(
-            {k: g["config"][k]}, {k: h["config"][k]} if k in h["config"] else {}) for h in twins))  # fmt: skip
+        differ = sorted(
+            k
+            for k in g["config"]
+            if k != "pieces" and any(not same_run(only(g["config"], k), only(h["config"], k)) for h in twins)
+        )
         g["label"] = g["scheme"] + (" [" + ", ".join(f"{k}={g['config'][k]}" for k in differ) + "]" if differ else "")
     return groups
 
