@@ -30,7 +30,7 @@ from evaluation import bootstrap, compare, longrope, report
 from evaluation.heldout import held_out_works
 from evaluation.length import default_lengths, read_span, regions, score, scoring_pieces
 from positional import rerope
-from positional.rope_scaling import KINDS, SEARCHED
+from positional.rope_scaling import KINDS, SEARCHED, refusal
 from utils import checkpoint, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import start_wandb
@@ -54,24 +54,15 @@ def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str
     """The eval-time RoPE extensions to score. A model that was fine-tuned with positional.scaling has its
     frequencies built in: another scaling would replace them, not add to them, so it is refused, and `all` (as in a
     sweep) scores that model as it is."""
-    rotary = pe.rotary
     if requested not in VARIANTS and requested != "all":
         raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(VARIANTS)}, all")
-    if trained and requested != "none":
-        if requested == "all":
+    if requested == "all":  # the closed-form kinds; with_searched adds a SEARCHED one where its search has been run
+        if trained:
             say(f"note: trained with positional.scaling={trained}: scored as it is, with no eval-time scaling")
             return ["none"]
-        raise UserError(
-            f"eval.rope_scaling={requested}: this model was trained with positional.scaling={trained}, built into it; "
-            f"another scaling would replace it, not compose with it: evaluate it with eval.rope_scaling=none"
-        )
-    if requested == "all":  # the closed-form kinds; with_searched adds a SEARCHED one where its search has been run
-        return list(ALL) if rotary else ["none"]
-    if requested != "none" and not rotary:
-        raise UserError(
-            f"eval.rope_scaling={requested} applies to rotary schemes (rope, prope, xpos, pope, sink over rope), "
-            f"not {pe.name}"
-        )
+        return list(ALL) if pe.rotary else ["none"]
+    if why := refusal("eval.rope_scaling", requested, pe, trained):
+        raise UserError(why)
     return [requested]
 
 

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from data import tokenizer
 from model.generate import generate
 from model.kv_cache import CacheError, build_cache
+from positional.rope_scaling import refusal
 from utils import checkpoint, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 
@@ -67,14 +68,9 @@ def set_rope_scaling(model, ckpt, cfg, capacity: int):
     kind, pe, train_length = cfg.rope_scaling, model.pe, ckpt["seq_len"]
     if kind == "none":
         return
-    if not pe.rotary:
-        raise UserError(f"rope_scaling={kind} applies to rotary schemes (rope, prope, xpos, pope, sink), not {pe.name}")
     trained = ckpt["model_config"]["positional"].get("scaling", "none")
-    if trained != "none":
-        raise UserError(
-            f"rope_scaling={kind}: this model was fine-tuned with positional.scaling={trained}, whose frequencies "
-            f"{kind} would replace; sample it with rope_scaling=none"
-        )
+    if why := refusal("rope_scaling", kind, pe, None if trained == "none" else trained):
+        raise UserError(why)
     leak = None if cfg.rerope_leak == "auto" else float(cfg.rerope_leak)
     factor = (capacity - pe.n_prefix) / train_length
     pe.set_scaling(kind, factor, train_length, window=cfg.rerope_window, leak=leak)

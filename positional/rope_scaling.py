@@ -95,3 +95,19 @@ def equivalent_factors(kind: str, head_dim: int, base: float, factor: float, ori
     (yarn's own cos/sin scale is not carried over: every LongRoPE candidate takes LongRoPE's.)"""
     inv_freq, pos_scale, _ = static_frequencies(kind, head_dim, base, factor, original_length)
     return base_inv_freq(head_dim, base) / (inv_freq * pos_scale)
+
+
+def refusal(key: str, kind: str, pe, trained: str | None) -> str | None:
+    """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None if it can. One
+    wording for eval.py and sample.py: it needs a rotary scheme, and a model fine-tuned with positional.scaling
+    (`trained`) has that scaling built into its frequencies, which another one would replace, not compose with."""
+    if kind == "none":
+        return None
+    if trained:
+        return (
+            f"{key}={kind}: this model was trained with positional.scaling={trained}, built into it; another scaling "
+            f"would replace it, not compose with it: pass {key}=none"
+        )
+    if not pe.rotary:
+        return f"{key}={kind} applies to rotary schemes (rope, prope, xpos, pope, sink over rope), not {pe.name}"
+    return None

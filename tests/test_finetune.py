@@ -112,6 +112,10 @@ def test_scaling_is_saved_and_rebuilt_by_eval_and_sample(init_runs, tmp_path):
     assert resolve_variants("all", model.pe, trained_scaling(ckpt["model_config"])) == ["none"]
     proc = run("sample.py", f"checkpoint={out}", "max_new_tokens=4", "temperature=0", "device=cpu")
     assert proc.returncode == 0, proc.stderr
+    # sample.py refuses in the same words (positional/rope_scaling.py refusal)
+    proc = run("sample.py", f"checkpoint={out}", "max_new_tokens=4", "rope_scaling=rerope", "device=cpu")
+    assert proc.returncode == 2, proc.stderr
+    assert "rope_scaling=rerope: this model was trained with positional.scaling=yarn" in proc.stderr
 
 
 @pytest.mark.parametrize("name", SCHEMES)
