@@ -43,8 +43,9 @@ class MRoPE(RoPE):
                 f"round-robin: drop one"
             )
         self.interleaved = bool(interleaved)
-        if interleaved:  # pair i: axis i mod 3
-            sections = [len(range(axis, pairs, 3)) for axis in range(3)]
+        if interleaved:  # pair i turns with axis i mod 3; sections are then just the counts
+            axis_of_pair = [i % 3 for i in range(pairs)]
+            sections = [axis_of_pair.count(axis) for axis in range(3)]
         sections = default_sections(pairs) if sections is None else [int(s) for s in sections]
         if len(sections) != 3 or sum(sections) != pairs or min(sections) < 1:
             raise ValueError(
@@ -52,9 +53,8 @@ class MRoPE(RoPE):
                 f"to the head's {pairs} rotary pairs; e.g. positional.sections={default_sections(pairs)}"
             )
         self.sections = sections
-        axis_of_pair = [axis for axis, n in enumerate(sections) for _ in range(n)]
-        if interleaved:
-            axis_of_pair = [i % 3 for i in range(pairs)]
+        if not interleaved:  # contiguous blocks: temporal, then height, then width
+            axis_of_pair = [axis for axis, n in enumerate(sections) for _ in range(n)]
         self.register_buffer("pair_axis", torch.tensor(axis_of_pair), persistent=False)
 
     def extra_repr(self):
