@@ -26,11 +26,12 @@ def pick_heads(per_head: list[list[float]], n: int = 4) -> list[tuple[int, int]]
 
 @torch.no_grad()
 def plot_attention_maps(
-    model, tokens: torch.Tensor, window: int, per_head: list[list[float]], path, n: int = 4, heads=None, dpi=110
+    model, tokens: torch.Tensor, window: int, per_head: list[list[float]], path, n=4, heads=None, dpi=110, label=None
 ):
     """Write the attention maps of n heads (pick_heads), or of the (layer, head) pairs `heads`, over the window of
     `window` tokens in the middle of tokens to path; per_head: each layer's mean attention on the first token
-    (sink_mass.first_token_attention)."""
+    (sink_mass.first_token_attention); label: the scheme as reports name it (report.scheme_label), else the
+    module's name."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,7 +51,8 @@ def plot_attention_maps(
         ax.set_xlabel("key")
     axes[0, 0].set_ylabel("query")
     first = "key 0: the learned sink token" if model.pe.n_prefix else "key 0: the window's first token"
-    fig.suptitle(f"{model.pe.name}: attention over one {window}-token window ({first}; log colour)", fontsize=10)
+    title = f"{label or model.pe.name}: attention over one {window}-token window ({first}; log colour)"
+    fig.suptitle(title, fontsize=10)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="attention")
     fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -223,7 +223,7 @@ def draw_content_bias(s: Subject, o: Options, per_layer, path: Path):
 
 def draw_attention(s: Subject, o: Options, per_head, path: Path):
     """evaluation/attention_map.py's maps (log colour: a sink is a bright first column)."""
-    plot_attention_maps(s.model, s.tokens, s.length, per_head, path, heads=o.heads, dpi=ATTENTION_DPI)
+    plot_attention_maps(s.model, s.tokens, s.length, per_head, path, heads=o.heads, dpi=ATTENTION_DPI, label=s.label)
 
 
 PICTURES = {  # name -> (numbers or why not, draw, what the index says it shows)

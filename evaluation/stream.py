@@ -187,7 +187,8 @@ def run_stream(path, cfg, rt, out_dir):
     (out_dir / "stream.json").write_text(json.dumps(result, indent=1))
     print(stream_table(result))
     plot_stream(result, out_dir / "stream.png")
-    plot_attention_maps(model, tokens, train_length, sink["heads"], out_dir / "sink_attention.png")
+    maps = out_dir / "sink_attention.png"
+    plot_attention_maps(model, tokens, train_length, sink["heads"], maps, label=result["scheme"])
     print(f"written {out_dir}/stream.json, stream.png and sink_attention.png ({result['seconds']} s)")
     return result
 
