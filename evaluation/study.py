@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from evaluation import compare
+from evaluation.report import label
 from evaluation.stream import stream_table
 
 
@@ -17,11 +18,39 @@ def stream_results(study: Path) -> list[tuple[Path, dict]]:
     return [(p, json.loads(p.read_text())) for p in sorted(study.glob("*/eval/stream.json"))]
 
 
+def markdown_table(rows: list[dict], train_length: int, mode: str = "nonoverlap") -> str:
+    """The README's table of compare.compare's rows: a row per scheme (seeds grouped), best at the training length
+    first, a column per length; a cell is `ppl [lo, hi]`, with `±sd` over the seeds at the training length and the
+    longest (the text table has every one); **bold**: lowest in its column, `~`: within noise of it."""
+    rows = [r for r in rows if r["mode"] == mode]
+    lengths = sorted({r["length"] for r in rows})
+    cells = {(label(r), r["length"]): r for r in rows}
+    names = list(dict.fromkeys(label(r) for r in rows))
+    at_train = {n: (cells.get((n, train_length)) or {}).get("ppl") for n in names}
+    names.sort(key=lambda n: (at_train[n] is None, at_train[n] or 0.0))
+
+    def cell(r: dict | None, length: int) -> str:
+        if r is None or r.get("ppl") is None:
+            return "n/a"
+        ppl = f"**{r['ppl']:.1f}**" if r.get("mark") == "*" else f"{r['ppl']:.1f}" + r.get("mark", "")
+        sd = f" ±{r['ppl_sd']:.1f}" if r.get("ppl_sd") is not None and length in (train_length, lengths[-1]) else ""
+        ci = f" [{r['ci'][0]:.1f}, {r['ci'][1]:.1f}]" if r.get("ci") else ""
+        return ppl + sd + ci
+
+    head = [f"**{n} (trained)**" if n == train_length else str(n) for n in lengths]
+    if lengths[-1] > train_length:
+        head[-1] += f" ({lengths[-1] / train_length:g}x)"
+    lines = ["| scheme | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(lengths)]
+    lines += [f"| {n} | " + " | ".join(cell(cells.get((n, m)), m) for m in lengths) + " |" for n in names]
+    return "\n".join(lines)
+
+
 def report(study: Path) -> str:
     lengths = [json.loads(p.read_text()) for p in sorted(study.glob("*/eval/length.json"))]
     if not lengths:
         raise SystemExit(f"error: no */eval/length.json under {study}; run bash runs/study.sh first")
     table = compare.compare(lengths, study / "eval")
+    rows = json.loads((study / "eval" / "compare.json").read_text())["results"]
     seeds = {r.get("train_config", {}).get("seed") for r in lengths}
     lines = [
         f"# Study: {study.name}",
@@ -36,6 +65,11 @@ def report(study: Path) -> str:
         "```",
         "",
         "![perplexity by length](eval/compare.png)",
+        "",
+        "Nonoverlapping windows, mean ±sd over the seeds [95% interval]; **bold**: lowest in its column, ~: within",
+        "noise of it (the text table's marks):",
+        "",
+        markdown_table(rows, lengths[0]["train_length"]),
         "",
         "## Streaming",
     ]

@@ -1,46 +1,37 @@
-"""runs/study.sh: trains schemes x seeds, evaluates, reports; a second call redoes nothing, an interrupted run resumes.
+"""evaluation/study.py's markdown table: the README's Results table made from compare.compare's rows."""
 
-python -m pytest -q tests/test_study.py
-"""
-
-import json
-import os
-import subprocess
-import sys
-
-from conftest import ROOT, TINY
+from evaluation.study import markdown_table
 
 
-def study(folder, env_extra):
-    env = {
-        **os.environ,
-        "STUDY": str(folder),
-        "SCHEMES": "rope alibi",
-        "SEEDS": "1 2",
-        "PYTHON": sys.executable,
-        "EVAL_ARGS": "eval.tokens=2048 eval.lengths=[32,64]",
-        "STREAM_ARGS": "eval.stream_tokens=96 eval.block=32",
-        **env_extra,
+def row(scheme, length, ppl, mark="", sd=0.5, mode="nonoverlap"):
+    return {
+        "scheme": scheme,
+        "variant": "none",
+        "length": length,
+        "mode": mode,
+        "ppl": ppl,
+        "ppl_sd": sd,
+        "ci": [ppl - 5, ppl + 5],
+        "mark": mark,
     }
-    overrides = [o for o in TINY if not o.startswith("logger")] + ["train.max_steps=2", "logger.wandb=false"]
-    return subprocess.run(
-        ["bash", "runs/study.sh", *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
 
 
-def test_study_trains_evaluates_reports_and_resumes(tmp_path, shakespeare_dir):
-    first = study(tmp_path, {})
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    groups = json.loads((tmp_path / "eval" / "compare.json").read_text())["groups"]
-    assert sorted((g["label"], sorted(g["seeds"])) for g in groups) == [("alibi", [1, 2]), ("rope", [1, 2])]
-    report = (tmp_path / "REPORT.md").read_text()
-    assert "[" in report and "compare.png" in report and report.count("### ") == 2  # intervals, plot, 2 streams
-
-    # a run cut short (no DONE) resumes from its checkpoint; finished and evaluated runs are left alone
-    (tmp_path / "rope-s2" / "DONE").unlink()
-    before = (tmp_path / "alibi-s1" / "eval" / "length.json").stat().st_mtime_ns
-    second = study(tmp_path, {})
-    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
-    assert "rope-s2: training train.resume=true" in second.stdout
-    assert "alibi-s1: trained" in second.stdout
-    assert (tmp_path / "alibi-s1" / "eval" / "length.json").stat().st_mtime_ns == before
+def test_rows_sorted_by_the_training_length_marks_kept_sd_at_train_and_longest():
+    rows = [
+        row("rope", 128, 106.0, "*"),
+        row("rope", 256, 104.8, "~"),
+        row("rope", 1024, 150.0),
+        row("alibi", 128, 107.0),
+        row("alibi", 256, 100.5, "*"),
+        row("alibi", 1024, 98.0, "*"),
+        {**row("learned", 256, 130.0), "mark": ""},
+        {**row("learned", 1024, 0.0), "ppl": None, "ci": None},
+        row("alibi", 256, 90.0, "*", mode="sliding"),  # another mode: not in the table
+    ]
+    lines = markdown_table(rows, 256).splitlines()
+    assert lines[0] == "| scheme | 128 | **256 (trained)** | 1024 (4x) |"
+    assert [ln.split(" | ")[0] for ln in lines[2:]] == ["| alibi", "| rope", "| learned"]
+    alibi, rope, learned = lines[2:]
+    assert alibi == "| alibi | 107.0 [102.0, 112.0] | **100.5** ±0.5 [95.5, 105.5] | **98.0** ±0.5 [93.0, 103.0] |"
+    assert rope.split(" | ")[1:3] == ["**106.0** [101.0, 111.0]", "104.8~ ±0.5 [99.8, 109.8]"]
+    assert learned.endswith("| n/a | 130.0 ±0.5 [125.0, 135.0] | n/a |")  # no 128 row, 1024 beyond its table
