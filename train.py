@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from data import grids, tokenizer
 from data.loader import RowSampler, TokenSplit
 from data.prepare import load_meta, prepare
-from evaluation.sink_mass import rows_first_token_attention
+from evaluation.sink_mass import nothing_cost, rows_first_token_attention
 from model.generate import generate
 from model.kv_cache import DenseCache
 from utils import checkpoint, finetune, optim, parallel, runtime, schema
@@ -113,17 +113,24 @@ def evaluate(model, sampler: RowSampler, n_batches: int, batch_size: int, rt) ->
 @torch.no_grad()
 def sink_metrics(model, sampler: RowSampler, rt, n_rows: int = 16) -> dict:
     """train.sink_metric: the attention the queries of n_rows held-out rows put on their first token (the learned
-    sink token with positional=sink), per layer's largest head, and the share of sink heads (evaluation/sink_mass.py).
-    The raw model, eager and fp32: hooks read each layer's input. Every rank runs it (FSDP gathers in the forward)."""
-    x, _ = sampler.batch(0, n_rows, rt.device)
+    sink token with positional=sink), per layer's largest head, and the share of sink heads (evaluation/sink_mass.py);
+    with model.sink_logit=true also the nothing slot's share, per layer's largest head, and what taking it away costs
+    (sink_mass.nothing_cost). The raw model, eager and fp32: hooks read each layer's input. Every rank runs it (FSDP
+    gathers in the forward)."""
+    x, y = sampler.batch(0, n_rows, rt.device)
     model.eval()
     sink = rows_first_token_attention(model, x)
+    cost = nothing_cost(model, x, y) if model.cfg.sink_logit else None
     model.train()
-    return {
+    metrics = {
         "sink_share": sink["sink_share_all"],
         "first_token_max": sink["max_head"],
         "first_token_uniform": sink["uniform"],
     }
+    if cost is not None:
+        metrics.update(nothing_max=sink["nothing_max_head"], nothing_share=sink["nothing_share_all"])
+        metrics["nothing_cost"] = round(cost, 5)  # nats per token the model loses without its nothing slot
+    return metrics
 
 
 def print_sample(model, tok_spec, n_tokens: int, rt):
@@ -247,6 +254,9 @@ def _train(cfg, out_dir: Path, rt, group, stop, init=None) -> dict:
     axes = model.pe.axes  # the position axes the scheme reads from a dataset that has them (data=grids)
     train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed, bos_aligned, axes)
     val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0, axes=axes)
+    # the sink metric reads held-out rows that start as the training rows do (BOS first under data.bos_aligned),
+    # since a sink forms on the token that opens every row the model trained on
+    sink_rows = RowSampler(val_rows.split, tr.seq_len, 0, bos_aligned, axes) if tr.sink_metric else None
     scaler = grad_scaler(rt, ckpt.get("scaler") if tr.resume else None)
     say(
         f"{model.pe.name}: {model.num_params() / 1e6:.2f}M parameters, {train_rows.n_rows:,} training rows of "
@@ -303,7 +313,7 @@ def _train(cfg, out_dir: Path, rt, group, stop, init=None) -> dict:
         if measure:
             t_eval = time.time()
             val_loss = evaluate(runner, val_rows, tr.eval_batches, tr.batch_size, rt)
-            sink = sink_metrics(model, val_rows, rt) if tr.sink_metric else {}
+            sink = sink_metrics(model, sink_rows, rt) if tr.sink_metric else {}
             t_log += time.time() - t_eval  # tokens/s counts training time only
         if step % tr.log_interval == 0 or measure:
             metrics = {
@@ -331,6 +341,11 @@ def _train(cfg, out_dir: Path, rt, group, stop, init=None) -> dict:
                 + (f" val {val_loss:.4f}" if measure else "")
                 + (
                     f" sink heads {sink['sink_share']:.2f} first-token max {max(sink['first_token_max']):.3f}"
+                    + (
+                        f" nothing max {max(sink['nothing_max']):.3f} cost {sink['nothing_cost']:.4f}"
+                        if "nothing_max" in sink
+                        else ""
+                    )
                     if measure and sink
                     else ""
                 )

@@ -3,8 +3,9 @@
 python eval.py checkpoint=out/rope eval.mode=stream      (writes sink_attention.png beside stream.png)
 The heads shown: the largest first-token share in the first layer and in the last, then the largest anywhere,
 so a map of a head with a sink and one without usually sit side by side. The window is the training length,
-cut from the middle of the held-out stream (not its opening, so its first token is an ordinary token, not BOS;
-with positional=sink, key 0 is the learned sink token). Colour is log-scaled: a sink is a bright first column.
+cut from the middle of the held-out stream, with the stream's first token (its BOS) put first as a 1 + (W - 1)
+sink cache keeps it (with positional=sink, key 0 is the learned sink token and the text is left as it is).
+Colour is log-scaled: a sink is a bright first column.
 """
 
 import torch
@@ -26,12 +27,21 @@ def pick_heads(per_head: list[list[float]], n: int = 4) -> list[tuple[int, int]]
 
 @torch.no_grad()
 def plot_attention_maps(
-    model, tokens: torch.Tensor, window: int, per_head: list[list[float]], path, n=4, heads=None, dpi=110, label=None
+    model,
+    tokens: torch.Tensor,
+    window: int,
+    per_head: list[list[float]],
+    path,
+    n=4,
+    heads=None,
+    dpi=110,
+    label=None,
+    first=None,
 ):
     """Write the attention maps of n heads (pick_heads), or of the (layer, head) pairs `heads`, over the window of
     `window` tokens in the middle of tokens to path; per_head: each layer's mean attention on the first token
     (sink_mass.first_token_attention); label: the scheme as reports name it (report.scheme_label), else the
-    module's name."""
+    module's name; first: a token id put first in the window (as first_token_attention takes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,7 +49,10 @@ def plot_attention_maps(
     import matplotlib.pyplot as plt
 
     start = max(0, (len(tokens) - window) // 2)
-    probs = attention_probs(model, tokens[None, start : start + window])
+    row = tokens[start : start + window].clone()
+    if first is not None:
+        row[0] = first
+    probs = attention_probs(model, row[None])
     heads = pick_heads(per_head, n) if heads is None else [tuple(pair) for pair in heads]
     fig, axes = plt.subplots(1, len(heads), figsize=(3.2 * len(heads) + 1, 3.6), squeeze=False, layout="constrained")
     norm = matplotlib.colors.LogNorm(vmin=1e-4, vmax=1)
@@ -50,8 +63,9 @@ def plot_attention_maps(
         ax.set_title(f"layer {layer} head {h}: mean {per_head[layer][h]:.2f} on key 0", fontsize=9)
         ax.set_xlabel("key")
     axes[0, 0].set_ylabel("query")
-    first = "key 0: the learned sink token" if model.pe.n_prefix else "key 0: the window's first token"
-    title = f"{label or model.pe.name}: attention over one {window}-token window ({first}; log colour)"
+    key0 = "the stream's first token" if first is not None else "the window's first token"
+    key0 = "the learned sink token" if model.pe.n_prefix else key0
+    title = f"{label or model.pe.name}: attention over one {window}-token window (key 0: {key0}; log colour)"
     fig.suptitle(title, fontsize=10)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="attention")
     fig.savefig(path, dpi=dpi)

@@ -7,7 +7,8 @@ attention; a model whose first token gets about 1/(keys visible) of it has no si
 model.sink_logit=true the learned "nothing" slot is in every softmax denominator, so a share here is the true
 share of the query's attention, and the rows sum to one less what went to nothing.
 The windows are spread evenly along the stream eval.mode=stream feeds, which holds every held-out work
-(evaluation/stream.py), so the measure is not one play's.
+(evaluation/stream.py), so the measure is not one play's; each starts with the stream's first token (its BOS), the
+token a 1 + (W - 1) sink cache keeps (a learned sink token leads them instead where the scheme has one).
 Sink heads (Gu et al. 2024, "When Attention Sink Emerges"): a head whose mean attention on the first token exceeds
 SINK_THRESHOLD = 0.3 is counted as a sink head; the share of such heads is reported per layer and over all layers.
 It is measured in windows of the training length (queries in each window's second half), where the model sees
@@ -69,22 +70,33 @@ def sink_shares(per_head: list[list[float]], threshold: float = SINK_THRESHOLD) 
     }
 
 
-def first_token_attention(model, tokens: torch.Tensor, window: int, n_windows: int = 16) -> dict:
+def first_token_attention(model, tokens: torch.Tensor, window: int, n_windows: int = 16, first=None) -> dict:
     """Mean attention on the first key (per layer, averaged over heads, its largest head, every head, and the share
     of heads above SINK_THRESHOLD) from the queries in the second half of n_windows windows of `window` tokens cut
-    from tokens, against a uniform share. The first key is the learned sink token where the scheme has one."""
+    from tokens, against a uniform share. The first key is the learned sink token where the scheme has one.
+    first: a token id put first in every window (the stream's BOS: what a 1 + (W - 1) sink cache keeps before the
+    recent tokens, and what a data.bos_aligned model saw first in every training row)."""
     starts = torch.linspace(0, len(tokens) - window, n_windows).long().tolist()
-    return rows_first_token_attention(model, torch.stack([tokens[s : s + window] for s in starts]))
+    rows = torch.stack([tokens[s : s + window] for s in starts])
+    if first is not None:
+        rows[:, 0] = first
+    result = rows_first_token_attention(model, rows)
+    if first is not None and not model.pe.n_prefix:
+        result["first_token"] = "the stream's first token"
+    return result
 
 
 def rows_first_token_attention(model, idx: torch.Tensor) -> dict:
-    """first_token_attention over the rows idx (B, window) as they are (train.sink_metric: held-out training rows)."""
+    """first_token_attention over the rows idx (B, window) as they are (train.sink_metric: held-out training rows).
+    With model.sink_logit=true also the share each head gives the nothing slot (what its rows do not spend on real
+    keys), and the share of heads above SINK_THRESHOLD on it: the gpt-oss sink, which no cache can evict."""
     window = idx.size(1)
     half = window // 2 + model.pe.n_prefix
-    per_layer = [p[:, :, half:, 0].mean(dim=(0, 2)) for p in attention_probs(model, idx)]  # (H,) each
+    probs = [p[:, :, half:] for p in attention_probs(model, idx)]  # the second half's queries
+    per_layer = [p[..., 0].mean(dim=(0, 2)) for p in probs]  # (H,) each
     visible = torch.arange(half, window + model.pe.n_prefix, dtype=torch.float) + 1
     heads = [[round(float(m), 4) for m in h] for h in per_layer]
-    return {
+    result = {
         "mean": [round(float(h.mean()), 4) for h in per_layer],
         "max_head": [round(float(h.max()), 4) for h in per_layer],
         "uniform": round(float((1 / visible).mean()), 4),
@@ -94,15 +106,45 @@ def rows_first_token_attention(model, idx: torch.Tensor) -> dict:
         "first_token": "the learned sink token" if model.pe.n_prefix else "the window's first token",
         **sink_shares([h.tolist() for h in per_layer]),
     }
+    if model.cfg.sink_logit:
+        nothing = [[round(float(m), 4) for m in (1 - p.sum(-1)).mean(dim=(0, 2))] for p in probs]
+        shares = sink_shares(nothing)
+        result.update(nothing_heads=nothing, nothing_max_head=[max(h) for h in nothing])
+        result.update(nothing_share=shares["sink_share"], nothing_share_all=shares["sink_share_all"])
+    return result
+
+
+@torch.no_grad()
+def nothing_cost(model, idx: torch.Tensor, targets: torch.Tensor) -> float:
+    """For model.sink_logit=true: the mean loss (nats per token) on idx -> targets with the nothing slot taken away
+    (every sink logit -inf, so each head spends all its attention on real keys) less the loss with it. What evicting
+    a sink that took exactly the model's no-op attention would cost: the StreamingLLM collapse this model can have."""
+    sinks = [block.attn.sink for block in model.blocks]
+    base = model(idx, targets).item()
+    saved = [s.detach().clone() for s in sinks]
+    try:
+        for s in sinks:
+            s.fill_(float("-inf"))
+        return model(idx, targets).item() - base
+    finally:
+        for s, keep in zip(sinks, saved, strict=True):
+            s.copy_(keep)
 
 
 def describe(sink: dict) -> str:
     """Lines for the streaming table: the share of sink heads per layer, and the mean attention on the first token."""
     layers = " ".join(f"{s:.2f}" for s in sink["sink_share"])
     means = " ".join(f"{m:.3f}" for m in sink["mean"])
-    return (
+    text = (
         f"sink heads (mean attention on {sink['first_token']} > {sink['threshold']}, Gu et al. 2024; windows of "
         f"{sink['window']} tokens), share per layer: {layers}; all layers: {sink['sink_share_all']:.2f}\n"
         f"mean attention on it, per layer: {means} (largest head {max(sink['max_head']):.3f}; "
         f"a uniform share is {sink['uniform']:.4f})"
     )
+    if "nothing_heads" in sink:
+        largest = " ".join(f"{m:.3f}" for m in sink["nothing_max_head"])
+        text += (
+            f"\nthe nothing slot (model.sink_logit), largest head per layer: {largest}; heads above "
+            f"{sink['threshold']} on it: {sink['nothing_share_all']:.2f}"
+        )
+    return text

@@ -159,7 +159,8 @@ def run_stream(path, cfg, rt, out_dir):
             f"  {name:>16}: mean ppl {math.exp(nll.mean()):.2f} over {len(nll):,} tokens ({time.time() - t:.0f} s)",
             flush=True,
         )
-    sink = first_token_attention(model, tokens, train_length)
+    first = None if pe.n_prefix else tokens[0]  # the token a 1 + (W - 1) cache keeps: BOS, or the learned sink
+    sink = first_token_attention(model, tokens, train_length, first=first)
     if pe.max_positions is None or size <= pe.max_positions:
         t = time.time()
         nll = recompute_nll(model, tokens, size - pe.n_prefix, rt)  # the model adds its learned sinks itself
@@ -188,7 +189,7 @@ def run_stream(path, cfg, rt, out_dir):
     print(stream_table(result))
     plot_stream(result, out_dir / "stream.png")
     maps = out_dir / "sink_attention.png"
-    plot_attention_maps(model, tokens, train_length, sink["heads"], maps, label=result["scheme"])
+    plot_attention_maps(model, tokens, train_length, sink["heads"], maps, label=result["scheme"], first=first)
     print(f"written {out_dir}/stream.json, stream.png and sink_attention.png ({result['seconds']} s)")
     return result
 

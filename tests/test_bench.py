@@ -51,3 +51,44 @@ def test_position_ablation_leaves_nope_alone_and_moves_rope():
         true = val_loss(model, Rows(), 2, lambda T: torch.arange(T))
         zero = val_loss(model, Rows(), 2, lambda T: torch.zeros(T, dtype=torch.long))
         assert (zero != true) == moved, (scheme, true, zero)
+
+
+def test_sink_trend_fits_a_power_law_and_finds_where_it_crosses():
+    """bench/sink_trend.py: the fit recovers y = 3e-5 x^0.5 exactly, so its crossing of 0.3 is (0.3 / 3e-5)^2
+    tokens; a falling trend predicts none, and a value already past the target says so."""
+    from bench.sink_trend import crossing, power_fit
+
+    x = [1e6 * 2**i for i in range(6)]
+    y = [3e-5 * v**0.5 for v in x]  # 0.03 .. 0.17
+    a, b = power_fit(x, y)
+    assert a == pytest.approx(3e-5) and b == pytest.approx(0.5)
+    assert crossing(x, y, 0.3) == f"{(0.3 / 3e-5) ** 2:.1e} tokens (x tokens^0.50)"
+    assert crossing(x, y[::-1], 0.3).startswith("none: falling")
+    assert crossing(x, y, 0.05) == f"reached ({max(y):.3f})"
+
+
+def test_sink_trend_reads_the_sink_metric_a_run_logged(tmp_path):
+    """Only eval rows with the sink metric make the table; with a nothing slot, its cost is shown as a ppl factor."""
+    import json
+
+    from bench.sink_trend import trend_rows
+
+    rows = [{"step": 10, "tokens": 1000, "train_loss": 5.0}]  # a log row: no eval, no sink metric
+    for step, cost in ((20, 0.01), (40, 0.1), (80, 0.2)):
+        rows.append(
+            {"step": step, "tokens": step * 100, "val_loss": 4.0, "first_token_max": [0.01, 0.02],
+             "first_token_uniform": 0.01, "sink_share": 0.0, "nothing_max": [0.1, 0.2], "nothing_cost": cost}
+        )  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    table, summary = trend_rows(tmp_path)
+    assert [r["step"] for r in table] == [20, 40, 80] and table[-1]["x uniform"] == "2.0"
+    assert (
+        table[-1]["cost without it"] == "0.200 (ppl x1.22)"
+        and table[0]["first token, largest head per layer"] == "0.010 0.020"
+    )
+    assert set(summary) == {
+        "run",
+        "first-token share reaches 0.3",
+        "nothing slot reaches 0.3",
+        "its removal doubles ppl",
+    }

@@ -254,8 +254,8 @@ def test_streaming_perplexity_report(runs):
     # the sink-head shares, per layer and overall, agree with the per-head means stored beside them
     assert [len(h) for h in sink["heads"]] == [4, 4] and sink["threshold"] == SINK_THRESHOLD and sink["window"] == 32
     assert sink["sink_share"] == [sum(m > 0.3 for m in h) / 4 for h in sink["heads"]]
-    assert sink["sink_share_all"] == sum(sink["sink_share"]) / 2 and sink["first_token"] == "the window's first token"
-    assert "sink heads (mean attention on the window's first token > 0.3" in proc.stdout
+    assert sink["sink_share_all"] == sum(sink["sink_share"]) / 2 and sink["first_token"] == "the stream's first token"
+    assert "sink heads (mean attention on the stream's first token > 0.3" in proc.stdout
     picture = runs / "rope" / "eval" / "sink_attention.png"
     assert picture.stat().st_size > 10_000 and "sink_attention.png" in proc.stdout
 
@@ -293,7 +293,52 @@ def test_uniform_attention_has_no_sink():
         torch.nn.init.zeros_(block.attn.c_q.weight)
     sink = first_token_attention(model, tokens(200)[0], window=16, n_windows=4)
     assert sink["mean"] == [sink["uniform"]] * 2 and sink["uniform"] == round(sum(1 / n for n in range(9, 17)) / 8, 4)
-    assert sink["sink_share"] == [0.0, 0.0] and sink["sink_share_all"] == 0.0
+    assert sink["sink_share"] == [0.0, 0.0] and sink["sink_share_all"] == 0.0 and "nothing_heads" not in sink
+
+
+def test_windows_can_open_with_the_streams_first_token(monkeypatch):
+    """first=: every window's first token is replaced (the BOS a 1 + (W - 1) cache keeps), the rest is left."""
+    seen = []
+    monkeypatch.setattr(sink_mass, "rows_first_token_attention", lambda model, rows: seen.append(rows) or {})
+    stream = tokens(200)[0]
+    first_token_attention(random_model("nope"), stream, window=16, n_windows=4, first=96)
+    rows = seen[0]
+    assert (rows[:, 0] == 96).all() and torch.equal(rows[0, 1:], stream[1:16])
+    assert torch.equal(rows[-1, 1:], stream[-15:])
+
+
+def test_the_nothing_slot_takes_what_its_logit_says():
+    """Zero queries make every score 0, so with sink logit s a query that sees n keys gives exp(s) / (exp(s) + n)
+    to nothing: the reported share is its mean over the second half's queries, and a head above 0.3 is counted."""
+    model = random_model("nope", sink_logit=True)
+    logits = torch.tensor([0.0, 1.0, 1.5, 4.0])
+    for block in model.blocks:
+        torch.nn.init.zeros_(block.attn.c_q.weight)
+        block.attn.sink.data.copy_(logits)
+    sink = first_token_attention(model, tokens(200)[0], window=16, n_windows=4)
+    n = torch.arange(9, 17, dtype=torch.float)  # the keys each second-half query sees
+    want = [round(float((s.exp() / (s.exp() + n)).mean()), 4) for s in logits]
+    assert sink["nothing_heads"] == [want, want] and sink["nothing_max_head"] == [want[3]] * 2
+    assert want[2] < SINK_THRESHOLD < want[3] and sink["nothing_share"] == [0.25, 0.25]
+    # what is not spent on nothing is spread evenly: the first token gets 1 / (exp(s) + n) of each query
+    first = [round(float((1 / (s.exp() + n)).mean()), 4) for s in logits]
+    assert sink["heads"] == [first, first]
+
+
+def test_the_nothing_slots_cost_is_the_loss_without_it():
+    """nothing_cost: the loss of the same model with every sink logit at -inf less its own loss; the model keeps its
+    logits afterwards, and a model whose slot takes nothing already (logits -inf) loses nothing."""
+    model, idx = random_model("rope", sink_logit=True), tokens(33)
+    kept = [block.attn.sink.detach().clone() for block in model.blocks]
+    cost = sink_mass.nothing_cost(model, idx[:, :-1], idx[:, 1:])
+    assert all(torch.equal(block.attn.sink, k) for block, k in zip(model.blocks, kept, strict=True))
+    without = random_model("rope", sink_logit=True)
+    with torch.no_grad():
+        for block in without.blocks:
+            block.attn.sink.fill_(float("-inf"))
+        want = (without(idx[:, :-1], idx[:, 1:]) - model(idx[:, :-1], idx[:, 1:])).item()
+    assert cost == pytest.approx(want, abs=1e-6) and abs(cost) > 1e-3
+    assert sink_mass.nothing_cost(without, idx[:, :-1], idx[:, 1:]) == 0.0
 
 
 def test_sink_share_counts_heads_above_the_threshold():

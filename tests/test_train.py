@@ -527,11 +527,39 @@ def test_sink_preset_logs_the_saved_models_first_token_attention(tmp_path, shake
     from evaluation.sink_mass import rows_first_token_attention
 
     cfg = config("experiment=sinks", *TINY, "train.max_steps=3", "train.eval_interval=3", "train.warmup_steps=1")
-    assert cfg.positional.name == "sink" and cfg.model.qk_norm == "learned" and cfg.data.bos_aligned
+    assert cfg.positional.name == "sink" and cfg.model.qk_norm == "none" and cfg.data.bos_aligned
     train(cfg, tmp_path)
     logged = metrics(tmp_path)[-1]
     model, _ = checkpoint.load_model(tmp_path, torch.device("cpu"))
-    x, _ = RowSampler(TokenSplit(shakespeare_dir, "val"), 32, 0).batch(0, 16)
+    split = TokenSplit(shakespeare_dir, "val")
+    x, _ = RowSampler(split, 32, 0, bos_aligned=True).batch(0, 16)  # rows that open as the training rows did
+    assert (x[:, 0] == split.bos).all()
     want = rows_first_token_attention(model.eval(), x)
     assert logged["first_token_max"] == want["max_head"] and logged["sink_share"] == want["sink_share_all"]
     assert logged["first_token_uniform"] == want["uniform"] and len(want["max_head"]) == 2
+    assert "nothing_max" not in logged  # no nothing slot in this model
+
+
+def test_sink_metric_logs_the_nothing_slots_share(tmp_path, shakespeare_dir):
+    """With model.sink_logit=true, train.sink_metric also logs each layer's largest share of attention spent on
+    nothing, from the same rows as the first-token share."""
+    from data.loader import RowSampler, TokenSplit
+    from evaluation.sink_mass import nothing_cost, rows_first_token_attention
+
+    cfg = config(
+        "positional=rope",
+        "model.sink_logit=true",
+        "train.sink_metric=true",
+        *TINY,
+        "train.max_steps=3",
+        "train.eval_interval=3",
+        "train.warmup_steps=1",
+    )
+    train(cfg, tmp_path)
+    logged = metrics(tmp_path)[-1]
+    model, _ = checkpoint.load_model(tmp_path, torch.device("cpu"))
+    x, y = RowSampler(TokenSplit(shakespeare_dir, "val"), 32, 0).batch(0, 16)
+    want = rows_first_token_attention(model.eval(), x)
+    assert logged["nothing_max"] == want["nothing_max_head"] and logged["nothing_share"] == want["nothing_share_all"]
+    assert logged["nothing_cost"] == round(nothing_cost(model, x, y), 5)
+    assert all(0 < m < 1 for m in logged["nothing_max"])
