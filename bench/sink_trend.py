@@ -83,7 +83,7 @@ def trend_rows(run: Path) -> tuple[list[dict], dict]:
             "x uniform": f"{max(r['first_token_max']) / r['first_token_uniform']:.1f}",
             "sink heads": f"{r['sink_share']:.2f}",
         }
-        if "nothing_max" in r:
+        if "nothing_cost" in r:
             row["nothing, largest head per layer"] = layers(r["nothing_max"])
             row["cost without it"] = f"{r['nothing_cost']:.3f} (ppl x{math.exp(r['nothing_cost']):.2f})"
         out.append(row)
@@ -92,10 +92,9 @@ def trend_rows(run: Path) -> tuple[list[dict], dict]:
         "run": run.name,
         "first-token share reaches 0.3": crossing(tokens, [max(r["first_token_max"]) for r in rows], SINK_THRESHOLD),
     }
-    if "nothing_cost" in rows[-1]:
-        costs = [r.get("nothing_cost", 0.0) for r in rows]
+    if "nothing_cost" in rows[-1]:  # a model.sink_logit run logs it at every eval
         summary["nothing slot reaches 0.3"] = crossing(tokens, [max(r["nothing_max"]) for r in rows], SINK_THRESHOLD)
-        summary["its removal doubles ppl"] = crossing(tokens, costs, COLLAPSE_COST)
+        summary["its removal doubles ppl"] = crossing(tokens, [r["nothing_cost"] for r in rows], COLLAPSE_COST)
     return out, summary
 
 
@@ -112,7 +111,7 @@ def plot(runs: list[Path], path: Path):
         (line,) = ax1.plot(
             tokens, [max(r["first_token_max"]) for r in rows], marker="o", label=f"{run.name}: first token"
         )
-        if "nothing_max" in rows[-1]:
+        if "nothing_cost" in rows[-1]:
             ax1.plot(
                 tokens,
                 [max(r["nothing_max"]) for r in rows],
