@@ -5,10 +5,13 @@
 #   STUDY=study-gpu bash runs/study.sh model=small       # any train.py override applies to every run
 #   SCHEMES="rope alibi" SEEDS="1 2" bash runs/study.sh  # a smaller study
 #   EVAL_ARGS="eval.tokens=131072" STREAM_ARGS="eval.stream_tokens=25600" bash runs/study.sh   # eval.py overrides
+#   STREAM=0 bash runs/study.sh                          # length evaluations only; a later run adds the streams
 #
 # It resumes where it stopped: a finished run (its DONE file) is skipped, an interrupted one resumes from its
-# checkpoint, an evaluated run (eval/length.json, eval/stream.json) is not evaluated again. Writes
-# $STUDY/REPORT.md (the tables, with 95% intervals, and the plots) and $STUDY/eval/compare.{json,txt,png}.
+# checkpoint, an evaluated run (eval/length.json, eval/stream.json) is neither trained nor evaluated again. So a
+# study kept as its evaluations alone grows without retraining what it holds:
+#   cp -r results/study-breadth study-b && STUDY=study-b SCHEMES="kerple irope" bash runs/study.sh logger.wandb=false
+# Writes $STUDY/REPORT.md (the tables, with 95% intervals, and the plots) and $STUDY/eval/compare.{json,txt,png}.
 # Time at the defaults, measured with two of these jobs sharing 2 CPU cores (OMP_NUM_THREADS=1 each): 8-10 min per
 # training run, 1-2.5 min per length eval, 7-9 min per stream eval; the six README schemes x 3 seeds, about 4 hours
 # on one core. On one GPU: not measured yet.
@@ -17,6 +20,7 @@ cd "$(dirname "$0")/.."
 STUDY=${STUDY:-study}
 SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope sink t5 kerple fire shaw fox xpos prope pope irope"}
 SEEDS=${SEEDS:-"1 2 3"}
+STREAM=${STREAM:-1}
 PY=${PYTHON:-python}
 read -r -a eval_args <<< "${EVAL_ARGS:-}"
 read -r -a stream_args <<< "${STREAM_ARGS:-}"
@@ -24,7 +28,7 @@ read -r -a stream_args <<< "${STREAM_ARGS:-}"
 for scheme in $SCHEMES; do
   for seed in $SEEDS; do
     run="$STUDY/$scheme-s$seed"
-    if [ -f "$run/DONE" ]; then
+    if [ -f "$run/DONE" ] || [ -f "$run/eval/length.json" ]; then
       echo "== $run: trained"
       continue
     fi
@@ -42,7 +46,13 @@ for scheme in $SCHEMES; do
     [ -f "$run/eval/length.json" ] || "$PY" eval.py checkpoint="$run" logger.wandb=false "${eval_args[@]}"
   done
   first="$STUDY/$scheme-s${SEEDS%% *}"  # streaming is one long stream per scheme: its first seed
-  [ -f "$first/eval/stream.json" ] || "$PY" eval.py checkpoint="$first" eval.mode=stream logger.wandb=false "${stream_args[@]}"
+  if [ "$STREAM" = 0 ] || [ -f "$first/eval/stream.json" ]; then
+    :
+  elif [ -f "$first/ckpt.pt" ]; then
+    "$PY" eval.py checkpoint="$first" eval.mode=stream logger.wandb=false "${stream_args[@]}"
+  else
+    echo "== $first: no checkpoint left to stream (evaluations only); retrain it to add its stream"
+  fi
 done
 
 "$PY" -m evaluation.study "$STUDY"

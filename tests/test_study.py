@@ -35,3 +35,56 @@ def test_rows_sorted_by_the_training_length_marks_kept_sd_at_train_and_longest()
     assert alibi == "| alibi | 107.0 [102.0, 112.0] | **100.5** ±0.5 [95.5, 105.5] | **98.0** ±0.5 [93.0, 103.0] |"
     assert rope.split(" | ")[1:3] == ["**106.0** [101.0, 111.0]", "104.8~ ±0.5 [99.8, 109.8]"]
     assert learned.endswith("| n/a | 130.0 ±0.5 [125.0, 135.0] | n/a |")  # no 128 row, 1024 beyond its table
+
+
+FAKE_PYTHON = """#!{exe}
+import sys, pathlib
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+with open({log!r}, "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+if sys.argv[1] == "train.py":
+    pathlib.Path(args["out_dir"]).mkdir(parents=True, exist_ok=True)
+    (pathlib.Path(args["out_dir"]) / "ckpt.pt").write_text("")
+elif sys.argv[1] == "eval.py":
+    out = pathlib.Path(args["checkpoint"]) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ("stream.json" if args.get("eval.mode") == "stream" else "length.json")).write_text("{{}}")
+"""
+
+
+def test_study_script_grows_a_kept_study_without_retraining_or_streaming_what_it_holds(tmp_path):
+    """A study kept as its evaluations alone (results/study-breadth: length.json and stream.json, no checkpoints):
+    runs/study.sh trains and evaluates only the runs it lacks, and asks no checkpoint-less run for a stream."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(exe=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    study = tmp_path / "study"
+    for seed in (1, 2):  # kept: evaluated, checkpoint gone
+        (study / f"fox-s{seed}" / "eval").mkdir(parents=True)
+        (study / f"fox-s{seed}" / "eval" / "length.json").write_text("{}")
+    env = {**os.environ, "PYTHON": str(fake), "STUDY": str(study), "SCHEMES": "fox kerple", "SEEDS": "1 2"}
+    out = subprocess.run(
+        ["bash", str(repo / "runs" / "study.sh"), "logger.wandb=false"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    calls = log.read_text().splitlines()
+    trained = [c for c in calls if c.startswith("train.py")]
+    assert [c.split("out_dir=")[1].split()[0] for c in trained] == [f"{study}/kerple-s1", f"{study}/kerple-s2"]
+    evals = [c for c in calls if c.startswith("eval.py")]
+    assert len([c for c in evals if "fox" in c]) == 0
+    assert len([c for c in evals if "kerple" in c and "eval.mode=stream" not in c]) == 2
+    assert [c for c in evals if "eval.mode=stream" in c] == [
+        f"eval.py checkpoint={study}/kerple-s1 eval.mode=stream logger.wandb=false"
+    ]
+    assert "fox-s1: no checkpoint left to stream" in out
+    assert calls[-1] == f"-m evaluation.study {study}"
