@@ -76,7 +76,8 @@ def only(config: dict, key: str) -> dict:
 
 def group_runs(results: list[dict]) -> list[dict]:
     """Groups of runs with the same run_config (same_run), in first-seen order, each with a label: its scheme, and
-    where two groups share a scheme, the config values that tell them apart."""
+    where two groups share a scheme, the config values that tell them apart, less those a strict majority of the
+    scheme's groups holds (the baseline of a variant study reads `rope`, its variants `rope [model.window=64]`)."""
     groups = []
     for res in results:
         config = run_config(res)
@@ -94,7 +95,9 @@ def group_runs(results: list[dict]) -> list[dict]:
         differ = sorted(
             k
             for k in g["config"]
-            if k != "pieces" and any(not same_run(only(g["config"], k), only(h["config"], k)) for h in twins)
+            if k != "pieces"
+            and any(not same_run(only(g["config"], k), only(h["config"], k)) for h in twins)
+            and 2 * sum(same_run(only(g["config"], k), only(h["config"], k)) for h in twins) <= len(twins)
         )
         g["label"] = g["scheme"] + (" [" + ", ".join(f"{k}={g['config'][k]}" for k in differ) + "]" if differ else "")
     return groups

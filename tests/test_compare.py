@@ -77,10 +77,21 @@ def test_a_run_saved_before_an_option_existed_joins_only_runs_with_it_off():
     groups = group_runs([old, off, on, big])
     assert [g["seeds"] for g in groups] == [[1, 2], [3], [4]]
     labels = [g["label"] for g in groups]  # what tells them apart, a missing key at its off value not among it
+    assert labels == ["learned", "learned [train.ssmax=True]", "learned [train.factor=4.0]"]
+
+
+def test_a_variant_study_names_each_variant_by_what_it_changed_and_the_baseline_by_its_scheme():
+    """RoPE, partial RoPE and windowed RoPE in one study: each label holds only the keys where that group leaves
+    the value most groups share, so the baseline reads `rope` and no label lists another variant's defaults."""
+    base = fake_run("rope", 1, 0.0, window=None, window_pattern="S", rotary_fraction=1.0)
+    partial = fake_run("rope", 1, 0.1, window=None, window_pattern="S", rotary_fraction=0.25)
+    windowed = fake_run("rope", 1, 0.2, window=64, window_pattern="SSSL", rotary_fraction=1.0)
+    labels = [g["label"] for g in group_runs([base, partial, windowed, fake_run("alibi", 1, 0.3)])]
     assert labels == [
-        "learned [train.factor=1.0, train.ssmax=False]",
-        "learned [train.factor=1.0, train.ssmax=True]",
-        "learned [train.factor=4.0]",
+        "rope",
+        "rope [train.rotary_fraction=0.25]",
+        "rope [train.window=64, train.window_pattern=SSSL]",
+        "alibi",
     ]
 
 
