@@ -50,7 +50,9 @@ def report(study: Path) -> str:
     if not lengths:
         raise SystemExit(f"error: no */eval/length.json under {study}; run bash runs/study.sh first")
     table = compare.compare(lengths, study / "eval")
-    rows = json.loads((study / "eval" / "compare.json").read_text())["results"]
+    kept = json.loads((study / "eval" / "compare.json").read_text())
+    rows = kept["results"]
+    group_of = {run: g["label"] for g in kept["groups"] for run in g["runs"]}  # a variant's stream: its group's name
     seeds = {r.get("train_config", {}).get("seed") for r in lengths}
     lines = [
         f"# Study: {study.name}",
@@ -75,9 +77,10 @@ def report(study: Path) -> str:
     ]
     for path, result in stream_results(study):
         rel = path.parent.relative_to(study)
-        lines += ["", f"### {result['scheme']} ({rel.parent})", "", "```", stream_table(result), "```", ""]
+        name = group_of.get(result.get("checkpoint"), result["scheme"])
+        lines += ["", f"### {name} ({rel.parent})", "", "```", stream_table(result), "```", ""]
         if (path.parent / "stream.png").exists():
-            lines.append(f"![stream {result['scheme']}]({rel}/stream.png)")
+            lines.append(f"![stream {name}]({rel}/stream.png)")
     return "\n".join(lines) + "\n"
 
 

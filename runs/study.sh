@@ -6,6 +6,8 @@
 #   SCHEMES="rope alibi" SEEDS="1 2" bash runs/study.sh  # a smaller study
 #   EVAL_ARGS="eval.tokens=131072" STREAM_ARGS="eval.stream_tokens=25600" bash runs/study.sh   # eval.py overrides
 #   STREAM=0 bash runs/study.sh                          # length evaluations only; a later run adds the streams
+#   TAG=window64 SCHEMES=rope bash runs/study.sh model.window=64 model.window_pattern=SSSL   # a variant, beside
+#                                                        # the plain runs: study/rope-window64-s<seed>
 #
 # It resumes where it stopped: a finished run (its DONE file) is skipped, an interrupted one resumes from its
 # checkpoint, an evaluated run (eval/length.json, eval/stream.json) is neither trained nor evaluated again. So a
@@ -21,13 +23,14 @@ STUDY=${STUDY:-study}
 SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope sink t5 kerple fire shaw fox xpos prope pope irope"}
 SEEDS=${SEEDS:-"1 2 3"}
 STREAM=${STREAM:-1}
+TAG=${TAG:+-$TAG}  # run folders are <scheme><-TAG>-s<seed>; the report names a variant by what its config changed
 PY=${PYTHON:-python}
 read -r -a eval_args <<< "${EVAL_ARGS:-}"
 read -r -a stream_args <<< "${STREAM_ARGS:-}"
 
 for scheme in $SCHEMES; do
   for seed in $SEEDS; do
-    run="$STUDY/$scheme-s$seed"
+    run="$STUDY/$scheme$TAG-s$seed"
     if [ -f "$run/DONE" ] || [ -f "$run/eval/length.json" ]; then
       echo "== $run: trained"
       continue
@@ -42,10 +45,10 @@ done
 
 for scheme in $SCHEMES; do
   for seed in $SEEDS; do
-    run="$STUDY/$scheme-s$seed"
+    run="$STUDY/$scheme$TAG-s$seed"
     [ -f "$run/eval/length.json" ] || "$PY" eval.py checkpoint="$run" logger.wandb=false "${eval_args[@]}"
   done
-  first="$STUDY/$scheme-s${SEEDS%% *}"  # streaming is one long stream per scheme: its first seed
+  first="$STUDY/$scheme$TAG-s${SEEDS%% *}"  # streaming is one long stream per scheme: its first seed
   if [ "$STREAM" = 0 ] || [ -f "$first/eval/stream.json" ]; then
     :
   elif [ -f "$first/ckpt.pt" ]; then

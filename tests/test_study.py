@@ -88,3 +88,53 @@ def test_study_script_grows_a_kept_study_without_retraining_or_streaming_what_it
     ]
     assert "fox-s1: no checkpoint left to stream" in out
     assert calls[-1] == f"-m evaluation.study {study}"
+
+
+def test_study_script_puts_a_tagged_variant_beside_the_plain_runs_with_its_overrides(tmp_path):
+    """TAG=window64 trains <scheme>-window64-s<seed> with the overrides, beside a kept plain <scheme>-s<seed>,
+    which it neither retrains nor evaluates (the plain and the variant runs would otherwise share a folder)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    log = tmp_path / "calls.log"
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(exe=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    study = tmp_path / "study"
+    (study / "rope-s1" / "eval").mkdir(parents=True)
+    (study / "rope-s1" / "eval" / "length.json").write_text("{}")
+    env = {**os.environ, "PYTHON": str(fake), "STUDY": str(study), "SCHEMES": "rope", "SEEDS": "1", "TAG": "window64"}
+    subprocess.run(
+        ["bash", str(repo / "runs" / "study.sh"), "model.window=64"], env=env, check=True, capture_output=True
+    )
+    calls = log.read_text().splitlines()
+    assert calls[0] == (
+        f"train.py positional=rope seed=1 out_dir={study}/rope-window64-s1 logger.group={study} model.window=64"
+    )
+    assert f"eval.py checkpoint={study}/rope-window64-s1 logger.wandb=false" in calls
+    assert not any(f"{study}/rope-s1" in c for c in calls)
+
+
+def test_the_report_titles_a_variants_stream_by_its_seed_group_not_its_bare_scheme(tmp_path, monkeypatch):
+    """A windowed RoPE run's stream.json says scheme `rope`, as the plain run's does: the report must name it by
+    what its seed group's label says it changed, or two streams read `rope` with nothing to tell them apart."""
+    import json
+
+    from test_compare import fake_run
+
+    import evaluation.study as study_module
+
+    monkeypatch.setattr(study_module, "stream_table", lambda result: "(stream table)")
+    study = tmp_path / "study"
+    runs = {"rope-s1": fake_run("rope", 1, 0.0), "rope-window64-s1": fake_run("rope", 1, -0.1, window=64)}
+    for name, run in runs.items():
+        run["checkpoint"] = f"study/{name}/ckpt.pt"
+        (study / name / "eval").mkdir(parents=True)
+        (study / name / "eval" / "length.json").write_text(json.dumps(run))
+        stream = {"checkpoint": run["checkpoint"], "scheme": "rope"}
+        (study / name / "eval" / "stream.json").write_text(json.dumps(stream))
+    text = study_module.report(study)
+    assert "### rope (rope-s1)" in text and "### rope [train.window=64] (rope-window64-s1)" in text
