@@ -52,9 +52,9 @@ elif sys.argv[1] == "eval.py":
 """
 
 
-def test_study_script_grows_a_kept_study_without_retraining_or_streaming_what_it_holds(tmp_path):
-    """A study kept as its evaluations alone (results/study-breadth: length.json and stream.json, no checkpoints):
-    runs/study.sh trains and evaluates only the runs it lacks, and asks no checkpoint-less run for a stream."""
+def run_study_script(tmp_path, kept: list[str], env: dict, *overrides: str) -> tuple[list[str], str]:
+    """runs/study.sh with a fake python that logs each call and writes what train.py and eval.py would; `kept` are
+    runs already evaluated (length.json, no checkpoint). Returns the logged calls and the script's stdout."""
     import os
     import subprocess
     import sys
@@ -65,19 +65,21 @@ def test_study_script_grows_a_kept_study_without_retraining_or_streaming_what_it
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON.format(exe=sys.executable, log=str(log)))
     fake.chmod(0o755)
+    for run in kept:
+        (tmp_path / "study" / run / "eval").mkdir(parents=True)
+        (tmp_path / "study" / run / "eval" / "length.json").write_text("{}")
+    env = {**os.environ, "PYTHON": str(fake), "STUDY": str(tmp_path / "study"), **env}
+    cmd = ["bash", str(repo / "runs" / "study.sh"), *overrides]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    return log.read_text().splitlines(), out
+
+
+def test_study_script_grows_a_kept_study_without_retraining_or_streaming_what_it_holds(tmp_path):
+    """A study kept as its evaluations alone (results/study-breadth: length.json and stream.json, no checkpoints):
+    runs/study.sh trains and evaluates only the runs it lacks, and asks no checkpoint-less run for a stream."""
     study = tmp_path / "study"
-    for seed in (1, 2):  # kept: evaluated, checkpoint gone
-        (study / f"fox-s{seed}" / "eval").mkdir(parents=True)
-        (study / f"fox-s{seed}" / "eval" / "length.json").write_text("{}")
-    env = {**os.environ, "PYTHON": str(fake), "STUDY": str(study), "SCHEMES": "fox kerple", "SEEDS": "1 2"}
-    out = subprocess.run(
-        ["bash", str(repo / "runs" / "study.sh"), "logger.wandb=false"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    calls = log.read_text().splitlines()
+    env = {"SCHEMES": "fox kerple", "SEEDS": "1 2"}
+    calls, out = run_study_script(tmp_path, ["fox-s1", "fox-s2"], env, "logger.wandb=false")  # fox: checkpoint gone
     trained = [c for c in calls if c.startswith("train.py")]
     assert [c.split("out_dir=")[1].split()[0] for c in trained] == [f"{study}/kerple-s1", f"{study}/kerple-s2"]
     evals = [c for c in calls if c.startswith("eval.py")]
@@ -93,24 +95,10 @@ def test_study_script_grows_a_kept_study_without_retraining_or_streaming_what_it
 def test_study_script_puts_a_tagged_variant_beside_the_plain_runs_with_its_overrides(tmp_path):
     """TAG=window64 trains <scheme>-window64-s<seed> with the overrides, beside a kept plain <scheme>-s<seed>,
     which it neither retrains nor evaluates (the plain and the variant runs would otherwise share a folder)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[1]
-    log = tmp_path / "calls.log"
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON.format(exe=sys.executable, log=str(log)))
-    fake.chmod(0o755)
     study = tmp_path / "study"
-    (study / "rope-s1" / "eval").mkdir(parents=True)
-    (study / "rope-s1" / "eval" / "length.json").write_text("{}")
-    env = {**os.environ, "PYTHON": str(fake), "STUDY": str(study), "SCHEMES": "rope", "SEEDS": "1", "TAG": "window64"}
-    subprocess.run(
-        ["bash", str(repo / "runs" / "study.sh"), "model.window=64"], env=env, check=True, capture_output=True
+    calls, _ = run_study_script(
+        tmp_path, ["rope-s1"], {"SCHEMES": "rope", "SEEDS": "1", "TAG": "window64"}, "model.window=64"
     )
-    calls = log.read_text().splitlines()
     assert calls[0] == (
         f"train.py positional=rope seed=1 out_dir={study}/rope-window64-s1 logger.group={study} model.window=64"
     )
