@@ -1,8 +1,10 @@
-"""The report of a study: every run's length evaluation compared (seeds grouped), every stream table, the plots.
+"""The report of a study: every run's length evaluation compared (seeds grouped), every stream and passkey table,
+the plots.
 
 python -m evaluation.study study          (the last step of `bash runs/study.sh`; reads study/*/eval/*.json)
-Writes study/REPORT.md and study/eval/compare.{json,txt,png}. Rows whose difference from the best lies inside the
-paired bootstrap's 95% interval are marked (evaluation/compare.py); read only what survives them.
+Writes study/REPORT.md and study/eval/compare.{json,txt,png} (runs/extension.sh: ext/REPORT.md). Rows whose
+difference from the best lies inside the paired bootstrap's 95% interval are marked (evaluation/compare.py); read
+only what survives them.
 """
 
 import json
@@ -10,12 +12,14 @@ import sys
 from pathlib import Path
 
 from evaluation import compare
+from evaluation.passkey import passkey_table
 from evaluation.report import label
 from evaluation.stream import stream_table
 
 
-def stream_results(study: Path) -> list[tuple[Path, dict]]:
-    return [(p, json.loads(p.read_text())) for p in sorted(study.glob("*/eval/stream.json"))]
+def results(study: Path, kind: str) -> list[tuple[Path, dict]]:
+    """Every run's eval/<kind>.json (stream, passkey) in the study, with its path."""
+    return [(p, json.loads(p.read_text())) for p in sorted(study.glob(f"*/eval/{kind}.json"))]
 
 
 def markdown_table(rows: list[dict], train_length: int, mode: str = "nonoverlap") -> str:
@@ -75,12 +79,20 @@ def report(study: Path) -> str:
         "",
         "## Streaming",
     ]
-    for path, result in stream_results(study):
+    for path, result in results(study, "stream"):
         rel = path.parent.relative_to(study)
         name = group_of.get(result.get("checkpoint"), result["scheme"])
         lines += ["", f"### {name} ({rel.parent})", "", "```", stream_table(result), "```", ""]
         if (path.parent / "stream.png").exists():
             lines.append(f"![stream {name}]({rel}/stream.png)")
+    passkeys = results(study, "passkey")
+    if passkeys:
+        lines += ["", "## Passkey retrieval"]
+    for path, result in passkeys:  # runs fine-tuned on data=passkey: no length.json, so named by their scheme
+        rel = path.parent.relative_to(study)
+        lines += ["", f"### {result['scheme']} ({rel.parent})", "", "```", passkey_table(result), "```", ""]
+        if (path.parent / "passkey.png").exists():
+            lines.append(f"![passkey {result['scheme']}]({rel}/passkey.png)")
     return "\n".join(lines) + "\n"
 
 

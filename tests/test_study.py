@@ -126,3 +126,35 @@ def test_the_report_titles_a_variants_stream_by_its_seed_group_not_its_bare_sche
         (study / name / "eval" / "stream.json").write_text(json.dumps(stream))
     text = study_module.report(study)
     assert "### rope (rope-s1)" in text and "### rope [train.window=64] (rope-window64-s1)" in text
+
+
+def test_the_report_shows_each_passkey_run_as_its_table_and_heatmap(tmp_path):
+    """runs/extension.sh's passkey runs (no length.json of their own) appear in its report with their accuracy
+    per (length, depth) and Wilson interval, beside the length table of the runs that have one."""
+    import json
+
+    from test_compare import fake_run
+
+    import evaluation.study as study_module
+    from evaluation.passkey import wilson
+
+    study = tmp_path / "study"
+    (study / "rope" / "eval").mkdir(parents=True)
+    (study / "rope" / "eval" / "length.json").write_text(json.dumps(fake_run("rope", 1, 0.0)))
+    rows = [
+        {"length": n, "depth": d, "accuracy": k / 50, "correct": k, "trials": 50, "ci": wilson(k, 50)}
+        for n, k in ((256, 50), (1024, 3))
+        for d in (0.0, 1.0)
+    ]
+    passkey = {
+        **{"scheme": "alibi", "step": 600, "train_length": 256, "train_data": "passkey", "key_digits": 5},
+        **{"trials": 50, "lengths": [256, 1024], "depths": [0.0, 1.0], "works": ["hamlet_gut"], "results": rows},
+    }
+    (study / "alibi-passkey" / "eval").mkdir(parents=True)
+    (study / "alibi-passkey" / "eval" / "passkey.json").write_text(json.dumps(passkey))
+    text = study_module.report(study)
+    section = text.split("## Passkey retrieval\n")[1]
+    assert section.startswith("\n### alibi (alibi-passkey)\n")
+    assert "1.00 [0.93, 1.00]" in section and "0.06 [0.02, 0.16]" in section  # 50/50 and 3/50 with their intervals
+    (study / "alibi-passkey" / "eval" / "passkey.json").unlink()
+    assert "Passkey" not in study_module.report(study)  # a study without passkey runs has no such section
