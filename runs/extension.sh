@@ -76,8 +76,10 @@ train_len=$("$PY" -c "import sys, torch; print(torch.load(sys.argv[1], map_locat
   "$EXT/rope/ckpt.pt")
 for n in ${LENGTHS//[\[\],]/ }; do  # LongRoPE's factors, searched for each length past training (eval.py's `all` then
   factor=$("$PY" -c "print(f'{$n / $train_len:g}')")  # scores them beside the closed-form scalings)
+  windows=$(( 16384 / n < 8 ? 16384 / n : 8 ))  # at most 16K fitness tokens: the held-out text the table leaves
+  windows=$(( windows < 1 ? 1 : windows ))      # unread holds only 4 windows of 4096 (eval.py's default table)
   [ "$n" -le "$train_len" ] || [ -f "$EXT/rope/longrope_x$factor.json" ] || "$PY" -m evaluation.longrope_search \
-    checkpoint="$EXT/rope" target_length="$n" eval.lengths="$LENGTHS" "${eval_args[@]}"
+    checkpoint="$EXT/rope" target_length="$n" eval.lengths="$LENGTHS" search.windows="$windows" "${eval_args[@]}"
 done
 length_eval "$EXT/rope" eval.rope_scaling=all eval.log_scaling=true
 for run in rope-yarn4 rope-pi4 rope-1024 nope-scratch; do length_eval "$EXT/$run"; done

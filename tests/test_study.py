@@ -158,3 +158,51 @@ def test_the_report_shows_each_passkey_run_as_its_table_and_heatmap(tmp_path):
     assert "1.00 [0.93, 1.00]" in section and "0.06 [0.02, 0.16]" in section  # 50/50 and 3/50 with their intervals
     (study / "alibi-passkey" / "eval" / "passkey.json").unlink()
     assert "Passkey" not in study_module.report(study)  # a study without passkey runs has no such section
+
+
+FAKE_EXTENSION_PYTHON = """#!{exe}
+import os, shutil, sys, pathlib
+if sys.argv[1] == "-c":  # the script's own one-liners (a checkpoint's step and length, a factor): real python
+    os.execv({exe!r}, [{exe!r}, *sys.argv[1:]])
+args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+with open({log!r}, "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+if sys.argv[1] == "train.py":
+    pathlib.Path(args["out_dir"]).mkdir(parents=True, exist_ok=True)
+    shutil.copy({ckpt!r}, pathlib.Path(args["out_dir"]) / "ckpt.pt")
+elif sys.argv[1] == "eval.py":
+    out = pathlib.Path(args["checkpoint"]) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ("passkey.json" if args.get("eval.mode") == "passkey" else "length.json")).write_text("{{}}")
+"""
+
+
+def test_extension_script_searches_longrope_at_every_length_within_the_held_out_text(tmp_path):
+    """runs/extension.sh from a study's seed-1 runs: LongRoPE is searched at every length past training, with at most
+    16K fitness tokens (at 16x the held-out text left unread by the table holds only 4 windows of 4096: asking for
+    8 stopped the whole script there), then every length, fine-tune, DroPE and passkey run in turn."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    repo = Path(__file__).resolve().parents[1]
+    ckpt = tmp_path / "base.pt"
+    torch.save({"step": 280, "seq_len": 256}, ckpt)
+    for scheme in ("rope", "alibi", "nope"):
+        (tmp_path / "study" / f"{scheme}-s1").mkdir(parents=True)
+        (tmp_path / "study" / f"{scheme}-s1" / "ckpt.pt").write_bytes(ckpt.read_bytes())
+        (tmp_path / "study" / f"{scheme}-s1" / "DONE").write_text("")
+    log, fake = tmp_path / "calls.log", tmp_path / "python"
+    fake.write_text(FAKE_EXTENSION_PYTHON.format(exe=sys.executable, log=str(log), ckpt=str(ckpt)))
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "BASE": str(tmp_path / "study"), "EXT": str(tmp_path / "ext")}
+    subprocess.run(["bash", str(repo / "runs" / "extension.sh")], env=env, check=True, capture_output=True)
+    calls = log.read_text().splitlines()
+    searches = [c for c in calls if c.startswith("-m evaluation.longrope_search")]
+    found = [(c.split("target_length=")[1].split()[0], c.split("search.windows=")[1].split()[0]) for c in searches]
+    assert found == [("512", "8"), ("1024", "8"), ("2048", "8"), ("4096", "4")]
+    assert sum(c.startswith("eval.py") and "eval.mode=passkey" in c for c in calls) == 5
+    assert calls[-1] == f"-m evaluation.study {tmp_path / 'ext'}"
