@@ -5,6 +5,7 @@ python eval.py checkpoint=out/rope eval.rope_scaling=all      + linear, ntk, dyn
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   factors searched beforehand
                                                               (python -m evaluation.longrope_search, its docstring)
 python eval.py checkpoint=out/rope eval.rope_scaling=rerope   + ReRoPE (or leaky_rerope; eval.rerope_window, _leak)
+python eval.py checkpoint=out/rope eval.rope_scaling=all eval.rerope=true   every training-free row in one table
 python eval.py checkpoint=out/alibi eval.log_scaling=true     + a `log` row: logits x log_L n past L (any scheme)
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00         every run of a training sweep, one table
 python eval.py -m checkpoint=out/rope,out/alibi,out/learned   likewise, as a Hydra multirun
@@ -127,6 +128,19 @@ def with_searched(variants: list[str], requested: str, path, factors: list[float
     return variants + list(SEARCHED)
 
 
+def with_rerope(variants: list[str], requested: bool, pe, trained: str | None) -> list[str]:
+    """The variants plus rerope and leaky_rerope when asked for (eval.rerope=true): `all` leaves them out for their
+    cost, and this puts a rotary model's whole training-free table in one run. A model they cannot apply to (no
+    rotation, or a scaling built in by a fine-tune) gets a note and no rows, as `all` gives it no scaling rows."""
+    if not requested:
+        return variants
+    if trained or not pe.rotary:
+        why = f"trained with positional.scaling={trained}" if trained else f"{pe.name} has no rotation"
+        say(f"note: eval.rerope=true adds no rows: {why}")
+        return variants
+    return variants + [k for k in rerope.KINDS if k not in variants]
+
+
 def searched_scalings(path, pe, variants, lengths, factor_of, train_length: int) -> dict:
     """{(variant, length): set_scaling's keyword arguments} for the SEARCHED variants past the training length, read
     from the files their search wrote beside the checkpoint (evaluation/longrope.py), all before any scoring: a
@@ -173,6 +187,7 @@ def evaluate_lengths(path, cfg, rt) -> dict:
         return length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
 
     variants = with_searched(variants, ev.rope_scaling, path, [factor_of(n) for n in lengths])
+    variants = with_rerope(variants, ev.rerope, pe, trained)
     searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
     pieces, regs = scored_text(ckpt, ev, lengths[-1])
     note_search_overlap(searched, pieces, lengths[-1])

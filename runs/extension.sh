@@ -9,7 +9,7 @@
 #   PASSKEY_ARGS="eval.trials=100" bash runs/extension.sh # and for every passkey evaluation
 #
 # 1. the RoPE base, training-free: eval.rope_scaling=all (PI, NTK, dynamic NTK, YaRN, and LongRoPE, whose factors
-#    are searched first for each length past training) and eval.log_scaling;
+#    are searched first for each length past training), eval.rerope (ReRoPE, Leaky ReRoPE) and eval.log_scaling;
 # 2. fine-tuned at 4x the length for STEPS steps (same tokens per step as the base): YaRN x4, PI x4, unscaled;
 # 3. DroPE: the RoPE base with its rotation dropped, recalibrated at the original length for DROPE_STEPS steps
 #    (init_from=... positional=nope), scored zero-shot with and without log-length scaling; against a NoPE model
@@ -81,7 +81,7 @@ for n in ${LENGTHS//[\[\],]/ }; do  # LongRoPE's factors, searched for each leng
   [ "$n" -le "$train_len" ] || [ -f "$EXT/rope/longrope_x$factor.json" ] || "$PY" -m evaluation.longrope_search \
     checkpoint="$EXT/rope" target_length="$n" eval.lengths="$LENGTHS" search.windows="$windows" "${eval_args[@]}"
 done
-length_eval "$EXT/rope" eval.rope_scaling=all eval.log_scaling=true
+length_eval "$EXT/rope" eval.rope_scaling=all eval.log_scaling=true eval.rerope=true
 for run in rope-yarn4 rope-pi4 rope-1024 nope-scratch; do length_eval "$EXT/$run"; done
 length_eval "$EXT/drope" eval.log_scaling=true
 

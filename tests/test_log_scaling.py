@@ -191,3 +191,24 @@ def unscaled(cfg):
     cfg = cfg.copy()
     cfg.eval.rope_scaling, cfg.eval.log_scaling = "none", False
     return cfg
+
+
+def test_eval_rerope_adds_both_rerope_rows_equal_to_asking_for_each_by_name(tiny_checkpoint):
+    """eval.rerope=true puts rerope and leaky_rerope after `all`'s frequency scalings, each row the same numbers as
+    eval.rope_scaling=<kind> alone gives (the frequencies of the rows before it do not linger into it)."""
+    import eval as entry
+
+    rt = runtime.setup("cpu", "fp32", 0)
+    with initialize_config_dir(config_dir=str(entry.Path(entry.__file__).parent / "configs"), version_base="1.3"):
+        cfg = compose("eval", ["eval.tokens=256", "eval.lengths=[32,128]", "device=cpu", "eval.rope_scaling=all"])
+    cfg.eval.rerope = True
+    rows = entry.evaluate_lengths(tiny_checkpoint, cfg, rt)["results"]
+    want = ["none", "linear", "ntk", "dynamic_ntk", "yarn", "rerope", "leaky_rerope"]
+    assert list(dict.fromkeys(r["variant"] for r in rows)) == want
+    ppl = {(r["variant"], r["length"], r["mode"]): r["ppl"] for r in rows}
+    for kind in ("rerope", "leaky_rerope"):
+        alone = unscaled(cfg)
+        alone.eval.rope_scaling, alone.eval.rerope = kind, False
+        for r in entry.evaluate_lengths(tiny_checkpoint, alone, rt)["results"]:
+            assert ppl[kind, r["length"], r["mode"]] == r["ppl"]
+    assert ppl["rerope", 128, "nonoverlap"] != ppl["none", 128, "nonoverlap"]  # past L the far rotation acts

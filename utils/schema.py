@@ -120,6 +120,7 @@ class Eval:
     rope_factor: Any = MISSING  # auto | a number
     rerope_window: int | None = MISSING  # null: half the training length
     rerope_leak: Any = MISSING  # auto | a number >= 1
+    rerope: bool = MISSING  # also the rerope and leaky_rerope rows
     log_scaling: bool = MISSING
     prepare: bool = MISSING
     stream_tokens: int = MISSING
