@@ -57,11 +57,12 @@ def report(study: Path) -> str:
     kept = json.loads((study / "eval" / "compare.json").read_text())
     rows = kept["results"]
     group_of = {run: g["label"] for g in kept["groups"] for run in g["runs"]}  # a variant's stream: its group's name
-    seeds = {r.get("train_config", {}).get("seed") for r in lengths}
+    sizes = sorted({len(g["seeds"]) for g in kept["groups"]})  # seeds per group: a run alone is a group of one
+    seeds = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
     lines = [
         f"# Study: {study.name}",
         "",
-        f"{len(lengths)} runs ({len(seeds)} seed{'s' * (len(seeds) > 1)} per scheme where all finished), "
+        f"{len(lengths)} runs in {len(kept['groups'])} groups of {seeds} seed{'s' * (sizes[-1] > 1)}, "
         "evaluated on held-out plays with 95% bootstrap intervals over scored pieces (and over seeds).",
         "",
         "## Perplexity by evaluation length",
