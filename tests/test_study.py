@@ -38,18 +38,34 @@ def test_rows_sorted_by_the_training_length_marks_kept_sd_at_train_and_longest()
 
 
 FAKE_PYTHON = """#!{exe}
-import sys, pathlib
+import os, shutil, sys, pathlib
+if sys.argv[1] == "-c":  # the scripts' own one-liners (a checkpoint's step and length, a factor): real python
+    os.execv({exe!r}, [{exe!r}, *sys.argv[1:]])
 args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
 with open({log!r}, "a") as f:
     f.write(" ".join(sys.argv[1:]) + "\\n")
 if sys.argv[1] == "train.py":
     pathlib.Path(args["out_dir"]).mkdir(parents=True, exist_ok=True)
-    (pathlib.Path(args["out_dir"]) / "ckpt.pt").write_text("")
+    shutil.copy({ckpt!r}, pathlib.Path(args["out_dir"]) / "ckpt.pt")
 elif sys.argv[1] == "eval.py":
     out = pathlib.Path(args["checkpoint"]) / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    (out / ("stream.json" if args.get("eval.mode") == "stream" else "length.json")).write_text("{{}}")
+    (out / (args.get("eval.mode", "length") + ".json")).write_text("{{}}")
 """
+
+
+def fake_python(tmp_path):
+    """A python for runs/*.sh that logs each call and writes what train.py (a checkpoint holding step 280 at length
+    256) and eval.py (<mode>.json) would. Returns its path, its log and that checkpoint."""
+    import sys
+
+    import torch
+
+    ckpt, log, fake = tmp_path / "base.pt", tmp_path / "calls.log", tmp_path / "python"
+    torch.save({"step": 280, "seq_len": 256}, ckpt)
+    fake.write_text(FAKE_PYTHON.format(exe=sys.executable, log=str(log), ckpt=str(ckpt)))
+    fake.chmod(0o755)
+    return fake, log, ckpt
 
 
 def run_study_script(tmp_path, kept: list[str], env: dict, *overrides: str) -> tuple[list[str], str]:
@@ -57,14 +73,10 @@ def run_study_script(tmp_path, kept: list[str], env: dict, *overrides: str) -> t
     runs already evaluated (length.json, no checkpoint). Returns the logged calls and the script's stdout."""
     import os
     import subprocess
-    import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    log = tmp_path / "calls.log"
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON.format(exe=sys.executable, log=str(log)))
-    fake.chmod(0o755)
+    fake, log, _ = fake_python(tmp_path)
     for run in kept:
         (tmp_path / "study" / run / "eval").mkdir(parents=True)
         (tmp_path / "study" / run / "eval" / "length.json").write_text("{}")
@@ -160,44 +172,20 @@ def test_the_report_shows_each_passkey_run_as_its_table_and_heatmap(tmp_path):
     assert "Passkey" not in study_module.report(study)  # a study without passkey runs has no such section
 
 
-FAKE_EXTENSION_PYTHON = """#!{exe}
-import os, shutil, sys, pathlib
-if sys.argv[1] == "-c":  # the script's own one-liners (a checkpoint's step and length, a factor): real python
-    os.execv({exe!r}, [{exe!r}, *sys.argv[1:]])
-args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
-with open({log!r}, "a") as f:
-    f.write(" ".join(sys.argv[1:]) + "\\n")
-if sys.argv[1] == "train.py":
-    pathlib.Path(args["out_dir"]).mkdir(parents=True, exist_ok=True)
-    shutil.copy({ckpt!r}, pathlib.Path(args["out_dir"]) / "ckpt.pt")
-elif sys.argv[1] == "eval.py":
-    out = pathlib.Path(args["checkpoint"]) / "eval"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / ("passkey.json" if args.get("eval.mode") == "passkey" else "length.json")).write_text("{{}}")
-"""
-
-
 def test_extension_script_searches_longrope_at_every_length_within_the_held_out_text(tmp_path):
     """runs/extension.sh from a study's seed-1 runs: LongRoPE is searched at every length past training, with at most
     16K fitness tokens (at 16x the held-out text left unread by the table holds only 4 windows of 4096: asking for
     8 stopped the whole script there), then every length, fine-tune, DroPE and passkey run in turn."""
     import os
     import subprocess
-    import sys
     from pathlib import Path
 
-    import torch
-
     repo = Path(__file__).resolve().parents[1]
-    ckpt = tmp_path / "base.pt"
-    torch.save({"step": 280, "seq_len": 256}, ckpt)
+    fake, log, ckpt = fake_python(tmp_path)
     for scheme in ("rope", "alibi", "nope"):
         (tmp_path / "study" / f"{scheme}-s1").mkdir(parents=True)
         (tmp_path / "study" / f"{scheme}-s1" / "ckpt.pt").write_bytes(ckpt.read_bytes())
         (tmp_path / "study" / f"{scheme}-s1" / "DONE").write_text("")
-    log, fake = tmp_path / "calls.log", tmp_path / "python"
-    fake.write_text(FAKE_EXTENSION_PYTHON.format(exe=sys.executable, log=str(log), ckpt=str(ckpt)))
-    fake.chmod(0o755)
     env = {**os.environ, "PYTHON": str(fake), "BASE": str(tmp_path / "study"), "EXT": str(tmp_path / "ext")}
     subprocess.run(["bash", str(repo / "runs" / "extension.sh")], env=env, check=True, capture_output=True)
     calls = log.read_text().splitlines()
