@@ -89,6 +89,28 @@ def test_init_from_refuses_a_missing_checkpoint_or_another_shape(init_runs, tmp_
         train(config(*TINY, *ADAMW, f"init_from={init_runs / 'rope'}", "positional=alibi"), tmp_path / "c")
 
 
+def test_a_fine_tune_may_learn_qk_gains_from_gain_free_qk_norm(init_runs):
+    """model.qk_norm=learned from an rms checkpoint: the gains start at ones, so the model is the init model exactly;
+    the other way, and from no QK-norm, the weights do not fit and are refused."""
+    init = checkpoint.load(init_runs / "rope")
+    rms = GPT(GPTConfig(**init["model_config"]))
+    rms.load_state_dict(init["model"])
+    learned = GPT(GPTConfig(**{**init["model_config"], "qk_norm": "learned"}))
+    run_ = {"model_config": asdict(learned.cfg), "tokenizer": init["tokenizer"]}
+    finetune.load_weights(learned, init, run_, "rope", OLDER)
+    assert torch.equal(learned.blocks[0].attn.q_gain, torch.ones_like(learned.blocks[0].attn.q_gain))
+    idx = torch.randint(0, 4096, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(learned(idx), rms(idx), atol=0, rtol=0)
+    gained = {**init, "model": learned.state_dict(), "model_config": asdict(learned.cfg)}
+    bare = {**init, "model_config": {**init["model_config"], "qk_norm": "none"}}
+    for qk_norm, source in (("rms", gained), ("learned", bare)):
+        model = GPT(GPTConfig(**{**init["model_config"], "qk_norm": qk_norm}))
+        run_ = {"model_config": asdict(model.cfg), "tokenizer": init["tokenizer"]}
+        with pytest.raises(UserError, match=f"model.qk_norm={qk_norm} \\(it has"):
+            finetune.load_weights(model, source, run_, "x", OLDER)
+
+
 def test_scaling_is_saved_and_rebuilt_by_eval_and_sample(init_runs, tmp_path):
     out = tmp_path / "yarn"
     scaled = ["positional.scaling=yarn", "positional.scaling_factor=2", "train.seq_len=64"]

@@ -15,6 +15,8 @@ DroPE (Gelberg et al. 2025) is the one change of scheme a fine-tune may make: to
 The scheme's own weights (what its model has beyond a NoPE model of the same shape: a learned table, T5's buckets,
 FoX's gates, a sink token) are dropped, everything else is kept, and the run recalibrates at the length it is given
 (the paper: the original length). The checkpoint records init_from.dropped, which reports show: nope[dropped rope].
+A fine-tune may also turn gain-free QK-norm into a learned one (model.qk_norm=learned from rms): the gains start at
+ones, so step 0 is the init model exactly, and its heads may then sharpen past the sqrt(head dim) logit cap.
 """
 
 import torch
@@ -24,6 +26,7 @@ from utils import checkpoint
 from utils.errors import UserError
 
 LENGTH_KEYS = ("max_positions",)  # positional options that follow train.seq_len (a learned table's rows)
+WIDENING = {"model.qk_norm": ("rms", "learned")}  # (init's, the run's): the run adds weights that start as identity
 
 
 def read_init(cfg) -> dict | None:
@@ -87,6 +90,9 @@ def check_compatible(init: dict, run: dict, path, older: dict):
         )
     keep = dropping(init, run) is None  # DroPE: the scheme may change (to nope); the model's shape may not
     have, want = flat({**older["model_config"], **init["model_config"]}, keep), flat(run["model_config"], keep)
+    for key, (was, now) in WIDENING.items():
+        if (have.get(key), want.get(key)) == (was, now):
+            have[key] = now
     unset = "unset"
     keys = sorted(set(have) | set(want), key=lambda k: (k != "positional.name", k))  # the scheme's name first
     diff = [f"{k}={want.get(k, unset)} (it has {have.get(k, unset)})" for k in keys if have.get(k) != want.get(k)]
@@ -109,6 +115,9 @@ def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
     for name, module in model.named_modules():
         if isinstance(module, Positional):  # each scheme fits its own length-dependent entries (base.fit_state)
             module.fit_state(state, f"{name}.")
+    for key, value in model.state_dict().items():  # WIDENING's new weights (QK gains): their identity init
+        if key.endswith(("q_gain", "k_gain")) and key not in state:
+            state[key] = value
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
