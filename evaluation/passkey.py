@@ -117,6 +117,7 @@ def run_passkey(path, cfg, rt, out_dir, lengths: list[int]) -> dict:
         "checkpoint": str(checkpoint.checkpoint_path(path)),
         "scheme": scheme_label(ckpt),
         "positional": ckpt["model_config"]["positional"],
+        "qk_norm": ckpt["model_config"].get("qk_norm", "rms"),  # learned gains: the heads may pass the rms cap
         "train_length": train_length,
         "train_data": ckpt["config"]["data"]["name"],
         "step": ckpt["step"],
@@ -138,6 +139,12 @@ def run_passkey(path, cfg, rt, out_dir, lengths: list[int]) -> dict:
     return result
 
 
+def model_label(result: dict) -> str:
+    """The scheme, and the QK-norm where it is not the default gain-free one: rope, rope (qk_norm=learned)."""
+    qk_norm = result.get("qk_norm", "rms")
+    return result["scheme"] + ("" if qk_norm == "rms" else f" (qk_norm={qk_norm})")
+
+
 def passkey_table(result: dict) -> str:
     """A row per depth, a column per length: accuracy [95% interval]."""
     cells = {(r["length"], r["depth"]): r for r in result["results"]}
@@ -147,8 +154,9 @@ def passkey_table(result: dict) -> str:
 
     col = max(len(cell(r)) for r in result["results"]) + 2
     lines = [
-        f"{result['scheme']} @ step {result['step']}, trained at {result['train_length']} on {result['train_data']}: "
-        f"passkey accuracy ({result['key_digits']}-digit keys, {result['trials']} trials per cell)",
+        f"{model_label(result)} @ step {result['step']}, trained at {result['train_length']} on "
+        f"{result['train_data']}: passkey accuracy ({result['key_digits']}-digit keys, {result['trials']} trials "
+        "per cell)",
         f"{'depth':>6}" + "".join(f"{n:>{col}}" for n in result["lengths"]),
     ]
     for d in result["depths"]:
@@ -182,7 +190,7 @@ def plot_passkey(result: dict, path):
         ylabel="needle depth",
     )
     ax.set_title(
-        f"{result['scheme']} (trained at {result['train_length']}): passkey accuracy\n"
+        f"{model_label(result)} (trained at {result['train_length']}): passkey accuracy\n"
         f"{result['trials']} trials per cell, [95% Wilson interval]",
         fontsize=10,
     )

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from evaluation import compare
-from evaluation.passkey import passkey_table
+from evaluation.passkey import model_label, passkey_table
 from evaluation.report import label
 from evaluation.stream import stream_table
 
@@ -91,9 +91,9 @@ def report(study: Path) -> str:
         lines += ["", "## Passkey retrieval"]
     for path, result in passkeys:  # runs fine-tuned on data=passkey: no length.json, so named by their scheme
         rel = path.parent.relative_to(study)
-        lines += ["", f"### {result['scheme']} ({rel.parent})", "", "```", passkey_table(result), "```", ""]
+        lines += ["", f"### {model_label(result)} ({rel.parent})", "", "```", passkey_table(result), "```", ""]
         if (path.parent / "passkey.png").exists():
-            lines.append(f"![passkey {result['scheme']}]({rel}/passkey.png)")
+            lines.append(f"![passkey {model_label(result)}]({rel}/passkey.png)")
     return "\n".join(lines) + "\n"
 
 

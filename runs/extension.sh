@@ -15,7 +15,11 @@
 #    (init_from=... positional=nope), scored zero-shot with and without log-length scaling; against a NoPE model
 #    trained from scratch for the base's steps plus DROPE_STEPS (the same tokens in all);
 # 4. passkey: each of rope, rope+YaRN fine-tuned, DroPE, alibi, nope learns the task at its own training length
-#    in PASSKEY_STEPS steps (data=passkey), then eval.mode=passkey at LENGTHS.
+#    in PASSKEY_STEPS steps (data=passkey), then eval.mode=passkey at LENGTHS. The fine-tunes learn QK-norm gains
+#    (model.qk_norm=learned; step 0 is still the gain-free base): under the base's gain-free cap (logits within
+#    +-sqrt(head dim)) the rotary models' heads stayed too flat to copy the key (README, "Context extension"), and
+#    with the gains RoPE had learned only part of the retrieval by 600 steps. PASSKEY_QK=rms repeats the gain-free
+#    fine-tunes, as <run>-passkey-rms.
 # Every length evaluation scores the same held-out tokens at the same LENGTHS, so one table compares them all.
 # Resumes like runs/study.sh: a run with a DONE file is skipped, an interrupted one resumes from its checkpoint,
 # an evaluated one is not evaluated again.
@@ -26,8 +30,9 @@ EXT=${EXT:-ext}
 PY=${PYTHON:-python}
 STEPS=${STEPS:-200}
 DROPE_STEPS=${DROPE_STEPS:-60}
-PASSKEY_STEPS=${PASSKEY_STEPS:-600}
+PASSKEY_STEPS=${PASSKEY_STEPS:-1200}
 LENGTHS=${LENGTHS:-"[256,512,1024,2048,4096]"}
+PASSKEY_QK=${PASSKEY_QK:-learned}
 read -r -a eval_args <<< "${EVAL_ARGS:-}"
 read -r -a passkey_args <<< "${PASSKEY_ARGS:-}"
 mkdir -p "$EXT"
@@ -86,11 +91,12 @@ for run in rope-yarn4 rope-pi4 rope-1024 nope-scratch; do length_eval "$EXT/$run
 length_eval "$EXT/drope" eval.log_scaling=true
 
 passkey() {  # passkey <run> <overrides...>: learn the task from <run>'s weights at its own length, then score it
-  local run=$1
+  local run=$1 out="$EXT/$1-passkey"
   shift
-  train "$EXT/$run-passkey" init_from="$EXT/$run" data=passkey train.max_steps="$PASSKEY_STEPS" "$@"
-  [ -f "$EXT/$run-passkey/eval/passkey.json" ] || "$PY" eval.py checkpoint="$EXT/$run-passkey" eval.mode=passkey \
-    eval.lengths="$LENGTHS" logger.wandb=false "${passkey_args[@]}"
+  [ "$PASSKEY_QK" = learned ] || out="$out-$PASSKEY_QK"
+  train "$out" init_from="$EXT/$run" data=passkey train.max_steps="$PASSKEY_STEPS" model.qk_norm="$PASSKEY_QK" "$@"
+  [ -f "$out/eval/passkey.json" ] || "$PY" eval.py checkpoint="$out" eval.mode=passkey eval.lengths="$LENGTHS" \
+    logger.wandb=false "${passkey_args[@]}"
 }
 passkey rope
 passkey rope-yarn4 train.seq_len=1024 train.batch_size=8 positional.scaling=yarn positional.scaling_factor=4

@@ -168,6 +168,10 @@ def test_the_report_shows_each_passkey_run_as_its_table_and_heatmap(tmp_path):
     section = text.split("## Passkey retrieval\n")[1]
     assert section.startswith("\n### alibi (alibi-passkey)\n")
     assert "1.00 [0.93, 1.00]" in section and "0.06 [0.02, 0.16]" in section  # 50/50 and 3/50 with their intervals
+    (study / "rope-passkey" / "eval").mkdir(parents=True)  # learned QK gains: said, as the heads may pass the cap
+    (study / "rope-passkey" / "eval" / "passkey.json").write_text(json.dumps({**passkey, "qk_norm": "learned"}))
+    assert "### alibi (qk_norm=learned) (rope-passkey)" in study_module.report(study)
+    (study / "rope-passkey" / "eval" / "passkey.json").unlink()
     (study / "alibi-passkey" / "eval" / "passkey.json").unlink()
     assert "Passkey" not in study_module.report(study)  # a study without passkey runs has no such section
 
@@ -194,3 +198,10 @@ def test_extension_script_searches_longrope_at_every_length_within_the_held_out_
     assert found == [("512", "8"), ("1024", "8"), ("2048", "8"), ("4096", "4")]
     assert sum(c.startswith("eval.py") and "eval.mode=passkey" in c for c in calls) == 5
     assert calls[-1] == f"-m evaluation.study {tmp_path / 'ext'}"
+    tunes = [c for c in calls if c.startswith("train.py") and "data=passkey" in c]  # with QK gains, by default
+    assert len(tunes) == 5 and all("model.qk_norm=learned" in c and "-passkey " in c for c in tunes)
+    env["PASSKEY_QK"] = "rms"  # the gain-free fine-tunes, beside them: everything else is done and skipped
+    log.write_text("")
+    subprocess.run(["bash", str(repo / "runs" / "extension.sh")], env=env, check=True, capture_output=True)
+    trained = [c for c in log.read_text().splitlines() if c.startswith("train.py")]
+    assert len(trained) == 5 and all("model.qk_norm=rms" in c and "-passkey-rms " in c for c in trained)
