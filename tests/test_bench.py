@@ -92,3 +92,27 @@ def test_sink_trend_reads_the_sink_metric_a_run_logged(tmp_path):
         "nothing slot reaches 0.3",
         "its removal doubles ppl",
     }
+
+
+def test_head_focus_measures_top_and_previous_token_weights_against_alibis_closed_form():
+    """bench/head_focus.py on ALiBi with zero query and key weights: the scores are the bias alone, so a query at
+    i puts exp(-m d) / sum_{e <= i} exp(-m e) on the key d back; the top key is the query itself (d = 0), the
+    previous token d = 1, averaged over queries 64..T-1."""
+    from conftest import random_model
+
+    from bench.head_focus import MIN_KEYS, focus
+
+    model = random_model("alibi")
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.c_q.weight.zero_()
+            block.attn.c_k.weight.zero_()
+    T = 80
+    layers = focus(model, torch.randint(0, 97, (2, T)))
+    slopes = model.pe.slopes.double()
+    i = torch.arange(MIN_KEYS, T, dtype=torch.float64)
+    norm = (1 - torch.exp(-slopes[:, None] * (i + 1))) / (1 - torch.exp(-slopes[:, None]))  # geometric sums
+    want_top, want_prev = (1 / norm).mean(1), (torch.exp(-slopes)[:, None] / norm).mean(1)
+    for layer in layers:
+        torch.testing.assert_close(torch.tensor(layer["top"], dtype=torch.float64), want_top, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.tensor(layer["prev"], dtype=torch.float64), want_prev, rtol=1e-5, atol=1e-6)

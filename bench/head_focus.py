@@ -1,0 +1,75 @@
+"""How sharp a model's attention heads are: per layer, the largest mean top weight and previous-token share.
+
+python bench/head_focus.py study/rope-s1 study/alibi-s1 study/rope-qkl-s1 out/sinks-rope [--windows 8] [--no-record]
+Over windows of each run's training length cut evenly from its held-out works (the length evaluation's text), it
+reads every query with at least 64 keys visible and reports, per layer, the head whose mean largest weight (the share
+of a query's attention its top key takes) is highest, and the head with the highest mean share on the previous
+token. A head that copies (the previous-token half of an induction head, a passkey retrieval) puts most of a query's
+weight on one key. Under gain-free QK-norm (model.qk_norm=rms) no logit passes sqrt(head dim); ALiBi's bias and a
+causal mask's count of keys act outside that cap, but a RoPE head can aim at a relative offset only through the
+few pairs that turn fast enough, within it (README, "Passkey retrieval"). Appends the table to bench/RESULTS.md.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.table import publish  # noqa: E402
+from evaluation.heldout import held_out_works  # noqa: E402
+from evaluation.report import scheme_label  # noqa: E402
+from evaluation.sink_mass import attention_probs  # noqa: E402
+from utils import checkpoint  # noqa: E402
+
+MIN_KEYS = 64  # queries with fewer keys visible concentrate by having few: left out
+
+
+def windows(ckpt: dict, n: int) -> torch.Tensor:
+    """n windows of the training length, spread evenly over the held-out works laid end to end."""
+    stream = np.concatenate([doc for _, doc in held_out_works(ckpt, allow_prepare=False)])
+    length = ckpt["seq_len"]
+    starts = np.linspace(0, len(stream) - length, n).astype(int)
+    return torch.from_numpy(np.stack([stream[s : s + length] for s in starts]).astype(np.int64))
+
+
+@torch.no_grad()
+def focus(model, idx: torch.Tensor) -> list[dict]:
+    """Per layer: each head's mean top weight and previous-token share over the queries with MIN_KEYS keys."""
+    rows = []
+    for p in attention_probs(model, idx):
+        top = p[:, :, MIN_KEYS:].max(-1).values.mean((0, 2))
+        prev = torch.diagonal(p, -1, -2, -1)[:, :, MIN_KEYS - 1 :].mean((0, 2))  # query i's weight on key i - 1
+        rows.append({"top": top.tolist(), "prev": prev.tolist()})
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="run folders or checkpoint files")
+    ap.add_argument("--windows", type=int, default=8, help="windows of the training length per run")
+    ap.add_argument("--no-record", dest="record", action="store_false", help="print only")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    table = []
+    for run in args.runs:
+        model, ckpt = checkpoint.load_model(run)
+        idx = windows(ckpt, args.windows)
+        per_layer = focus(model, idx)
+        cfg = ckpt["model_config"]
+        row = {"run": run, "scheme": scheme_label(ckpt), "qk_norm": cfg.get("qk_norm", "rms"), "step": ckpt["step"]}
+        for i, layer in enumerate(per_layer):
+            row[f"L{i} top / prev"] = f"{max(layer['top']):.2f} / {max(layer['prev']):.2f}"
+        table.append(row)
+    columns = list(dict.fromkeys(k for row in table for k in row))  # models of other depths: "-" where no layer
+    table = [{k: row.get(k, "-") for k in columns} for row in table]
+    details = "CPU fp32; per layer: the largest head's mean top weight / the largest head's mean previous-token share"
+    details += f", over queries with >= {MIN_KEYS} keys in {args.windows} held-out windows of the training length"
+    publish(table, str, "Head focus: how sharp each layer's heads are", details, torch.device("cpu"), args.record)
+
+
+if __name__ == "__main__":
+    main()
