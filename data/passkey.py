@@ -1,6 +1,6 @@
 """Passkey retrieval samples (Mohtashami & Jaggi 2023): a random number hidden in filler text, asked for at the end.
 
-python train.py init_from=out/rope data=passkey train.max_steps=150    (learn the task at the training length)
+python train.py init_from=out/rope data=passkey train.max_steps=1200 model.qk_norm=learned   (learn the task at 256)
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey         (how far it reaches: evaluation/passkey.py)
 A sample of length L is L + 1 token ids; a model reads the first L and is scored on the key at the end:
   BOS  filler[:cut]  NEEDLE  filler[cut:]  QUESTION  KEY

@@ -15,11 +15,11 @@
 #    (init_from=... positional=nope), scored zero-shot with and without log-length scaling; against a NoPE model
 #    trained from scratch for the base's steps plus DROPE_STEPS (the same tokens in all);
 # 4. passkey: each of rope, rope+YaRN fine-tuned, DroPE, alibi, nope learns the task at its own training length
-#    in PASSKEY_STEPS steps (data=passkey), then eval.mode=passkey at LENGTHS. The fine-tunes learn QK-norm gains
-#    (model.qk_norm=learned; step 0 is still the gain-free base): under the base's gain-free cap (logits within
-#    +-sqrt(head dim)) the rotary models' heads stayed too flat to copy the key (README, "Context extension"), and
-#    with the gains RoPE had learned only part of the retrieval by 600 steps. PASSKEY_QK=rms repeats the gain-free
-#    fine-tunes, as <run>-passkey-rms.
+#    in PASSKEY_STEPS steps at the base length, more at a longer one (as many samples: below), then
+#    eval.mode=passkey at LENGTHS. The fine-tunes learn QK-norm gains (model.qk_norm=learned; step 0 is still the
+#    gain-free base): under the base's gain-free cap (logits within +-sqrt(head dim)) the rotary models' heads
+#    stayed too flat to copy the key, and with the gains RoPE had learned only part of the retrieval by 600 steps
+#    (README, "The QK-norm cap"). PASSKEY_QK=rms repeats the gain-free fine-tunes, as <run>-passkey-rms.
 # Every length evaluation scores the same held-out tokens at the same LENGTHS, so one table compares them all.
 # Resumes like runs/study.sh: a run with a DONE file is skipped, an interrupted one resumes from its checkpoint,
 # an evaluated one is not evaluated again.
@@ -90,11 +90,17 @@ length_eval "$EXT/rope" eval.rope_scaling=all eval.log_scaling=true eval.rerope=
 for run in rope-yarn4 rope-pi4 rope-1024 nope-scratch; do length_eval "$EXT/$run"; done
 length_eval "$EXT/drope" eval.log_scaling=true
 
+# A fine-tune at length L reads samples of min_tokens..L tokens, so at equal tokens per step it reads
+# (min_tokens + train_len) / (min_tokens + L) as many as one at the base length: it takes that many times the steps,
+# and every model reads about as many samples (RoPE+YaRN at 1024: 1200 x 1088 / 320 = 4080 steps).
+min_tokens=$("$PY" -c "from omegaconf import OmegaConf; print(OmegaConf.load('configs/data/passkey.yaml').min_tokens)")
 passkey() {  # passkey <run> <overrides...>: learn the task from <run>'s weights at its own length, then score it
-  local run=$1 out="$EXT/$1-passkey"
+  local run=$1 out="$EXT/$1-passkey" length=$train_len arg
   shift
+  for arg in "$@"; do [[ $arg == train.seq_len=* ]] && length=${arg#train.seq_len=}; done
+  local steps=$(( PASSKEY_STEPS * (min_tokens + length) / (min_tokens + train_len) ))
   [ "$PASSKEY_QK" = learned ] || out="$out-$PASSKEY_QK"
-  train "$out" init_from="$EXT/$run" data=passkey train.max_steps="$PASSKEY_STEPS" model.qk_norm="$PASSKEY_QK" "$@"
+  train "$out" init_from="$EXT/$run" data=passkey train.max_steps="$steps" model.qk_norm="$PASSKEY_QK" "$@"
   [ -f "$out/eval/passkey.json" ] || "$PY" eval.py checkpoint="$out" eval.mode=passkey eval.lengths="$LENGTHS" \
     logger.wandb=false "${passkey_args[@]}"
 }

@@ -200,6 +200,10 @@ def test_extension_script_searches_longrope_at_every_length_within_the_held_out_
     assert calls[-1] == f"-m evaluation.study {tmp_path / 'ext'}"
     tunes = [c for c in calls if c.startswith("train.py") and "data=passkey" in c]  # with QK gains, by default
     assert len(tunes) == 5 and all("model.qk_norm=learned" in c and "-passkey " in c for c in tunes)
+    steps = {
+        c.split("init_from=")[1].split()[0].split("/")[-1]: c.split("train.max_steps=")[1].split()[0] for c in tunes
+    }
+    assert steps == {"rope": "1200", "rope-yarn4": "4080", "drope": "1200", "alibi": "1200", "nope": "1200"}  # samples
     env["PASSKEY_QK"] = "rms"  # the gain-free fine-tunes, beside them: everything else is done and skipped
     log.write_text("")
     subprocess.run(["bash", str(repo / "runs" / "extension.sh")], env=env, check=True, capture_output=True)

@@ -3,7 +3,7 @@
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4 \
     train.max_steps=200                                  (-> out/rope-shakespeare-1024-yarn4)
 python train.py init_from=out/learned train.seq_len=1024 (the 256-row table becomes 1024 rows by interpolation)
-python train.py init_from=out/rope data=passkey train.max_steps=150        (learn the passkey task)
+python train.py init_from=out/rope data=passkey train.max_steps=1200 model.qk_norm=learned  (the passkey task)
 python train.py init_from=out/rope positional=nope train.max_steps=60      (DroPE: drop RoPE, recalibrate)
 init_from takes the weights only; train.resume=true is what continues a run's optimizer, step and data position.
 The model must have the init checkpoint's shape and tokenizer; what may differ is the length: each scheme fits its
