@@ -26,7 +26,9 @@ from utils import checkpoint
 from utils.errors import UserError
 
 LENGTH_KEYS = ("max_positions",)  # positional options that follow train.seq_len (a learned table's rows)
-WIDENING = {"model.qk_norm": ("rms", "learned")}  # (init's, the run's): the run adds weights that start as identity
+# (init's value, the run's, the weights the run adds): a change of option a fine-tune may make, its new weights
+# starting as the identity (QK gains at ones), so step 0 is the init model
+WIDENING = {"model.qk_norm": ("rms", "learned", ("q_gain", "k_gain"))}
 
 
 def read_init(cfg) -> dict | None:
@@ -80,9 +82,10 @@ def flat(model_config: dict, positional: bool = True) -> dict:
     return out
 
 
-def check_compatible(init: dict, run: dict, path, older: dict):
+def check_compatible(init: dict, run: dict, path, older: dict) -> tuple[str, ...]:
     """Refuse, in one line, an init checkpoint this run's model cannot take the weights of. older: defaults of the
-    model options added after checkpoints were written (train.py's OLDER)."""
+    model options added after checkpoints were written (train.py's OLDER). Returns the name endings of the weights
+    the run adds by a WIDENING (none: every weight comes from init)."""
     if init["tokenizer"] != run["tokenizer"]:
         raise UserError(
             f"init_from={path} was trained with another tokenizer than this run's data and tokenizer; fine-tune "
@@ -90,9 +93,10 @@ def check_compatible(init: dict, run: dict, path, older: dict):
         )
     keep = dropping(init, run) is None  # DroPE: the scheme may change (to nope); the model's shape may not
     have, want = flat({**older["model_config"], **init["model_config"]}, keep), flat(run["model_config"], keep)
-    for key, (was, now) in WIDENING.items():
+    added = ()
+    for key, (was, now, weights) in WIDENING.items():
         if (have.get(key), want.get(key)) == (was, now):
-            have[key] = now
+            have[key], added = now, added + weights
     unset = "unset"
     keys = sorted(set(have) | set(want), key=lambda k: (k != "positional.name", k))  # the scheme's name first
     diff = [f"{k}={want.get(k, unset)} (it has {have.get(k, unset)})" for k in keys if have.get(k) != want.get(k)]
@@ -101,12 +105,13 @@ def check_compatible(init: dict, run: dict, path, older: dict):
             f"init_from={path} has another model shape than this run: {', '.join(diff)}; pass the options it was "
             f"trained with"
         )
+    return added
 
 
 def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
     """Copy init's weights into model (not its optimizer, step or data position); a learned table takes as many
     rows as model's has. Returns what the new checkpoint records of where its weights came from."""
-    check_compatible(init, run, path, older)
+    added = check_compatible(init, run, path, older)  # WIDENING's new weights, taken from the model as built
     state = dict(init["model"])
     dropped = dropping(init, run)
     if dropped:
@@ -115,9 +120,7 @@ def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
     for name, module in model.named_modules():
         if isinstance(module, Positional):  # each scheme fits its own length-dependent entries (base.fit_state)
             module.fit_state(state, f"{name}.")
-    for key, value in model.state_dict().items():  # WIDENING's new weights (QK gains): their identity init
-        if key.endswith(("q_gain", "k_gain")) and key not in state:
-            state[key] = value
+    state.update({k: v for k, v in model.state_dict().items() if k.endswith(added)})  # () adds none
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
