@@ -11,13 +11,16 @@ python eval.py sweep_dir=multirun/2026-11-22_10-00-00         every run of a tra
 python eval.py -m checkpoint=out/rope,out/alibi,out/learned   likewise, as a Hydra multirun
 python eval.py checkpoint=out/sink eval.mode=stream           streaming perplexity through sink caches
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey   passkey retrieval by length and depth
+python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.rope_scaling=rerope   + under an extension
 python eval.py sweep_dir=runs/grids eval.mode=grids            data=grids runs: loss on larger grids (grids.py)
-Writes <run>/eval/length.{json,png} (or stream.*, passkey.*); the length tables also go to the run's wandb project.
+Writes <run>/eval/length.{json,png} (or stream.*, passkey.*, passkey-<variant>.*); the length tables also go to the
+run's wandb project.
 """
 
 import json
 import resource
 import time
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -173,15 +176,14 @@ def note_search_overlap(searched: dict, pieces, max_len: int):
             )
 
 
-def evaluate_lengths(path, cfg, rt) -> dict:
-    model, ckpt = checkpoint.load_model(path, rt.device)
+def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
+    """The variants to score (eval.rope_scaling, eval.log_scaling, eval.rerope), the SEARCHED ones' records, and
+    use(variant, length), which sets the model up for one cell and returns what its row records of that (ReRoPE's
+    w and k). use("none", ...) puts back the model as loaded: a fine-tuned model's built-in scaling is never touched,
+    as only a variant past `none` and `log` sets one, and resolve_variants allows none on such a model."""
     pe, train_length = model.pe, ckpt["seq_len"]
-    ev = cfg.eval
-    lengths = resolve_lengths(ev.lengths, train_length)
-    strides = resolve_strides(ev.stride, lengths)
     trained = report.trained_scaling(ckpt["model_config"])
     variants = with_log_scaling(resolve_variants(ev.rope_scaling, pe, trained), ev.log_scaling, ckpt)
-    name = report.scheme_label(ckpt)
 
     def factor_of(length: int) -> float:
         return length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
@@ -189,6 +191,39 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     variants = with_searched(variants, ev.rope_scaling, path, [factor_of(n) for n in lengths])
     variants = with_rerope(variants, ev.rerope, pe, trained)
     searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
+    scaled = False  # whether a RoPE variant has set its frequencies since the model was loaded
+
+    def use(variant: str, length: int) -> dict:
+        nonlocal scaled
+        model.set_log_scaling(train_length if variant == LOG else None)
+        if variant in ("none", LOG):
+            if scaled:
+                pe.set_scaling("none")
+                scaled = False
+            return {}
+        far, row = {}, {}
+        if variant in rerope.KINDS:  # this cell's w and k (positional/rerope.py), also in its row
+            w = rerope.window(train_length, ev.rerope_window)
+            leak = None if ev.rerope_leak == "auto" else ev.rerope_leak
+            k = rerope.leak(variant, w, train_length, factor_of(length), leak)
+            far = {"window": w, "leak": k}
+            row = {"window": w, "leak": None if variant == "rerope" else round(k, 4)}  # rerope's k = inf: null
+        extra = longrope.scaling_args(searched[variant, length]) if (variant, length) in searched else far
+        pe.set_scaling(variant, factor_of(length), train_length, **extra)
+        scaled = True
+        return row
+
+    return variants, searched, use
+
+
+def evaluate_lengths(path, cfg, rt) -> dict:
+    model, ckpt = checkpoint.load_model(path, rt.device)
+    pe, train_length = model.pe, ckpt["seq_len"]
+    ev = cfg.eval
+    lengths = resolve_lengths(ev.lengths, train_length)
+    strides = resolve_strides(ev.stride, lengths)
+    name = report.scheme_label(ckpt)
+    variants, searched, use = plan_variants(path, ev, model, ckpt, lengths)
     pieces, regs = scored_text(ckpt, ev, lengths[-1])
     note_search_overlap(searched, pieces, lengths[-1])
     draws = bootstrap.block_draws(len(pieces), [[p.work, p.start, p.size] for p in pieces])
@@ -202,17 +237,7 @@ def evaluate_lengths(path, cfg, rt) -> dict:
             note = f"n/a: learned table covers {pe.max_positions} positions"
             rows.append({**row, "ppl": None, "nll": None, "tokens": 0, "note": note})
             continue
-        model.set_log_scaling(train_length if variant == LOG else None)
-        if variant not in ("none", LOG):
-            far = {}
-            if variant in rerope.KINDS:  # this cell's w and k (positional/rerope.py), also in its row
-                w = rerope.window(train_length, ev.rerope_window)
-                leak = None if ev.rerope_leak == "auto" else ev.rerope_leak
-                k = rerope.leak(variant, w, train_length, factor_of(length), leak)
-                far = {"window": w, "leak": k}
-                row.update(window=w, leak=None if variant == "rerope" else round(k, 4))  # rerope's k = inf: null
-            extra = longrope.scaling_args(searched[variant, length]) if (variant, length) in searched else far
-            pe.set_scaling(variant, factor_of(length), train_length, **extra)
+        row.update(use(variant, length))
         t = time.time()
         cell = score(model, regs, length, mode, strides[length], ev.batch_tokens, rt)
         ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))
@@ -234,9 +259,7 @@ def evaluate_lengths(path, cfg, rt) -> dict:
             f"  {variant:>11} {mode:>10} {length:>6}: ppl {cell.ppl:9.2f} [{ci[0]:.2f}, {ci[1]:.2f}] on "
             f"{cell.tokens:,} tokens ({time.time() - t:.1f} s)"
         )
-    model.set_log_scaling(None)
-    if set(variants) - {"none", LOG}:  # (a fine-tuned model's built-in scaling is never touched)
-        pe.set_scaling("none")
+    use("none", 0)
     return {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
         "scheme": name,
@@ -297,6 +320,20 @@ def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict
     run.finish()
 
 
+def evaluate_passkey(path, cfg, rt, out_dir: Path) -> dict:
+    """Passkey accuracy for every variant eval.rope_scaling, eval.log_scaling and eval.rerope ask for, each in its
+    own passkey[-<variant>].json and .png: a training-free extension is scored by retrieval as by perplexity.
+    Returns the first variant's result (the model as trained, unless eval.rope_scaling names one kind)."""
+    from evaluation.passkey import run_passkey
+
+    model, ckpt = checkpoint.load_model(path, rt.device)
+    lengths = resolve_lengths(cfg.eval.lengths, ckpt["seq_len"])
+    variants, _, use = plan_variants(path, cfg.eval, model, ckpt, lengths)
+    results = [run_passkey(model, ckpt, path, cfg.eval, rt, out_dir, lengths, v, partial(use, v)) for v in variants]
+    use("none", 0)
+    return results[0]
+
+
 def evaluate_one(path, cfg, rt) -> dict:
     run_dir = checkpoint.checkpoint_path(path).parent
     out_dir = run_dir / "eval"
@@ -316,10 +353,7 @@ def evaluate_one(path, cfg, rt) -> dict:
 
         return run_stream(path, cfg, rt, out_dir)
     if cfg.eval.mode == "passkey":
-        from evaluation.passkey import run_passkey
-
-        train_length = checkpoint.load(path, mmap=True)["seq_len"]
-        return run_passkey(path, cfg, rt, out_dir, resolve_lengths(cfg.eval.lengths, train_length))
+        return evaluate_passkey(path, cfg, rt, out_dir)
     if cfg.eval.mode != "length":
         raise UserError(f"eval.mode={cfg.eval.mode} is not one of length, stream, passkey, grids")
     result = evaluate_lengths(path, cfg, rt)

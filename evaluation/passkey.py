@@ -2,6 +2,7 @@
 
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.lengths=[256,1024] eval.trials=100
+python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.rope_scaling=rerope   (or yarn, all, ...)
 Cells: every (length, depth), lengths eval.lengths (default 0.5, 1, 2, 4, 8, 16 x the training length), depths
 eval.depths (default 0, 0.25, 0.5, 0.75, 1: where the needle sits in the filler, data/passkey.py), eval.trials per
 cell (default 50). A trial of a length draws a key and a place in the checkpoint's held-out works (laid end to end,
@@ -14,6 +15,8 @@ A model must know the format (a short fine-tune on data=passkey) for this to mea
 Accuracy per cell with a Wilson 95% interval (binomial, right at 0 and 1, where a normal interval collapses),
 as passkey.json, a table and a heatmap (passkey.png) in <run>/eval/. Each cell also keeps the mean share of key
 tokens right (token_accuracy; chance is about 1/10 a digit): progress that exact match does not show yet.
+Each training-free extension asked for (eval.rope_scaling, eval.log_scaling, eval.rerope; eval.py) scores the same
+trials, as passkey-<variant>.json and .png.
 """
 
 import json
@@ -81,10 +84,14 @@ def trials(template: Template, stream: np.ndarray, bos: int, length: int, depths
     return {d: [template.sample(bos, stream[s:], key, d, length, s) for key, s in draws] for d in depths}
 
 
-def run_passkey(path, cfg, rt, out_dir, lengths: list[int]) -> dict:
-    """Accuracy per (length, depth) cell; writes passkey.json and passkey.png into out_dir."""
-    ev = cfg.eval
-    model, ckpt = checkpoint.load_model(path, rt.device)
+def file_stem(variant: str) -> str:
+    """passkey for the model as trained, passkey-<variant> under an eval-time extension (eval.rope_scaling=yarn)."""
+    return "passkey" if variant == "none" else f"passkey-{variant}"
+
+
+def run_passkey(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], variant="none", use=None) -> dict:
+    """Accuracy per (length, depth) cell under one variant (eval.py's plan_variants: use(length) sets the model up
+    for that length and returns what its cells record of it); writes <file_stem>.json and .png into out_dir."""
     pe, train_length = model.pe, ckpt["seq_len"]
     enc = tokenizer.load(ckpt["tokenizer"])
     bos = tokenizer.bos_id(ckpt["tokenizer"], enc)
@@ -103,19 +110,22 @@ def run_passkey(path, cfg, rt, out_dir, lengths: list[int]) -> dict:
             rows += [{"length": length, "depth": d, "accuracy": None, "trials": 0, "note": note} for d in depths]
             continue
         t = time.time()
+        setting = use(length) if use else {}  # the same trials under every variant: only the model differs
         cells = trials(template, stream, bos, length, depths, ev.trials, ev.seed)
         for depth, samples in cells.items():
             share = score(model, samples, ev.batch_tokens, rt)
             k = int((share == 1).sum())
             rows.append(
                 {"length": length, "depth": depth, "accuracy": k / len(share), "correct": k, "trials": len(share),
-                 "ci": [round(x, 4) for x in wilson(k, len(share))], "token_accuracy": round(float(share.mean()), 4)}
+                 "ci": [round(x, 4) for x in wilson(k, len(share))], "token_accuracy": round(float(share.mean()), 4),
+                 **setting}
             )  # fmt: skip
         accs = ", ".join(f"{r['accuracy']:.2f} ({r['token_accuracy']:.2f})" for r in rows[-len(depths) :])
-        say(f"  length {length:>6}: accuracy (key tokens right) by depth {accs} ({time.time() - t:.1f} s)")
+        say(f"  {variant:>12} {length:>6}: accuracy (key tokens right) by depth {accs} ({time.time() - t:.1f} s)")
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
         "scheme": scheme_label(ckpt),
+        "variant": variant,  # an eval-time extension (eval.rope_scaling), none: the model as trained
         "positional": ckpt["model_config"]["positional"],
         "qk_norm": ckpt["model_config"].get("qk_norm", "rms"),  # learned gains: the heads may pass the rms cap
         "train_length": train_length,
@@ -132,17 +142,21 @@ def run_passkey(path, cfg, rt, out_dir, lengths: list[int]) -> dict:
         "results": rows,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "passkey.json").write_text(json.dumps(result, indent=1))
+    stem = file_stem(variant)
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
     print(passkey_table(result))
-    plot_passkey(result, out_dir / "passkey.png")
-    print(f"written {out_dir}/passkey.json and passkey.png ({result['seconds']} s)")
+    plot_passkey(result, out_dir / f"{stem}.png")
+    print(f"written {out_dir}/{stem}.json and {stem}.png ({result['seconds']} s)")
     return result
 
 
 def model_label(result: dict) -> str:
-    """The scheme, and the QK-norm where it is not the default gain-free one: rope, rope (qk_norm=learned)."""
-    qk_norm = result.get("qk_norm", "rms")
-    return result["scheme"] + ("" if qk_norm == "rms" else f" (qk_norm={qk_norm})")
+    """The scheme, an eval-time extension, and the QK-norm where it is not the default gain-free one: rope,
+    rope + rerope (w 128), rope (qk_norm=learned)."""
+    variant, qk_norm = result.get("variant", "none"), result.get("qk_norm", "rms")
+    window = next((r["window"] for r in result["results"] if r.get("window")), None)
+    extension = "" if variant == "none" else f" + {variant}" + (f" (w {window})" if window else "")
+    return result["scheme"] + extension + ("" if qk_norm == "rms" else f" (qk_norm={qk_norm})")
 
 
 def passkey_table(result: dict) -> str:

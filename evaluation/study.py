@@ -86,14 +86,16 @@ def report(study: Path) -> str:
         lines += ["", f"### {name} ({rel.parent})", "", "```", stream_table(result), "```", ""]
         if (path.parent / "stream.png").exists():
             lines.append(f"![stream {name}]({rel}/stream.png)")
-    passkeys = results(study, "passkey")
+    passkeys = sorted(
+        results(study, "passkey") + results(study, "passkey-*"), key=lambda pr: (pr[0].parent, pr[0].stem)
+    )
     if passkeys:
         lines += ["", "## Passkey retrieval"]
     for path, result in passkeys:  # runs fine-tuned on data=passkey: no length.json, so named by their scheme
         rel = path.parent.relative_to(study)
         lines += ["", f"### {model_label(result)} ({rel.parent})", "", "```", passkey_table(result), "```", ""]
-        if (path.parent / "passkey.png").exists():
-            lines.append(f"![passkey {model_label(result)}]({rel}/passkey.png)")
+        if (path.with_suffix(".png")).exists():  # passkey.png, or passkey-<variant>.png under an extension
+            lines.append(f"![passkey {model_label(result)}]({rel}/{path.stem}.png)")
     return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,7 @@
 #    gain-free base): under the base's gain-free cap (logits within +-sqrt(head dim)) the rotary models' heads
 #    stayed too flat to copy the key, and with the gains RoPE had learned only part of the retrieval by 600 steps
 #    (README, "The QK-norm cap"). PASSKEY_QK=rms repeats the gain-free fine-tunes, as <run>-passkey-rms.
+# 5. RoPE's passkey model scored under the training-free extensions (ReRoPE, Leaky ReRoPE, YaRN, NTK).
 # Every length evaluation scores the same held-out tokens at the same LENGTHS, so one table compares them all.
 # Resumes like runs/study.sh: a run with a DONE file is skipped, an interrupted one resumes from its checkpoint,
 # an evaluated one is not evaluated again.
@@ -101,13 +102,24 @@ passkey() {  # passkey <run> <overrides...>: learn the task from <run>'s weights
   local steps=$(( PASSKEY_STEPS * (min_tokens + length) / (min_tokens + train_len) ))
   [ "$PASSKEY_QK" = learned ] || out="$out-$PASSKEY_QK"
   train "$out" init_from="$EXT/$run" data=passkey train.max_steps="$steps" model.qk_norm="$PASSKEY_QK" "$@"
-  [ -f "$out/eval/passkey.json" ] || "$PY" eval.py checkpoint="$out" eval.mode=passkey eval.lengths="$LENGTHS" \
-    logger.wandb=false "${passkey_args[@]}"
+  passkey_eval "$out"
+}
+passkey_eval() {  # passkey_eval <run> [eval.rope_scaling=<kind>]: eval.mode=passkey at LENGTHS, once
+  local run=$1 file=passkey.json
+  [ $# -lt 2 ] || file="passkey-${2#eval.rope_scaling=}.json"
+  [ -f "$run/eval/$file" ] || "$PY" eval.py checkpoint="$run" eval.mode=passkey eval.lengths="$LENGTHS" \
+    logger.wandb=false "${passkey_args[@]}" "${@:2}"
 }
 passkey rope
 passkey rope-yarn4 train.seq_len=1024 train.batch_size=8 positional.scaling=yarn positional.scaling_factor=4
 passkey drope positional=nope
 passkey alibi positional=alibi
 passkey nope positional=nope
+
+# 5. RoPE's passkey model (4.) under the training-free extensions: does ReRoPE's or YaRN's reach in perplexity
+#    carry over to retrieval? (With the gains only: the gain-free RoPE never learned the task.)
+if [ "$PASSKEY_QK" = learned ]; then
+  for kind in rerope leaky_rerope yarn ntk; do passkey_eval "$EXT/rope-passkey" eval.rope_scaling="$kind"; done
+fi
 
 "$PY" -m evaluation.study "$EXT"

@@ -190,3 +190,43 @@ def test_passkey_eval_writes_every_cell(tiny_checkpoint):
             and r["ci"] == pytest.approx(wilson(r["correct"], 4), abs=1e-4)
         )
     assert (tiny_checkpoint / "eval" / "passkey.png").stat().st_size > 0
+
+
+def test_passkey_eval_scores_each_extension_with_the_model_set_up_for_it(tiny_checkpoint, monkeypatch):
+    """eval.rope_scaling / eval.log_scaling / eval.rerope in passkey mode: every variant gets its own
+    passkey-<variant>.json, and each of its cells is scored with the model set up for that variant at that
+    length's factor (recorded at every score call), the model as trained first; none was once silently ignored."""
+    import eval as eval_entry
+    from evaluation import passkey
+
+    seen, score_of = [], passkey.score
+
+    def recording(model, samples, batch_tokens, rt):
+        seen.append((model.pe.scaling, model.pe.factor, model.pe.far_window, model.log_scaling))
+        return score_of(model, samples, batch_tokens, rt)
+
+    monkeypatch.setattr(passkey, "score", recording)
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose(
+            "eval",
+            overrides=[f"checkpoint={tiny_checkpoint}", "eval.mode=passkey", "eval.lengths=[64,96]",
+                       "eval.depths=[0,1]", "eval.trials=2", "logger.wandb=false", "device=cpu",
+                       "eval.rope_scaling=all", "eval.rerope=true", "eval.log_scaling=true", "eval.rerope_window=16"],
+        )  # fmt: skip
+    first = eval_entry.run(cfg)
+    variants = ["none", "log", "linear", "ntk", "dynamic_ntk", "yarn", "rerope", "leaky_rerope"]
+    expected = []
+    for v in variants:
+        for factor in (2.0, 3.0):  # lengths 64 and 96 over the training length 32
+            kind = "none" if v in ("none", "log") else v
+            setup = (kind, 1.0 if kind == "none" else factor, 16 if v in ("rerope", "leaky_rerope") else None)
+            expected += [(*setup, 32 if v == "log" else None)] * 2  # a score call per depth
+    assert [(s, f if s != "none" else 1.0, w, g) for s, f, w, g in seen] == expected
+    assert first["variant"] == "none"  # eval.py returns the model as trained
+    for v in variants:
+        result = json.loads((tiny_checkpoint / "eval" / passkey.file_stem(v)).with_suffix(".json").read_text())
+        assert result["variant"] == v and len(result["results"]) == 4
+        assert (tiny_checkpoint / "eval" / passkey.file_stem(v)).with_suffix(".png").stat().st_size > 0
+    rerope = json.loads((tiny_checkpoint / "eval" / "passkey-rerope.json").read_text())
+    assert all(r["window"] == 16 and r["leak"] is None for r in rerope["results"])
+    assert passkey.model_label(rerope) == "rope + rerope (w 16)"

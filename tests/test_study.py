@@ -171,7 +171,14 @@ def test_the_report_shows_each_passkey_run_as_its_table_and_heatmap(tmp_path):
     (study / "rope-passkey" / "eval").mkdir(parents=True)  # learned QK gains: said, as the heads may pass the cap
     (study / "rope-passkey" / "eval" / "passkey.json").write_text(json.dumps({**passkey, "qk_norm": "learned"}))
     assert "### alibi (qk_norm=learned) (rope-passkey)" in study_module.report(study)
-    (study / "rope-passkey" / "eval" / "passkey.json").unlink()
+    far = {**passkey, "variant": "rerope", "results": [{**r, "window": 128, "leak": None} for r in rows]}
+    (study / "rope-passkey" / "eval" / "passkey-rerope.json").write_text(json.dumps(far))  # eval.rope_scaling=rerope
+    (study / "rope-passkey" / "eval" / "passkey-rerope.png").write_bytes(b"png")
+    text = study_module.report(study)  # after the model as trained, under its own name and heatmap
+    assert text.index("### alibi + rerope (w 128) (rope-passkey)") > text.index("(qk_norm=learned) (rope-passkey)")
+    assert "(rope-passkey/eval/passkey-rerope.png)" in text
+    for name in ("passkey.json", "passkey-rerope.json", "passkey-rerope.png"):
+        (study / "rope-passkey" / "eval" / name).unlink()
     (study / "alibi-passkey" / "eval" / "passkey.json").unlink()
     assert "Passkey" not in study_module.report(study)  # a study without passkey runs has no such section
 
@@ -196,7 +203,10 @@ def test_extension_script_searches_longrope_at_every_length_within_the_held_out_
     searches = [c for c in calls if c.startswith("-m evaluation.longrope_search")]
     found = [(c.split("target_length=")[1].split()[0], c.split("search.windows=")[1].split()[0]) for c in searches]
     assert found == [("512", "8"), ("1024", "8"), ("2048", "8"), ("4096", "4")]
-    assert sum(c.startswith("eval.py") and "eval.mode=passkey" in c for c in calls) == 5
+    passkeys = [c for c in calls if c.startswith("eval.py") and "eval.mode=passkey" in c]
+    assert len(passkeys) == 5 + 4  # 4.'s five models, then 5.: RoPE's under four training-free extensions
+    free = [c.split("eval.rope_scaling=")[1] for c in passkeys if "eval.rope_scaling=" in c]
+    assert free == ["rerope", "leaky_rerope", "yarn", "ntk"] and all("ext/rope-passkey " in c for c in passkeys[5:])
     assert calls[-1] == f"-m evaluation.study {tmp_path / 'ext'}"
     tunes = [c for c in calls if c.startswith("train.py") and "data=passkey" in c]  # with QK gains, by default
     assert len(tunes) == 5 and all("model.qk_norm=learned" in c and "-passkey " in c for c in tunes)
