@@ -89,7 +89,7 @@ def file_stem(variant: str) -> str:
     return "passkey" if variant == "none" else f"passkey-{variant}"
 
 
-def run_passkey(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], variant="none", use=None) -> dict:
+def run_passkey(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], variant: str, use) -> dict:
     """Accuracy per (length, depth) cell under one variant (eval.py's plan_variants: use(length) sets the model up
     for that length and returns what its cells record of it); writes <file_stem>.json and .png into out_dir."""
     pe, train_length = model.pe, ckpt["seq_len"]
@@ -110,7 +110,7 @@ def run_passkey(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], va
             rows += [{"length": length, "depth": d, "accuracy": None, "trials": 0, "note": note} for d in depths]
             continue
         t = time.time()
-        setting = use(length) if use else {}  # the same trials under every variant: only the model differs
+        setting = use(length)  # the same trials under every variant: only the model differs
         cells = trials(template, stream, bos, length, depths, ev.trials, ev.seed)
         for depth, samples in cells.items():
             share = score(model, samples, ev.batch_tokens, rt)

@@ -94,7 +94,7 @@ def report(study: Path) -> str:
     for path, result in passkeys:  # runs fine-tuned on data=passkey: no length.json, so named by their scheme
         rel = path.parent.relative_to(study)
         lines += ["", f"### {model_label(result)} ({rel.parent})", "", "```", passkey_table(result), "```", ""]
-        if (path.with_suffix(".png")).exists():  # passkey.png, or passkey-<variant>.png under an extension
+        if path.with_suffix(".png").exists():  # passkey.png, or passkey-<variant>.png under an extension
             lines.append(f"![passkey {model_label(result)}]({rel}/{path.stem}.png)")
     return "\n".join(lines) + "\n"
 
