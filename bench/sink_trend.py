@@ -2,14 +2,20 @@
 
 python train.py experiment=sinks out_dir=out/sinks          (train.sink_metric logs the sink at every eval)
 python bench/sink_trend.py out/sinks [more runs] [--plot sink_trend.png]
+python bench/sink_trend.py out/sinks="learned sink token" out/sinks-rope=BOS --plot sink_trend.png --no-record
 Reads each run's metrics.jsonl. Per eval: training tokens, val loss, the largest head's mean attention on the first
 token (the learned sink token with positional=sink) per layer against a uniform share, the share of sink heads
 (> 0.3, Gu et al. 2024), and with model.sink_logit=true the nothing slot's largest share per layer and what taking
 it away costs (evaluation/sink_mass.nothing_cost: the loss a model pays when a sink that held its no-op attention
 is evicted). Then a power-law fit, y = a * tokens^b over the second half of the evals, says at how many tokens the
 trend reaches a collapse: a sink head (first-token share 0.3) and a doubled perplexity without the nothing slot
-(cost ln 2, the bar of issue #13). The fit is an extrapolation through a decaying learning rate, so it is a scale
-to aim at, not a forecast. Appends the table to bench/RESULTS.md (--no-record skips).
+(cost ln 2). The fit is an extrapolation through a decaying learning rate, so it is a scale to aim at, not a
+forecast. Appends the table to bench/RESULTS.md (--no-record skips).
+The plot labels each run's first-token line by what that token was: metrics.jsonl does not record it (the learned
+sink token with positional=sink; the BOS only where the logged rows opened with it: train.sink_metric reads
+BOS-first rows for a data.bos_aligned run), so RUN=WHAT names it. Where the run folder holds the final model's
+stream evaluation (stream.json or eval/stream.json), its first-token share, measured on stream windows that open
+with the stream's BOS (or the learned sink token), is drawn as a star at the last eval.
 """
 
 import argparse
@@ -25,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.table import publish  # noqa: E402
 from evaluation.sink_mass import SINK_THRESHOLD  # noqa: E402
 
-COLLAPSE_COST = math.log(2)  # nats per token: twice the perplexity, issue #13's bar for evicting a learned sink
+COLLAPSE_COST = math.log(2)  # nats per token: twice the perplexity, the collapse that evicting a sink would be
 
 
 def evals(run: Path) -> list[dict]:
@@ -98,60 +104,98 @@ def trend_rows(run: Path) -> tuple[list[dict], dict]:
     return out, summary
 
 
-def plot(runs: list[Path], path: Path):
+def final_stream(run: Path) -> dict | None:
+    """The final model's first-token measure on stream windows (evaluation/stream.py), where the run keeps one."""
+    path = next((p for p in (run / "stream.json", run / "eval" / "stream.json") if p.exists()), None)
+    return json.loads(path.read_text())["first_token_attention"] if path else None
+
+
+def plot(runs: list[Path], path: Path, key0: dict[str, str] | None = None):
+    """Left: each run's largest head on its first token (labelled by key0[run name], what that token was), the
+    nothing slot, the uniform share and the sink-head bar; right: the perplexity factor without the nothing slot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-    for run in runs:
-        rows = evals(run)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
+    for i, run in enumerate(runs):
+        rows, colour = evals(run), f"C{i}"
         tokens = [r["tokens"] for r in rows]
-        (line,) = ax1.plot(
-            tokens, [max(r["first_token_max"]) for r in rows], marker="o", label=f"{run.name}: first token"
+        what = (key0 or {}).get(run.name, "first token of each logged row")
+        ax1.plot(
+            tokens, [max(r["first_token_max"]) for r in rows], marker="o", color=colour, label=f"{run.name}: {what}"
         )
+        ax1.plot(
+            tokens,
+            [r["first_token_uniform"] for r in rows],
+            color="grey",
+            ls="--",
+            lw=1,
+            label="uniform share (1 / keys a query sees)" if i == 0 else None,
+        )
+        final = final_stream(run)
+        if final:
+            first = "BOS" if final["first_token"] == "the stream's first token" else final["first_token"]
+            ax1.plot(
+                tokens[-1],
+                max(final["max_head"]),
+                marker="*",
+                ms=14,
+                color=colour,
+                ls="none",
+                label=f"{run.name}: {first}, final model on stream windows",
+            )
         if "nothing_cost" in rows[-1]:
             ax1.plot(
                 tokens,
                 [max(r["nothing_max"]) for r in rows],
                 ls="--",
                 marker="s",
-                color=line.get_color(),
+                color=colour,
                 label=f"{run.name}: nothing slot",
             )
-            ax2.plot(
-                tokens, [math.exp(r["nothing_cost"]) for r in rows], marker="s", color=line.get_color(), label=run.name
-            )
-    ax1.axhline(SINK_THRESHOLD, color="grey", ls=":", label="sink head (0.3)")
+            ax2.plot(tokens, [math.exp(r["nothing_cost"]) for r in rows], marker="s", color=colour, label=run.name)
+    ax1.axhline(SINK_THRESHOLD, color="black", ls=":", label=f"sink head ({SINK_THRESHOLD})")
     ax1.set(
         xscale="log",
         yscale="log",
-        xlabel="training tokens",
-        ylabel="largest head's mean attention",
+        xlabel="training tokens (log scale)",
+        ylabel="largest head's mean attention (log scale)",
         title="attention on the first token (or on nothing)",
     )
-    ax2.axhline(2.0, color="grey", ls=":", label="2x: issue #13's bar")
+    ax2.axhline(2.0, color="black", ls=":", label="2x perplexity")
     ax2.set(
         xscale="log",
-        xlabel="training tokens",
+        xlabel="training tokens (log scale)",
         ylabel="perplexity x without the nothing slot",
         title="what evicting a perfect sink would cost",
     )
-    ax1.legend(fontsize=7)
+    fig.legend(*ax1.get_legend_handles_labels(), fontsize=7, loc="outside lower center", ncol=3, frameon=False)
     ax2.legend(fontsize=7)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def parse_run(arg: str) -> tuple[Path, str | None]:
+    """RUN or RUN=WHAT: a run folder, and what the first token of its logged rows was."""
+    path, _, what = arg.partition("=")
+    return Path(path), what or None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run folders trained with train.sink_metric=true")
+    ap.add_argument(
+        "runs",
+        nargs="+",
+        type=parse_run,
+        help="run folders trained with train.sink_metric=true, each RUN or RUN=what its first token was",
+    )
     ap.add_argument("--plot", type=Path, help="also write the trend as a PNG here")
     ap.add_argument("--no-record", action="store_true", help="print only; do not append to bench/RESULTS.md")
     args = ap.parse_args()
-    table, summaries = [], []
-    for run in args.runs:
+    runs, table, summaries = [run for run, _ in args.runs], [], []
+    for run in runs:
         rows, summary = trend_rows(run)
         table += rows
         summaries.append(summary)
@@ -173,7 +217,7 @@ def main():
         record,
     )
     if args.plot:
-        plot(args.runs, args.plot)
+        plot(runs, args.plot, {run.name: what for run, what in args.runs if what})
         print(f"written {args.plot}")
 
 

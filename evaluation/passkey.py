@@ -201,7 +201,7 @@ def plot_passkey(result: dict, path):
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
     ax.set(
         xlabel="sample length in tokens (x the training length)",
-        ylabel="needle depth",
+        ylabel="needle depth in the filler\n(0: right after BOS, 1: right before the question)",
     )
     ax.set_title(
         f"{model_label(result)} (trained at {result['train_length']}): passkey accuracy\n"

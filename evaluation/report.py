@@ -2,7 +2,8 @@
 
 python eval.py checkpoint=out/rope                      -> out/rope/eval/length.{json,png}
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00   -> <sweep_dir>/eval/compare.{json,txt,png}
-A cell reads `ppl [lo, hi]`, its 95% bootstrap interval (evaluation/bootstrap.py); a plot shows it as a band.
+A cell reads `ppl [lo, hi]`, its 95% bootstrap interval (evaluation/bootstrap.py); a plot shows it as a band
+(as thin bars where more than eight lines share a panel), each line in its own colour, marker and line style.
 """
 
 from pathlib import Path
@@ -77,15 +78,21 @@ def table(rows: list[dict], lengths: list[int], title: str) -> str:
     return "\n".join(lines)
 
 
-VARIANT_STYLE = {
+VARIANT_STYLE = {  # a line style per RoPE extension, so a variant reads the same in every figure
     "none": "-",
     "linear": ":",
     "ntk": "--",
     "dynamic_ntk": (0, (1, 3)),
     "yarn": "-.",
     "log": (0, (5, 1, 1, 1)),
+    "longrope": (0, (8, 2)),
+    "rerope": (0, (3, 1, 1, 1, 1, 1)),
+    "leaky_rerope": (0, (1, 1)),
 }
-MODE_STYLE = {"nonoverlap": "-", "sliding": "--"}
+MODES = ("nonoverlap", "sliding")  # a panel each
+COLOURS = [f"C{i}" for i in range(10)] + ["black", "darkgoldenrod", "lightskyblue", "lime"]
+MARKERS = "osD^vP*Xh<>"  # 11 markers against 14 colours: no two of the first 154 series alike
+BAND_LIMIT = 8  # more series than this in a panel: their 95% intervals as thin bars, not bands that merge
 
 
 def _pyplot():
@@ -95,6 +102,40 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def legend_name(name: str) -> str:
+    """A series as the README names it: configs/positional/irope.yaml is rope with NoPE layers (PPPN)."""
+    return name.replace("rope/PPPN", "irope")
+
+
+def series_styles(rows: list[dict]) -> dict[str, dict]:
+    """A (colour, line style, marker) per series (scheme + variant), no two alike: colour and marker by series,
+    line style by RoPE extension (VARIANT_STYLE); and a small shift along x (dodge) that sets interval bars of
+    close series apart. Ordered highest first at the longest length, so the legend reads as the lines end."""
+    last = {
+        label(r): r["ppl"] for r in sorted(rows, key=lambda r: r["length"]) if r["ppl"] and r["mode"] == rows[0]["mode"]
+    }
+    names = sorted(dict.fromkeys(label(r) for r in rows), key=lambda n: -last.get(n, 0.0))
+    variant = {label(r): r.get("variant", "none") for r in rows}
+    return {
+        n: {
+            "color": COLOURS[i % len(COLOURS)],
+            "marker": MARKERS[i % len(MARKERS)],
+            "ls": VARIANT_STYLE.get(variant[n], "-"),
+            "dodge": 2 ** (0.2 * (i / max(1, len(names) - 1) - 0.5)),
+        }
+        for i, n in enumerate(names)
+    }
+
+
+def seed_note(rows: list[dict]) -> str:
+    """What the error bars are: ±sd over seeds where a line has several, and nothing where none has."""
+    counts = sorted({r.get("runs", 1) for r in rows if r.get("ppl_sd") is not None})
+    if not counts:
+        return ""
+    n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"; capped bars: ±sd over {n} seeds"
 
 
 def _minor_label(value: float, _pos) -> str:
@@ -107,12 +148,22 @@ def _length_axes(ax, rows: list[dict], train_length: int, title: str):
     import matplotlib.ticker
 
     ax.axvline(train_length, color="gray", ls=":", lw=1)
-    ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity", title=title)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="evaluation length in tokens (log scale)",
+        ylabel="perplexity (log scale)",
+        title=title,
+    )
     lengths = sorted({r["length"] for r in rows})
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label))
+    values = [v for r in rows if r["ppl"] for v in [r["ppl"], *r.get("ci", [])]]
+    if values and max(values) < 5 * min(values):  # a log axis over so short a span has too few ticks: add round ones
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(12, steps=[1, 2, 2.5, 5, 10]))
+        ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.grid(alpha=0.3, which="both")
 
 
@@ -120,42 +171,63 @@ def _series(rows: list[dict], name: str, mode: str) -> list[dict]:
     return sorted((r for r in rows if label(r) == name and r["mode"] == mode and r["ppl"]), key=lambda r: r["length"])
 
 
-def _line(ax, rows: list[dict], name: str, mode: str, **style):
-    """ppl against length with its 95% interval as a band, and ±sd over seeds as error bars for a seed group."""
+def _line(ax, rows: list[dict], name: str, mode: str, band: bool = True, dodge: float = 1.0, **style):
+    """ppl against length with its 95% interval (a band, or bars where bands would merge), and ±sd over seeds as
+    error bars for a seed group; with bars, each series drawn at length x dodge, so its bars stand apart."""
     series = _series(rows, name, mode)
     if not series:
         return
-    xs, ys = [r["length"] for r in series], [r["ppl"] for r in series]
-    ax.plot(xs, ys, marker="o", ms=3, **style)
+    xs, ys = [r["length"] * (1 if band else dodge) for r in series], [r["ppl"] for r in series]
+    ax.plot(xs, ys, ms=5, **style)
     if all(r.get("ci") for r in series):
-        ax.fill_between(
-            xs, [r["ci"][0] for r in series], [r["ci"][1] for r in series], color=style["color"], alpha=0.15, lw=0
-        )
+        lo, hi = [r["ci"][0] for r in series], [r["ci"][1] for r in series]
+        if band:
+            ax.fill_between(xs, lo, hi, color=style["color"], alpha=0.12, lw=0)
+        else:
+            err = [[y - a for y, a in zip(ys, lo, strict=True)], [b - y for y, b in zip(ys, hi, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=style["color"], elinewidth=0.6, alpha=0.5)
     if any(r.get("ppl_sd") for r in series):
         sd = [r.get("ppl_sd") or 0 for r in series]
-        ax.errorbar(xs, ys, yerr=sd, fmt="none", ecolor=style["color"], elinewidth=1, capsize=2)
+        ax.errorbar(xs, ys, yerr=sd, fmt="none", ecolor=style["color"], elinewidth=1.2, capsize=2)
+
+
+def _length_panels(axes, rows: list[dict], train_length: int) -> str:
+    """A panel per mode, each series in its own style (series_styles); returns how its intervals are drawn."""
+    styles = series_styles(rows)
+    band = len(styles) <= BAND_LIMIT
+    for ax, mode in zip(axes, [m for m in MODES if any(r["mode"] == m for r in rows)], strict=True):
+        for name, style in styles.items():
+            _line(ax, rows, name, mode, band=band, label=legend_name(name), **style)
+        _length_axes(ax, rows, train_length, f"{mode} windows (trained at {train_length}, dotted)")
+    return ("bands" if band else "thin bars") + ": 95% intervals" + seed_note(rows)
+
+
+def _legend(fig, ax):
+    """One legend for the figure, under its panels, so it covers no line."""
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=8, frameon=False)
 
 
 def plot(rows: list[dict], train_length: int, path: Path, title: str, by_position: dict | None = None):
-    """One checkpoint: ppl against eval length (log x), a line per variant and mode; NLL by position beside it."""
+    """One checkpoint: ppl against eval length, a panel per mode, a line per variant; NLL by position beside."""
     plt = _pyplot()
-    panels = 2 if by_position else 1
-    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5), squeeze=False)
-    ax = axes[0, 0]
-    for i, name in enumerate(dict.fromkeys(label(r) for r in rows)):
-        for mode, style in MODE_STYLE.items():
-            _line(ax, rows, name, mode, ls=style, color=f"C{i}", label=f"{name} ({mode})")
-    _length_axes(ax, rows, train_length, f"{title} (trained at {train_length}, dotted; bands: 95% intervals)")
-    ax.legend(fontsize=7)
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    panels = len(modes) + bool(by_position)
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 5), squeeze=False, layout="constrained")
+    axes = axes[0]
+    for ax in axes[1 : len(modes)]:
+        ax.sharey(axes[0])
+    intervals = _length_panels(axes[: len(modes)], rows, train_length)
+    _legend(fig, axes[0])
+    fig.suptitle(f"{legend_name(title)}: perplexity against evaluation length ({intervals})")
     if by_position:
-        ax = axes[0, 1]
+        ax = axes[-1]
         for i, (length, values) in enumerate(sorted(by_position.items(), key=lambda kv: int(kv[0]))):
-            xs = [p for p, v in values]
-            ax.plot(xs, [v for _, v in values], color=f"C{i}", label=f"window {length}")
+            ax.plot([p + 1 for p, _ in values], [v for _, v in values], color=f"C{i}", label=f"window {length}")
         ax.axvline(train_length, color="gray", ls=":")
         ax.set(
             xscale="log",
-            xlabel="position within the window",
+            xlabel="position within the window, 1 = first (log scale)",
             ylabel="mean NLL (nats)",
             title="NLL by position (nonoverlap)",
         )
@@ -164,30 +236,22 @@ def plot(rows: list[dict], train_length: int, path: Path, title: str, by_positio
 
 
 def plot_compare(rows: list[dict], train_length: int, path: Path):
-    """Many runs: a panel per mode sharing the y axis; a colour per scheme, a line style per RoPE scaling variant."""
+    """Many runs: a panel per mode sharing the y axis; every series its own colour, marker and (for a RoPE
+    extension) line style."""
     plt = _pyplot()
-    modes = [m for m in MODE_STYLE if any(r["mode"] == m for r in rows)]
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes) + 2.5, 5), squeeze=False, sharey=True)
-    schemes = list(dict.fromkeys(r.get("run_label", r["scheme"]) for r in rows))
-    for ax, mode in zip(axes[0], modes, strict=True):
-        for name in dict.fromkeys(label(r) for r in rows):
-            row = next(r for r in rows if label(r) == name)
-            style = VARIANT_STYLE.get(row.get("variant", "none"), "-")
-            color = f"C{schemes.index(row.get('run_label', row['scheme'])) % 10}"
-            _line(ax, rows, name, mode, ls=style, color=color, label=name)
-        _length_axes(ax, rows, train_length, f"{mode} windows (trained at {train_length}, dotted)")
-    axes[0, -1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-    fig.suptitle(
-        "train short, test long: held-out perplexity against evaluation length "
-        "(bands: 95% intervals; bars: ±sd over seeds)"
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    fig, axes = plt.subplots(
+        1, len(modes), figsize=(7 * len(modes), 5.5), squeeze=False, sharey=True, layout="constrained"
     )
+    intervals = _length_panels(axes[0], rows, train_length)
+    _legend(fig, axes[0, 0])
+    fig.suptitle(f"train short, test long: held-out perplexity against evaluation length ({intervals})")
     _save(fig, path)
 
 
 def _save(fig, path: Path):
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

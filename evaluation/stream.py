@@ -228,27 +228,29 @@ def stream_table(result: dict, rows: int = 10) -> str:
 
 
 def plot_stream(result: dict, path):
+    """NLL per block against tokens seen, a line per method, each in its own colour and line style: methods that
+    score alike (window, sinks, recompute) lie on one another, and the styles show each one is there."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, m in result["methods"].items():
+    styles = ["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 3)), (0, (8, 2))]
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    for i, (name, m) in enumerate(result["methods"].items()):
         if m["nll"]:
-            xs = [(i + 1) * result["block"] for i in range(len(m["nll"]))]
-            (line,) = ax.plot(xs, m["nll"], label=name)
+            xs = [(b + 1) * result["block"] for b in range(len(m["nll"]))]
+            ax.plot(xs, m["nll"], color=f"C{i % 10}", ls=styles[i % len(styles)], label=name)
             if m.get("ci"):  # the 95% interval of each block, as a band
                 lo, hi = zip(*(np.log(ci) for ci in m["ci"]), strict=True)
-                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
+                ax.fill_between(xs, lo, hi, color=f"C{i % 10}", alpha=0.12, lw=0)
     ax.axvline(result["train_length"], color="gray", ls=":", label=f"training length {result['train_length']}")
     ax.set(
         xscale="log",
-        xlabel="tokens seen",
+        xlabel="tokens seen (log scale)",
         ylabel=f"mean NLL per {result['block']}-token block (nats)",
-        title=f"{result['scheme']}: streaming past the training length (bands: 95% intervals)",
+        title=f"{report.legend_name(result['scheme'])}: streaming past the training length (bands: 95% intervals)",
     )
     ax.legend(fontsize=8)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

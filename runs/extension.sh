@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Context extension, measured in one command: training-free scalings against short fine-tunes, DroPE, and passkey
-# retrieval (issue "Context extension the way practitioners do it"). It starts from the seed-1 runs of
+# retrieval, the way practitioners extend a context. It starts from the seed-1 runs of
 # `bash runs/study.sh` (rope, alibi, nope), so run that first (or point BASE at folders holding rope, alibi, nope).
 #
 #   bash runs/extension.sh                                # ext/: every run below, then ext/REPORT.md
@@ -19,7 +19,7 @@
 #    eval.mode=passkey at LENGTHS. The fine-tunes learn QK-norm gains (model.qk_norm=learned; step 0 is still the
 #    gain-free base): under the base's gain-free cap (logits within +-sqrt(head dim)) the rotary models' heads
 #    stayed too flat to copy the key, and with the gains RoPE had learned only part of the retrieval by 600 steps
-#    (README, "The QK-norm cap"). PASSKEY_QK=rms repeats the gain-free fine-tunes, as <run>-passkey-rms.
+#    (dev/LOG.md, 2026-11-25). PASSKEY_QK=rms repeats the gain-free fine-tunes, as <run>-passkey-rms.
 # 5. RoPE's passkey model scored under the training-free extensions (ReRoPE, Leaky ReRoPE, YaRN, NTK).
 # Every length evaluation scores the same held-out tokens at the same LENGTHS, so one table compares them all.
 # Resumes like runs/study.sh: a run with a DONE file is skipped, an interrupted one resumes from its checkpoint,

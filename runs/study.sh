@@ -15,8 +15,8 @@
 #   cp -r results/study-breadth study-b && STUDY=study-b SCHEMES="kerple irope" bash runs/study.sh logger.wandb=false
 # Writes $STUDY/REPORT.md (the tables, with 95% intervals, and the plots) and $STUDY/eval/compare.{json,txt,png}.
 # Time at the defaults, measured with two of these jobs sharing 2 CPU cores (OMP_NUM_THREADS=1 each): 8-10 min per
-# training run, 1-2.5 min per length eval, 7-9 min per stream eval; the six README schemes x 3 seeds, about 4 hours
-# on one core. On one GPU: not measured yet.
+# training run, 1-2.5 min per length eval, 7-9 min per stream eval; six schemes x 3 seeds, about 4 hours of one
+# core. On a GPU: not measured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STUDY=${STUDY:-study}

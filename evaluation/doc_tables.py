@@ -1,0 +1,421 @@
+"""The tables of README.md and docs/*.md that come from results/, written from the JSON stored there.
+
+python -m evaluation.doc_tables            rewrite every table in README.md and docs/*.md
+python -m evaluation.doc_tables --check    exit 1 and name each table that differs from what this script writes
+
+A table sits between `<!-- table: <name> -->` and `<!-- /table -->` lines; <name> is a key of TABLES, and every
+line between the markers belongs to this script (the words around a table belong to the doc). Numbers are the
+stored ones rounded for reading; intervals are the stored ones, and each table says what they are over. Which runs
+a table shows, and the names it gives them, are set here; the numbers never are. tests/test_docs.py fails when a
+doc's table differs from what this writes, so a table cannot drift from its evidence.
+"""
+
+import argparse
+import json
+import math
+import re
+import sys
+import textwrap
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+MARKER = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+
+
+@cache
+def load(path: str) -> dict:
+    return json.loads((RESULTS / path).read_text())
+
+
+def cells(study: str) -> dict:
+    """compare.json's rows by (group label, variant, length, mode)."""
+    rows = load(f"{study}/eval/compare.json")["results"]
+    return {(r["run_label"], r["variant"], r["length"], r["mode"]): r for r in rows}
+
+
+def ppl(row: dict | None) -> str:
+    """`ppl ±sd [lo, hi]`; **bold**: the lowest of its column, `~`: within the paired noise of it (compare.json)."""
+    if row is None or row.get("ppl") is None:
+        return "n/a"
+    value = f"{row['ppl']:.1f}"
+    value = f"**{value}**" if row.get("mark") == "*" else value + row.get("mark", "")
+    spread = f" ±{row['ppl_sd']:.1f}" if row.get("ppl_sd") is not None else ""
+    return f"{value}{spread} [{row['ci'][0]:.1f}, {row['ci'][1]:.1f}]"
+
+
+def markdown(head: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
+    """A markdown table: the first text_columns columns aligned left, the numbers right."""
+    rule = "| " + " | ".join(["---"] * text_columns + ["---:"] * (len(head) - text_columns)) + " |"
+    return ["| " + " | ".join(head) + " |", rule] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def seeds(study: str) -> list[int]:
+    """The distinct numbers of seeds behind a study's rows."""
+    return sorted({r["runs"] for r in load(f"{study}/eval/compare.json")["results"]})
+
+
+def scored(study: str) -> str:
+    """What a study's cells rest on, read from its rows: seeds per row and held-out tokens per cell."""
+    rows = load(f"{study}/eval/compare.json")["results"]
+    n, tokens = seeds(study), sorted({r["tokens"] for r in rows if r["ppl"] is not None})
+    runs = f"{n[0]} seed{'s' * (n[0] > 1)}" if len(n) == 1 else f"{n[0]}-{n[-1]} seeds"
+    return f"{runs} per row, {', '.join(f'{t:,}' for t in tokens)} held-out tokens per cell"
+
+
+MARKS = (
+    "**bold**: lowest in its column; ~: within the noise of it (the 95% interval of the paired bootstrap difference "
+    "in mean NLL, the same pieces drawn for both, holds 0)"
+)
+
+# --- the length tables: seed groups of evaluation/compare.py, nonoverlapping windows ---------------------------
+
+CORE = ["alibi", "t5", "sink", "rope", "learned", "nope", "sinusoidal"]  # the first study's schemes
+BREADTH = {  # group label in results/study-breadth -> the name the docs give it
+    "fox": "fox",
+    "pope": "pope",
+    "fire": "fire",
+    "shaw": "shaw",
+    "kerple": "kerple",
+    "alibi": "alibi",
+    "rope [model.window=64, model.window_pattern=SSSL]": "rope, model.window=64 SSSL",
+    "xpos": "xpos",
+    "prope": "prope",
+    "rope": "rope",
+    "rope/PPPN": "irope",
+    "rope [positional.rotary_fraction=0.25]": "rope, rotary_fraction=0.25",
+}
+QK_NORM = {
+    "rope [model.qk_norm=rms]": "rope, gain-free QK-norm (the default)",
+    "rope [model.qk_norm=learned]": "rope, learned QK gains",
+    "alibi [model.qk_norm=rms]": "alibi, gain-free QK-norm (the default)",
+    "alibi [model.qk_norm=learned]": "alibi, learned QK gains",
+}
+EXTENSION = {  # (group label, variant) in results/extension -> its row name
+    ("rope", "none"): "RoPE base, as trained",
+    ("rope", "linear"): "training-free PI (linear)",
+    ("rope", "ntk"): "training-free NTK",
+    ("rope", "dynamic_ntk"): "training-free dynamic NTK",
+    ("rope", "yarn"): "training-free YaRN",
+    ("rope", "longrope"): "training-free LongRoPE (searched)",
+    ("rope", "rerope"): "training-free ReRoPE (w 128)",
+    ("rope", "leaky_rerope"): "training-free Leaky ReRoPE",
+    ("rope", "log"): "training-free log-length scaling",
+    ("rope[yarn x4 from 256]", "none"): "YaRN x4, fine-tuned at 1024",
+    ("rope[linear x4 from 256]", "none"): "PI x4, fine-tuned at 1024",
+    ("rope[at 1024 from 256]", "none"): "no scaling, fine-tuned at 1024",
+    ("nope[dropped rope]", "none"): "DroPE (RoPE dropped, 60 steps at 256)",
+    ("nope[dropped rope]", "log"): "DroPE + log-length scaling",
+    ("nope", "none"): "NoPE from scratch (340 steps)",
+}
+
+
+def length_table(study: str, rows: dict, lengths: list[int], first: str = "scheme", train: int = 256) -> str:
+    """A row per (label, variant) of rows, a column per length: `ppl ±sd [lo, hi]`."""
+    table = cells(study)
+    head = [first] + [f"{n} ({n // train}x{', trained' if n == train else ''})" for n in lengths]
+    body, notes = [], set()
+    for key, name in rows.items():
+        label, variant = key if isinstance(key, tuple) else (key, "none")
+        shown = [table.get((label, variant, n, "nonoverlap")) for n in lengths]
+        body.append([name] + [ppl(row) for row in shown])
+        notes |= {row["note"] for row in shown if row and row.get("note")}
+    spread = "mean ±sd over the seeds " if max(seeds(study)) > 1 else ""
+    return "\n".join(
+        markdown(head, body)
+        + [
+            "",
+            f"Held-out perplexity, nonoverlapping windows, {spread}[95% bootstrap interval over the scored pieces"
+            f"{' and the seeds' if spread else ''}]; {scored(study)}. {''.join(n + '. ' for n in sorted(notes))}"
+            f"{MARKS}. "
+            f"From `results/{study}/eval/compare.json`; every length and the sliding windows: "
+            f"[results/{study}/REPORT.md](results/{study}/REPORT.md).",
+        ]
+    )
+
+
+def core() -> str:
+    return length_table("study", {name: name for name in CORE}, [256, 1024, 4096])
+
+
+def breadth() -> str:
+    return length_table("study-breadth", BREADTH, [256, 1024, 4096])
+
+
+def qk_norm() -> str:
+    return length_table("qk-norm", QK_NORM, [256, 1024, 4096])
+
+
+def extension() -> str:
+    return length_table("extension", EXTENSION, [256, 512, 1024, 2048, 4096], first="model (tiny RoPE base, seed 1)")
+
+
+# --- the README's scheme table ----------------------------------------------------------------------------------
+
+SCHEMES = [  # (positional=, what it does, the study that measured it: results/<study>, "grids" or None)
+    ("learned", "GPT-2's table of learned vectors added to the embeddings; refuses positions past it", "study"),
+    ("sinusoidal", "fixed sinusoids added to the embeddings (Vaswani et al. 2017)", "study"),
+    ("alibi", "a per-head linear distance penalty on the scores (Press et al. 2022)", "study"),
+    ("rope", "rotary queries and keys (Su et al. 2021)", "study"),
+    ("nope", "no positions: the causal mask alone", "study"),
+    ("sink", "RoPE and a learned attention-sink token before every row (Xiao et al. 2024)", "study"),
+    ("t5", "a learned bias per log-bucketed distance and head (Raffel et al. 2020)", "study"),
+    ("kerple", "a learned per-head log (or power) kernel of distance on the scores (Chi et al. 2022)", "study-breadth"),
+    ("fire", "an MLP per head of a normalised log distance (Li et al. 2024)", "study-breadth"),
+    ("shaw", "learned vectors for distances clipped to 16, added to the keys (Shaw et al. 2018)", "study-breadth"),
+    ("fox", "Forgetting Transformer: data-dependent forget gates as the only bias (Lin et al. 2025)", "study-breadth"),
+    ("xpos", "RoPE with a per-pair exponential decay (Sun et al. 2023)", "study-breadth"),
+    ("prope", "p-RoPE: only the fastest 75% of RoPE's frequencies turn (Barbero et al. 2025)", "study-breadth"),
+    ("pope", "PoPE: magnitude from content, phase from position (Gopalakrishnan et al. 2025)", "study-breadth"),
+    ("irope", "iRoPE: RoPE, and NoPE with a length temperature in every 4th layer (Llama 4)", "study-breadth"),
+    ("rope2d", "axial 2D RoPE over (row, column) positions (Heo et al. 2024)", "grids"),
+    ("mrope", "M-RoPE: RoPE's pairs in temporal, height and width sections (Qwen2-VL, Wang et al. 2024)", "grids"),
+    ("sinusoidal2d`, `sinusoidal3d", "fixed sinusoids per position axis", None),
+]
+
+
+def schemes() -> str:
+    head = ["`positional=`", "what it does", "ppl at 256 → 4096"]
+    body = []
+    for name, what, study in SCHEMES:
+        label = {"irope": "rope/PPPN"}.get(name, name)
+        if study in (None, "grids"):  # grids: measured on data=grids alone (dev/LOG.md), not in a length study
+            measured = "on grids only" if study else "not measured"
+        else:
+            table = cells(study)
+            short, long = (table.get((label, "none", n, "nonoverlap")) for n in (256, 4096))
+            measured = f"{short['ppl']:.1f} → " + (f"{long['ppl']:.1f}" if long and long["ppl"] else "n/a")
+        body.append([f"`{name}`", what, measured])
+    return "\n".join(
+        markdown(head, body, text_columns=2)
+        + [
+            "",
+            "ppl: held-out perplexity of the tiny model trained at 256 tokens, scored at 256 and at 4096 (16x); the "
+            f"mean over seeds, {scored('study')} (`results/study` and `results/study-breadth`: the same recipe, the "
+            "same tokens). With intervals: [Results](#results) below and [docs/schemes.md](docs/schemes.md).",
+        ]
+    )
+
+
+# --- streams: evaluation/stream.py's stream.json ------------------------------------------------------------------
+
+
+def stream_cell(method: dict, digits: int = 1) -> str:
+    if method["mean"]["ppl"] is None:
+        return "n/a"
+    lo, hi = method["mean"]["ci"]
+    return f"{method['mean']['ppl']:.{digits}f} [{lo:.1f}, {hi:.1f}]"
+
+
+def streams() -> str:
+    """The breadth study's seed-1 streams: each cache against dense attention, and the largest head on key 0."""
+    groups = {run: g["label"] for g in load("study-breadth/eval/compare.json")["groups"] for run in g["runs"]}
+    found = {}
+    for path in sorted(RESULTS.glob("study-breadth/*/eval/stream.json")):
+        result = load(str(path.relative_to(RESULTS)))
+        found[BREADTH[groups[result["checkpoint"]]]] = result
+    body, tokens, uniform = [], set(), set()
+    for name in (n for n in BREADTH.values() if n in found):
+        result = found[name]
+        methods = list(result["methods"].values())  # dense, window 0+W, sinks 1+(W-1), sinks 4+(W-4), recompute
+        attention = result["first_token_attention"]
+        body.append(
+            [name] + [stream_cell(m) for m in methods[:2] + methods[3:]] + [f"{max(attention['max_head']):.4f}"]
+        )
+        tokens.add(result["stream_tokens"])
+        uniform.add(attention["uniform"])
+    first = next(iter(found.values()))["methods"]
+    head = ["run (seed 1)"] + [m for i, m in enumerate(first) if i != 2] + ["key 0, largest head"]
+    return "\n".join(
+        markdown(head, body)
+        + [
+            "",
+            f"Perplexity over a stream of {', '.join(f'{t:,}' for t in tokens)} held-out tokens fed one at a time "
+            "[95% bootstrap interval over its blocks of 256 tokens]; one seed per row. Key 0: the largest head's "
+            f"mean attention on the stream's first token (a uniform share is {', '.join(map(str, uniform))}; a sink "
+            "head, Gu et al. 2024, is above 0.3). From `results/study-breadth/*/eval/stream.json`.",
+        ]
+    )
+
+
+SINK_RUNS = {  # results/sinks/<run> -> its row name
+    "sinks": "learned sink token (`experiment=sinks`)",
+    "sinks-rope": "no sink token, BOS first (`positional=rope`)",
+    "sinks-nothing": "nothing slot (`positional=rope model.sink_logit=true`)",
+    "sinks-nothing-rms": "nothing slot, gain-free QK-norm (`model.qk_norm=rms`)",
+}
+
+
+def last_eval(run: str) -> dict:
+    """The last line of a run's metrics.jsonl that holds a validation loss."""
+    lines = (RESULTS / "sinks" / run / "metrics.jsonl").read_text().splitlines()
+    return [row for row in map(json.loads, lines) if row.get("val_loss") is not None][-1]
+
+
+def sinks() -> str:
+    """The sinks preset's runs: stream perplexity per cache, what evicting the first token costs, where attention
+    parks (results/sinks/<run>/stream.json, and metrics.jsonl for the val loss and the nothing slot)."""
+    body, steps, tokens = [], set(), set()
+    for run, name in SINK_RUNS.items():
+        result, logged = load(f"sinks/{run}/stream.json"), last_eval(run)
+        steps.add(f"{logged['step']:,}")
+        tokens.add(f"{result['stream_tokens']:,}")
+        methods = result["methods"]
+        window, one_sink = (next(m for m in methods if m.startswith(kind)) for kind in ("window", "sinks 1+"))
+        pair = next(p for p in result["pairs"] if {p["a"], p["b"]} == {window, one_sink})
+        sign = 1 if pair["a"] == window else -1  # window minus one sink: what evicting the first token costs
+        lo, hi = sorted((sign * pair["lo"], sign * pair["hi"]))
+        attention = result["first_token_attention"]
+        nothing = attention.get("nothing_max_head")
+        body.append(
+            [
+                f"{name}, val loss {logged['val_loss']:.3f}",
+                stream_cell(methods["dense"]),
+                stream_cell(methods[window], 2),
+                stream_cell(methods[one_sink], 2),
+                f"{sign * pair['diff_nll']:+.4f} [{lo:+.4f}, {hi:+.4f}]",
+                f"{max(attention['max_head']):.4f}",
+                "-" if nothing is None else f"{max(nothing):.4f}",
+                "-" if "nothing_cost" not in logged else f"x{math.exp(logged['nothing_cost']):.1f}",
+            ]
+        )
+    head = ["run", "dense", "window 0+W", "sinks 1+(W-1)", "evicting key 0, nats", "key 0", "nothing", "no slot"]
+    return "\n".join(
+        markdown(head, body)
+        + [
+            "",
+            f"One seed per run, {', '.join(sorted(steps))} steps. Perplexity over a stream of {', '.join(tokens)} "
+            "held-out tokens [95% bootstrap interval over its blocks of 256]; W is the training length (plus the "
+            "learned sink token where there is one). Evicting key 0: window 0+W minus sinks 1+(W-1) in mean NLL "
+            "[95% interval of the paired bootstrap over blocks]. Key 0 and nothing: the largest head's mean "
+            "attention on the stream's first token (the learned sink token where there is one) and on the nothing "
+            "slot. No slot: the perplexity factor when the slot is taken away (`train.sink_metric`, the last eval "
+            "of `metrics.jsonl`). From `results/sinks/<run>/`.",
+        ]
+    )
+
+
+# --- passkey: evaluation/passkey.py's passkey.json ----------------------------------------------------------------
+
+PASSKEY = [  # files under results/extension, in the order shown
+    "rope-passkey/eval/passkey.json",
+    "rope-passkey/eval/passkey-rerope.json",
+    "rope-passkey/eval/passkey-leaky_rerope.json",
+    "rope-passkey/eval/passkey-yarn.json",
+    "rope-passkey/eval/passkey-ntk.json",
+    "rope-passkey-600/eval/passkey.json",
+    "rope-passkey-rms/eval/passkey.json",
+    "rope-yarn4-passkey/eval/passkey.json",
+    "rope-yarn4-passkey-1200/eval/passkey.json",
+    "alibi-passkey/eval/passkey.json",
+    "alibi-passkey-rms/eval/passkey.json",
+    "drope-passkey/eval/passkey.json",
+    "drope-passkey-rms/eval/passkey.json",
+    "nope-passkey/eval/passkey.json",
+    "nope-passkey-rms/eval/passkey.json",
+]
+MODELS = {"rope": "RoPE", "alibi": "ALiBi", "nope": "NoPE", "nope[dropped rope]": "DroPE"}
+MODELS["rope[yarn x4 from 256]"] = "RoPE + YaRN x4"
+VARIANTS = {"rerope": "ReRoPE", "leaky_rerope": "Leaky ReRoPE", "yarn": "YaRN", "ntk": "NTK"}
+
+
+def accuracy(a: float | None) -> str:
+    return "n/a" if a is None else f"{a:g}" if a in (0, 1) else f"{a:.2f}"
+
+
+def passkey() -> str:
+    lengths = load(f"extension/{PASSKEY[0]}")["lengths"]
+    body, trials, digits, wilson = [], set(), set(), {}
+    for path in PASSKEY:
+        result = load(f"extension/{path}")
+        variant = result.get("variant") or "none"
+        gains = "QK gains" if result["qk_norm"] == "learned" else "gain-free"
+        name = f"{MODELS[result['scheme']]} ({result['train_length']}), {gains}, {result['step']:,} steps"
+        if variant != "none":
+            window = next((r["window"] for r in result["results"] if r.get("window")), None)
+            name = f"+ {VARIANTS[variant]}" + (f" (w {window})" if window else "") + ", training-free"
+        by_cell = {(r["length"], r["depth"]): r for r in result["results"]}
+        row = [name]
+        for n in lengths:
+            row.append(" / ".join(accuracy(by_cell[(n, d)]["accuracy"]) for d in result["depths"]))
+        body.append(row)
+        trials.add(result["trials"])
+        digits.add(result["key_digits"])
+        for r in result["results"]:
+            wilson[(r["correct"], r["trials"])] = r["ci"]
+    ends = [f"{c}/{n}: [{wilson[(c, n)][0]:.2f}, {wilson[(c, n)][1]:.2f}]" for c, n in sorted(wilson) if c in (0, n)]
+    depths = " / ".join(f"{d:g}" for d in load(f"extension/{PASSKEY[0]}")["depths"])
+    counts = f"{', '.join(map(str, sorted(trials)))} trials per cell, {', '.join(map(str, sorted(digits)))}-digit keys"
+    return "\n".join(
+        markdown(["model (trained at), fine-tune"] + [str(n) for n in lengths], body)
+        + [
+            "",
+            f"Passkey accuracy at depths {depths} (0: the key first, 1: just before the question), {counts}, "
+            "teacher-forced greedy; a `+` row scores the first row's model with an extension set at eval time "
+            "(factor = length / 256). Wilson 95% intervals over a cell's trials, e.g. "
+            f"{'; '.join(ends)}; every cell's in [results/extension/REPORT.md](results/extension/REPORT.md). From "
+            "`results/extension/<run>/eval/passkey*.json`.",
+        ]
+    )
+
+
+TABLES = {
+    "schemes": schemes,
+    "core": core,
+    "breadth": breadth,
+    "qk-norm": qk_norm,
+    "extension": extension,
+    "passkey": passkey,
+    "streams": streams,
+    "sinks": sinks,
+}
+
+
+@cache
+def table(name: str, depth: int) -> str:
+    """The table called name, its links written for a doc `depth` folders below the repository root."""
+    if name not in TABLES:
+        raise SystemExit(f"error: <!-- table: {name} --> names no table; pick one of {', '.join(TABLES)}")
+    text = re.sub(r"\]\((?!https?:|#)", "](" + "../" * depth, TABLES[name]())  # links are written from the root
+    wrap = dict(width=120, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(line if line.startswith("|") else textwrap.fill(line, **wrap) for line in text.split("\n"))
+
+
+def fill(text: str, depth: int = 0) -> str:
+    """text with every table between markers written anew."""
+    return MARKER.sub(lambda m: m[1] + table(m["name"], depth) + "\n" + m[4], text)
+
+
+def stale(text: str, depth: int = 0) -> list[str]:
+    """The names of the tables in text that differ from what this script writes."""
+    return [m["name"] for m in MARKER.finditer(text) if m["body"] != table(m["name"], depth) + "\n"]
+
+
+def docs(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
+    ap = argparse.ArgumentParser(description="Write the tables of README.md and docs/*.md from results/.")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table differs")
+    args = ap.parse_args(argv)
+    found, failed = set(), False
+    for path in docs(root):
+        text, depth = path.read_text(), len(path.relative_to(root).parts) - 1
+        found |= {m["name"] for m in MARKER.finditer(text)}
+        if args.check:
+            for name in stale(text, depth):
+                print(f"{path.relative_to(root)}: table {name} differs from results/ (python -m evaluation.doc_tables)")
+                failed = True
+        elif fill(text, depth) != text:
+            path.write_text(fill(text, depth))
+            print(f"written {path.relative_to(root)}")
+    for name in TABLES.keys() - found:
+        print(f"table {name} is in no doc: place <!-- table: {name} --> <!-- /table --> in one, or drop it here")
+        failed = True
+    return int(failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
