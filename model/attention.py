@@ -21,7 +21,7 @@ sink logit. The plan keeps what the layers share (positions, mask, static bias, 
 add fn over the (B, H, Tq, Tk) index grid to the plan's bias, flex adds it in a per-layer score_mod that reads the
 scheme's (B, H, Tq, ...) tables. Schemes without one take exactly the paths they took before.
 
-A scheme with a far rotation (positional/base.py far_window; ReRoPE, positional/rerope.py) scores a key at distance
+A scaling with a far rotation (ReRoPE, positional/rerope.py: Scaling.far, w and k) scores a key at distance
 q_pos - k_pos >= w by q_far . k_far instead: the same queries and keys rotated by a second state, made once per
 forward beside the first (plan.far: Far). The layers rotate both and pass attend() far=(q_far, k_far); each key
 still enters the softmax once, with the one score its distance selects, in every backend:
@@ -49,6 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
+from positional import rerope
+
 BACKENDS = ("auto", "sdpa", "flex", "reference")
 BLOCK_MIN_ROWS = 64  # smallest query block of the dense causal path (32 was slower on the CPU: more calls)
 FLEX_MIN_QUERIES = 128  # below this (decoding) a dense bias is small and flex's block machinery is not worth it
@@ -61,7 +63,9 @@ class Far:
     """A scheme's far scores (ReRoPE): keys at distance q_pos - k_pos >= window score through the far rotation."""
 
     window: int
-    q_pos: torch.Tensor  # the queries' far positions (pe.far_positions) and their rotation state
+    leak: float  # far distances w + (d - w) / leak (positional/rerope.py)
+    scaling: object  # the Scaling whose far rotation this is (its frequencies rotate the far positions too)
+    q_pos: torch.Tensor  # the queries' far positions (rerope.far_positions) and their rotation state
     q_rot: object
     k_pos: torch.Tensor  # the keys'
     k_rot: object
@@ -72,18 +76,19 @@ class Far:
     spans: list | None = None  # sdpa, a causal forward: per query block, where its far and near keys lie (far_spans)
 
 
-def far_rotation(pe, q_pos, k_pos, parent: Far | None = None) -> Far:
-    """The far rotation states at these positions; parent: a plan's own over the same queries, whose query states
-    (and key states, where k_pos is None: the same keys) are shared."""
+def far_rotation(pe, q_pos, k_pos, scaling=None, parent: Far | None = None) -> Far:
+    """The far rotation states at these positions under scaling (its far: ReRoPE's w and k); parent: a plan's own
+    over the same queries, whose query states (and key states, where k_pos is None: the same keys) are shared."""
     if parent is None:
-        fq, fn = pe.far_positions(q_pos, key=False), pe.far_positions(q_pos, key=True)
-        parent = Far(pe.far_window, fq, pe.rotation(fq), fn, None, fn, pe.rotation(fn))
+        w, leak = scaling.far
+        fq, fn = rerope.far_positions(q_pos, False, w, leak), rerope.far_positions(q_pos, True, w, leak)
+        parent = Far(w, leak, scaling, fq, pe.rotation(fq, scaling), fn, None, fn, pe.rotation(fn, scaling))
         k_pos = None if k_pos is q_pos else k_pos  # a full forward: its keys are its queries
         parent.k_rot = parent.new_rot
     far = replace(parent, mask=None, block_mask=None, spans=None)
     if k_pos is not None:
-        far.k_pos = pe.far_positions(k_pos, key=True)
-        far.k_rot = pe.rotation(far.k_pos)
+        far.k_pos = rerope.far_positions(k_pos, True, far.window, far.leak)
+        far.k_rot = pe.rotation(far.k_pos, far.scaling)
     return far
 
 
@@ -136,28 +141,32 @@ def make_plan(
     window=None,
     rot=None,
     far=None,
+    scaling=None,
 ) -> AttnPlan:
     """q_pos is k_pos (the same tensor) marks the plain causal case of a full forward. sink: the layers pass a
     sink logit to attend, which SDPA takes as an extra masked key column, so is_causal cannot serve. window: a
-    sliding window of that many keys (causal only). rot: (q_rot, k_rot) already made for these positions; far:
-    likewise the far rotation states (Far), for a scheme with a far window."""
+    sliding window of that many keys (causal only). scaling: an eval-time RoPE extension (a Scaling value; ReRoPE's
+    adds far scores), None for the model as built. rot: (q_rot, k_rot) already made for these positions; far:
+    likewise the far rotation states (Far), for a scaling with far scores."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
+    far_window = None if scaling is None or scaling.far is None else scaling.far[0]
     plain = pe.score_bias is None and pe.content_bias is None and not sink and (not causal or q_pos is k_pos)
-    plain = plain and window is None and pe.far_window is None
+    plain = plain and window is None and far_window is None
     if backend == "auto":
         use_flex = q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES
         backend = "flex" if use_flex else "sdpa"
     plan = AttnPlan(pe, q_pos, k_pos, backend, window=window)
     if rot is None:
-        plan.q_rot = pe.rotation(q_pos)
-        plan.k_rot = plan.q_rot if k_pos is q_pos else pe.rotation(k_pos)
+        plan.q_rot = pe.rotation(q_pos, scaling)
+        plan.k_rot = plan.q_rot if k_pos is q_pos else pe.rotation(k_pos, scaling)
     else:
         plan.q_rot, plan.k_rot = rot
-    if pe.far_window is not None:
-        plan.far = far or far_rotation(pe, q_pos, k_pos)
+    if far_window is not None:
+        plan.far = far or far_rotation(pe, q_pos, k_pos, scaling)
     if backend == "flex":
-        plan.score_mod, plan.block_mask, plan.flex_pad, far_blocks = _flex_mods(pe, q_pos, k_pos, causal, window)
+        mods = _flex_mods(pe, q_pos, k_pos, causal, window, far_window)
+        plan.score_mod, plan.block_mask, plan.flex_pad, far_blocks = mods
         if plan.far is not None:
             plan.far.block_mask = far_blocks
     elif backend == "sdpa" and plain:
@@ -167,21 +176,24 @@ def make_plan(
         if backend == "sdpa" and causal and q_pos is k_pos:
             plan.blocks = diagonal_blocks(len(q_pos))
         if plan.far is not None:
-            plan.far.mask = q_pos[:, None] - k_pos[None, :] >= pe.far_window
+            plan.far.mask = q_pos[:, None] - k_pos[None, :] >= far_window
             if plan.blocks:
-                plan.far.spans = far_spans(q_pos, k_pos, plan.blocks, pe.far_window)
+                plan.far.spans = far_spans(q_pos, k_pos, plan.blocks, far_window)
     return plan
 
 
-def add_window(plan: AttnPlan, window: int, n_head: int, backend: str, sink: bool, k_pos=None) -> AttnPlan:
+def add_window(
+    plan: AttnPlan, window: int, n_head: int, backend: str, sink: bool, k_pos=None, scaling=None
+) -> AttnPlan:
     """plan.windows[window]: the plan of the layers with this sliding window, over the same queries and over
     k_pos (default the plan's keys, whose rotation state it then shares; a cache's window ring holds others).
-    Always causal: the window is a causal rule, and it also hides a ring's unfilled slots (past every query)."""
+    Always causal: the window is a causal rule, and it also hides a ring's unfilled slots (past every query).
+    scaling: the plan's own (make_plan)."""
     same = k_pos is None or k_pos is plan.k_pos
     k_pos = plan.k_pos if same else k_pos
-    rot = (plan.q_rot, plan.k_rot if same else plan.pe.rotation(k_pos))
-    far = None if plan.far is None else far_rotation(plan.pe, plan.q_pos, None if same else k_pos, plan.far)
-    windowed = make_plan(plan.pe, plan.q_pos, k_pos, True, n_head, backend, sink, window, rot, far)
+    rot = (plan.q_rot, plan.k_rot if same else plan.pe.rotation(k_pos, scaling))
+    far = None if plan.far is None else far_rotation(plan.pe, plan.q_pos, None if same else k_pos, parent=plan.far)
+    windowed = make_plan(plan.pe, plan.q_pos, k_pos, True, n_head, backend, sink, window, rot, far, scaling)
     windowed.q_scale, windowed.log_n = plan.q_scale, plan.log_n  # the same queries: the same query state
     plan.windows = {**(plan.windows or {}), window: windowed}
     return plan
@@ -381,7 +393,7 @@ def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None, content=None, far=None)
     return out * torch.sigmoid(lse - sink.float()[:, None]).unsqueeze(-1).to(out.dtype)
 
 
-def _flex_mods(pe, q_pos, k_pos, causal, window=None):
+def _flex_mods(pe, q_pos, k_pos, causal, window=None, far_window=None):
     """score_mod, block mask, padding and (a scheme with a far window) the far keys' block mask, over positions
     padded to flex_length: a padded query sits before every key and a padded key after every query, so the causal
     rule alone hides them (and a non-causal mask tests it). A window's mask hides whole blocks of far keys, which
@@ -396,7 +408,6 @@ def _flex_mods(pe, q_pos, k_pos, causal, window=None):
             return score + pe.score_bias(h, q_pos[q_idx], k_pos[kv_idx])
 
     block_mask = far_mask = None
-    far_window = pe.far_window
     if causal or pad_k or far_window is not None:
 
         def mask_mod(b, h, q_idx, kv_idx):

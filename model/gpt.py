@@ -6,6 +6,8 @@ python train.py model.window=64 model.window_pattern=SSSL         (sliding windo
 python train.py positional=irope                                  (RoPE, and NoPE in every 4th layer, as Llama 4)
 python train.py model.ssmax=true                                  (Scalable-Softmax: logits x s_h ln n, s_h learned)
 python eval.py checkpoint=out/rope eval.rope_scaling=rerope       (ReRoPE: a second rotation scores far keys)
+An evaluation variant (a RoPE extension, log-length scaling: model/variant.py) is a value passed into forward, or
+held by the KV cache decode() reads: the plan every layer shares is built under it, and the model never changes.
 Functional RMSNorm (no weights), QK-norm, ReLU^2 MLP, untied embeddings, grouped-query attention, logit
 softcap, no biases, zero-initialised output projections. The scheme (positional/) acts on the embeddings,
 on queries and keys, and/or on the attention scores; this file never asks which scheme it is.
@@ -15,7 +17,7 @@ model.window=W: layers marked S in model.window_pattern (tiled over the layers; 
 W most recent keys, themselves included: q_pos - k_pos < W. Any scheme, every backend, both caches.
 positional.layers (positional/__init__.py): layers marked N in the pattern (tiled like model.window_pattern) use
 NoPE, with its query temperature, instead of the scheme; they read plan.nope, the plan of their scheme.
-model.ssmax, and eval.py's training-free eval.log_scaling (GPT.set_log_scaling), multiply each query by a factor of
+model.ssmax, and eval.py's training-free eval.log_scaling (Variant.log_length), multiply each query by a factor of
 the log of its position (model/log_scaling.py), in every layer, N layers included.
 """
 
@@ -33,6 +35,7 @@ from .attention import BACKENDS, add_window, attend, make_plan
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
 from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
+from .variant import AS_TRAINED
 
 QK_NORMS = ("rms", "learned", "none")
 
@@ -232,15 +235,7 @@ class GPT(nn.Module):
         if any(map(cfg.layer_nope, range(cfg.n_layer))):
             self.scheme_windows[True] = cfg.windows(True)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.log_scaling = None  # the training length L of eval-time log-length scaling (set_log_scaling), or None
         self._init_weights()
-
-    def set_log_scaling(self, train_length: int | None):
-        """Scale every query at position p by max(1, ln(p + 1) / ln L) from now on (model/log_scaling.py); None: off.
-        An eval-time choice like a scheme's set_scaling: not a parameter, not saved with the model."""
-        if train_length is not None and train_length < 2:
-            raise ValueError(f"log scaling needs a training length of at least 2 tokens, got {train_length}")
-        self.log_scaling = train_length
 
     @torch.no_grad()
     def _init_weights(self):
@@ -253,14 +248,15 @@ class GPT(nn.Module):
             nn.init.zeros_(block.attn.c_proj.weight)
             nn.init.zeros_(block.mlp.c_proj.weight)
 
-    def forward(self, idx, targets=None, pos=None, reduction: str = "mean", keep_from: int = 0):
+    def forward(self, idx, targets=None, pos=None, reduction: str = "mean", keep_from: int = 0, variant=None):
         """idx (B, T) at positions pos (T,), default 0..T-1, or (axes, T) for a multi-axis scheme (rope2d, mrope) ->
         logits (B, T, V), or the loss if targets given. Multi-axis positions say where a token sits (row, column),
         not in what order it came: the causal mask and everything else that reads one position per token
         (windows, log scaling) read the token order 0..T-1.
 
         keep_from: only positions keep_from.. reach the head (and targets covers only them): a sliding evaluation
-        scores a window's last tokens, and the head is the largest part of a short window's forward."""
+        scores a window's last tokens, and the head is the largest part of a short window's forward.
+        variant: an evaluation variant (model/variant.py), None for the model as trained."""
         if pos is None:
             pos = torch.arange(idx.size(1), device=idx.device)
         check_length(self.pe.check_axes(pos), idx.size(1))
@@ -271,13 +267,13 @@ class GPT(nn.Module):
             pos = with_prefix(pos, n_prefix)
         order = pos if pos.dim() == 1 else torch.arange(-n_prefix, pos.size(-1) - n_prefix, device=pos.device)
         x = self.pe.embed(x, pos)
-        plan = self.plan(order, order, True, ids=(pos, pos))
+        plan = self.plan(order, order, True, ids=(pos, pos), variant=variant)
         for block in self.blocks:
             x = block(x, plan)
         return self._head(x[:, n_prefix + keep_from :], targets, reduction)
 
     def decode(self, idx, cache, pos=None):
-        """Feed idx (B, T) through a KV cache and return logits (B, T, V) for these tokens.
+        """Feed idx (B, T) through a KV cache and return logits (B, T, V) for these tokens, under the cache's variant.
 
         The cache says how many tokens each exact step may take (a sink cache past its capacity takes one at a
         time, since every new token re-indexes the window), so a long prompt is prefilled in as few steps as
@@ -303,33 +299,38 @@ class GPT(nn.Module):
             q_pos, k_pos = cache.advance(n, None if pos is None else pos[:, start : start + n])
             q_ids, k_ids = cache.position_ids()
             h = self.pe.embed(x[:, start : start + n], q_ids)
-            plan = self.plan(q_pos, k_pos, n > 1, cache.window_positions(q_pos, k_pos), ids=(q_ids, k_ids))
+            window_k_pos = cache.window_positions(q_pos, k_pos)
+            plan = self.plan(q_pos, k_pos, n > 1, window_k_pos, ids=(q_ids, k_ids), variant=cache.variant)
             for block in self.blocks:
                 h = block(h, plan, cache)
             outs.append(h)
             start += n
         return self._head(torch.cat(outs, dim=1)[:, skip:])
 
-    def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None, ids=None):
+    def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None, ids=None, variant=None):
         """The attention plan every layer shares, with one per distinct sliding window (over window_k_pos, the keys
         a cache keeps for its window layers, default k_pos), and plan.nope, the same for the N layers of
         positional.layers (their own rotation state, NoPE's query temperature, and mask: no scheme bias).
         q_pos and k_pos (T,) order the tokens (mask, windows); ids = (query ids, key ids) are the positions the
-        scheme rotates at, (axes, T) for a multi-axis one (default: q_pos and k_pos themselves)."""
-        c = self.cfg
+        scheme rotates at, (axes, T) for a multi-axis one (default: q_pos and k_pos themselves). variant: an
+        evaluation variant (model/variant.py), the model as trained by default."""
+        c, v = self.cfg, variant or AS_TRAINED
         backend = backend or c.attn_backend
         # the queries' log-length factors, made once from their positions for every layer (model/log_scaling.py)
-        q_scale = None if self.log_scaling is None else log_length_factor(q_pos, self.log_scaling)
+        q_scale = None if v.log_length is None else log_length_factor(q_pos, v.log_length)
         log_n = log_positions(q_pos) if c.ssmax else None
         q_ids, k_ids = (q_pos, k_pos) if ids is None else ids
-        q_rot = self.pe.rotation(q_ids)  # the scheme's rotation state at its own positions, once for every layer
-        rot = (q_rot, q_rot if k_ids is q_ids else self.pe.rotation(k_ids))
+        q_rot = self.pe.rotation(q_ids, v.scaling)  # the scheme's rotation state at its own positions, once
+        rot = (q_rot, q_rot if k_ids is q_ids else self.pe.rotation(k_ids, v.scaling))
 
         def scheme_plan(pe, nope: bool):
-            plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit, rot=None if nope else rot)
+            scaling = None if nope else v.scaling  # the N layers have no rotation to scale
+            plan = make_plan(
+                pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit, rot=None if nope else rot, scaling=scaling
+            )
             plan.q_scale, plan.log_n = q_scale, log_n  # before add_window, which hands them on
             for w in self.scheme_windows[nope]:
-                add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos)
+                add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos, scaling)
             return plan
 
         plan = scheme_plan(self.pe, False)

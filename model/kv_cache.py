@@ -42,8 +42,9 @@ EMPTY = 1 << 40  # the position of a ring slot not yet written: after every quer
 class _Cache:
     raw_keys = False  # True: keys stored before rotation and rotated at read, at their in-cache positions
 
-    def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None, n_layer=None):
+    def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None, n_layer=None, variant=None):
         cfg = model.cfg
+        self.variant = variant  # the evaluation variant every key is rotated under (model/variant.py)
         device = device or model.lm_head.weight.device
         dtype = dtype or model.lm_head.weight.dtype
         shape = (cfg.n_layer if n_layer is None else n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
@@ -98,7 +99,7 @@ class _Cache:
 class DenseCache(_Cache):
     """Every token kept; keys stored already rotated, since their positions never change."""
 
-    def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None):
+    def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None, variant=None):
         if model.pe.max_positions is not None and capacity > model.pe.max_positions + model.pe.n_prefix:
             capacity = model.pe.max_positions + model.pe.n_prefix  # the scheme cannot go further anyway
         cfg = model.cfg
@@ -109,7 +110,7 @@ class DenseCache(_Cache):
                 f"cache=dense keeps a ring of keys for model.window layers but not positional={model.pe.name}'s "
                 f"per-token state; use cache=sink, or a model without model.window"
             )
-        super().__init__(model, batch_size, capacity, dtype, device, n_layer=len(full))
+        super().__init__(model, batch_size, capacity, dtype, device, n_layer=len(full), variant=variant)
         self.row = {layer: r for r, layer in enumerate(full)}  # a full layer's row of self.k
         self.ring = {layer: r for r, layer in enumerate(windowed)}  # a window layer's ring in self.wk
         self.window = cfg.window
@@ -186,7 +187,7 @@ class SinkCache(_Cache):
 
     raw_keys = True
 
-    def __init__(self, model, batch_size: int, sinks: int, window: int, dtype=None, device=None):
+    def __init__(self, model, batch_size: int, sinks: int, window: int, dtype=None, device=None, variant=None):
         if not model.pe.relative:
             raise CacheError(
                 f"cache=sink needs a relative scheme ({', '.join(n for n, c in SCHEMES.items() if c.relative)}); "
@@ -194,7 +195,7 @@ class SinkCache(_Cache):
             )
         if window < 1 or sinks < 0:
             raise CacheError(f"cache.window must be >= 1 and cache.sinks >= 0, got window={window} sinks={sinks}")
-        super().__init__(model, batch_size, sinks + window, dtype, device)
+        super().__init__(model, batch_size, sinks + window, dtype, device, variant=variant)
         self.sinks, self.window = sinks, window
         self.seen = 0  # tokens fed so far, prefix included
         self._ring = torch.arange(window, device=self.slot_pos.device)
@@ -251,20 +252,26 @@ class SinkCache(_Cache):
         return torch.cat((torch.arange(self.sinks), ring))
 
 
-def build_cache(
-    model, kind: str, batch_size: int, train_length: int, sinks=None, window=None, max_len=None, dtype=None
-):
-    """A cache from the config's choices: cache=dense|sink, cache.sinks, cache.window, cache.max_len.
-
-    Defaults match what the model saw in training: a sink cache holds as many tokens as a training sequence
-    (the scheme's learned sink tokens, or 4 sinks, plus the rest as window); a dense cache goes as far as the
-    scheme allows, or 16 x the training length.
-    """
+def cache_sizes(model, kind: str, train_length: int, sinks=None, window=None, max_len=None) -> dict:
+    """The cache's sizes from the config's choices (cache=dense|sink, cache.sinks, cache.window, cache.max_len) and
+    its capacity in tokens. Defaults match what the model saw in training: a sink cache holds as many tokens as a
+    training sequence (the scheme's learned sink tokens, or 4 sinks, plus the rest as window); a dense cache goes
+    as far as the scheme allows, or 16 x the training length."""
     prefix = model.pe.n_prefix
     if kind == "dense":
-        return DenseCache(model, batch_size, (max_len or model.pe.max_positions or 16 * train_length) + prefix, dtype)
+        capacity = (max_len or model.pe.max_positions or 16 * train_length) + prefix
+        if model.pe.max_positions is not None:  # the scheme cannot go further anyway
+            capacity = min(capacity, model.pe.max_positions + prefix)
+        return {"capacity": capacity}
     if kind == "sink":
         sinks = (prefix or 4) if sinks is None else sinks
         window = train_length + prefix - sinks if window is None else window
-        return SinkCache(model, batch_size, sinks, window, dtype)
+        return {"sinks": sinks, "window": window, "capacity": sinks + window}
     raise CacheError(f"unknown cache '{kind}'; choose dense or sink")
+
+
+def build_cache(model, kind: str, batch_size: int, sizes: dict, dtype=None, variant=None):
+    """A cache of cache_sizes' sizes, for one evaluation variant (model/variant.py; None: the model as trained)."""
+    if kind == "dense":
+        return DenseCache(model, batch_size, sizes["capacity"], dtype, variant=variant)
+    return SinkCache(model, batch_size, sizes["sinks"], sizes["window"], dtype, variant=variant)

@@ -51,7 +51,7 @@ class StaticDecoder:
     def _step(self, tok):
         m = self.model
         h = m.pe.embed(m.wte(tok), self.q_pos)
-        plan = m.plan(self.q_pos, self.k_pos, True, backend="sdpa")
+        plan = m.plan(self.q_pos, self.k_pos, True, backend="sdpa", variant=self.cache.variant)
         for block in m.blocks:
             h = block(h, plan, self)
         return m._head(h)[:, -1]
