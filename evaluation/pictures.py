@@ -116,7 +116,7 @@ def content_bias_by_distance(model, idx: torch.Tensor) -> torch.Tensor | None:
     n, out = model.pe.n_prefix, []
     for attn, x, plan in layer_inputs(model, idx):
         q, _, _ = attn.project(x)
-        q = plan.pe.rotate(q, plan.q_pos, plan.q_rot)
+        q = plan.queries(q)
         state = None if attn.pe_layer is None else attn.pe_layer(x)
         fn = attn.content(q, state, plan)
         grid = content_grid(fn, q.size(0), q.size(1), q.size(2), len(plan.k_pos), q.device)[:, :, n:, n:]

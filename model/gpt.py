@@ -23,6 +23,7 @@ the log of its position (model/log_scaling.py), in every layer, N layers include
 
 import re
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,7 @@ from .attention import BACKENDS, add_window, attend, make_plan
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
 from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
+from .rerope_attention import Far
 from .variant import AS_TRAINED
 
 QK_NORMS = ("rms", "learned", "none")
@@ -159,31 +161,20 @@ class Attention(nn.Module):
         plan = plan.nope if self.nope else plan
         return plan if self.window is None else plan.windows[self.window]
 
-    def forward(self, x, plan, cache=None):
+    def forward(self, x, plan, step=None):
+        """x (B, T, D) -> (B, T, D) under the plan; step: a KV cache's Step (model/kv_cache.py), which stores this
+        step's keys, values and per-token state and returns all the layer attends over, rotated by the plan."""
         B, T, _ = x.shape
         plan = self.own_plan(plan)
-        q_raw, k_raw, v = self.project(x)
-        q = self.scale_queries(plan.pe.rotate(q_raw, plan.q_pos, plan.q_rot), plan)
+        q, k, v = self.project(x)
         state = None if self.pe_layer is None else self.pe_layer(x)
-        if cache is None:
-            k = plan.pe.rotate_key(k_raw, plan.k_pos, plan.k_rot)
-        else:  # the cache rotates keys at the positions it gives them and returns all it holds
-            k, v = cache.update(self.layer_idx, k_raw, v, plan)
-            if state is not None:  # and the scheme's per-token state, kept beside the keys
-                state = cache.update_state(self.layer_idx, state)
-        far = None if plan.far is None else self.far(q_raw, k_raw, plan, cache)
-        y = attend(q, k, v, plan, self.sink, self.content(q, state, plan), far)
+        if step is None:
+            k = plan.keys(k)
+        else:
+            k, v, state = step.update(self.layer_idx, k, v, state, plan)
+        q = self.scale_queries(plan.queries(q), plan)  # a query's scale is its far logits' scale too (ReRoPE)
+        y = attend(q, k, v, plan, self.sink, self.content(q, state, plan))
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
-
-    def far(self, q, k, plan, cache=None):
-        """(q_far, k_far): this layer's queries and keys (before rotation) at the plan's far rotation (ReRoPE), the
-        keys through the cache (after update(), which stored the raw ones a sink cache rotates from). A query's
-        log-length factor scales its far logits as much as its near ones."""
-        f = plan.far
-        q_far = self.scale_queries(plan.pe.rotate(q, f.q_pos, f.q_rot), plan)
-        if cache is None:
-            return q_far, plan.pe.rotate_key(k, f.k_pos, f.k_rot)
-        return q_far, cache.update_far(self.layer_idx, k, plan)
 
     def scale_queries(self, q, plan):
         """q (B, H, Tq, Dh) times the plan's log-length factor (Tq, 1) and SSMax's s_h ln n (H, Tq, 1), where on:
@@ -216,8 +207,8 @@ class Block(nn.Module):
         super().__init__()
         self.attn, self.mlp = Attention(cfg, layer_idx, pe), MLP(cfg)
 
-    def forward(self, x, plan, cache=None):
-        x = x + self.attn(norm(x), plan, cache)
+    def forward(self, x, plan, step=None):
+        x = x + self.attn(norm(x), plan, step)
         return x + self.mlp(norm(x))
 
 
@@ -296,13 +287,12 @@ class GPT(nn.Module):
         outs, start = [], 0
         while start < x.size(1):
             n = min(cache.room(), x.size(1) - start)
-            q_pos, k_pos = cache.advance(n, None if pos is None else pos[:, start : start + n])
-            q_ids, k_ids = cache.position_ids()
-            h = self.pe.embed(x[:, start : start + n], q_ids)
-            window_k_pos = cache.window_positions(q_pos, k_pos)
-            plan = self.plan(q_pos, k_pos, n > 1, window_k_pos, ids=(q_ids, k_ids), variant=cache.variant)
+            step = cache.advance(n, None if pos is None else pos[:, start : start + n])
+            h = self.pe.embed(x[:, start : start + n], step.q_ids)
+            ids = (step.q_ids, step.k_ids)
+            plan = self.plan(step.q_pos, step.k_pos, n > 1, step.window_k_pos, ids=ids, variant=cache.variant)
             for block in self.blocks:
-                h = block(h, plan, cache)
+                h = block(h, plan, step)
             outs.append(h)
             start += n
         return self._head(torch.cat(outs, dim=1)[:, skip:])
@@ -320,17 +310,23 @@ class GPT(nn.Module):
         q_scale = None if v.log_length is None else log_length_factor(q_pos, v.log_length)
         log_n = log_positions(q_pos) if c.ssmax else None
         q_ids, k_ids = (q_pos, k_pos) if ids is None else ids
-        q_rot = self.pe.rotation(q_ids, v.scaling)  # the scheme's rotation state at its own positions, once
-        rot = (q_rot, q_rot if k_ids is q_ids else self.pe.rotation(k_ids, v.scaling))
+        rotation = partial(self.pe.rotation, scaling=v.scaling)  # the scheme's rotation state, once per forward
+        q_rot = rotation(q_ids)
+        rot = (q_rot, q_rot if k_ids is q_ids else rotation(k_ids))
+        far = None
+        if v.scaling is not None and v.scaling.far is not None:  # ReRoPE: a second rotation (rerope_attention.py)
+            if self.pe.content_bias is not None:
+                raise ValueError(f"far scores (rope scaling {v.scaling.kind}) read no content bias ({self.pe.name})")
+            far = Far.at(self.pe, q_pos, k_pos, v.scaling)
 
-        def scheme_plan(pe, nope: bool):
-            scaling = None if nope else v.scaling  # the N layers have no rotation to scale
-            plan = make_plan(
-                pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit, rot=None if nope else rot, scaling=scaling
-            )
+        def scheme_plan(pe, nope: bool):  # the N layers have no rotation to scale, and no far scores
+            rotate = pe.rotation if nope else rotation
+            own = {} if nope else {"rot": rot, "far": far}
+            plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit, **own)
             plan.q_scale, plan.log_n = q_scale, log_n  # before add_window, which hands them on
+            ring_rot = None if window_k_pos is None else rotate(window_k_pos)
             for w in self.scheme_windows[nope]:
-                add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos, scaling)
+                add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos, ring_rot)
             return plan
 
         plan = scheme_plan(self.pe, False)
