@@ -3,7 +3,7 @@
 python -m evaluation.longrope_search checkpoint=out/rope target_length=1024          -> out/rope/longrope_x4.json
 python -m evaluation.longrope_search checkpoint=out/rope target_length=1024 search.generations=20 search.population=64
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   scores what it found
-It lives in evaluation/, not positional/ (where the issue placed it): its fitness runs the model on held-out text,
+It lives in evaluation/, not positional/: its fitness runs the model on held-out text,
 and positional/ sits below model/, utils/ and data/, none of which it may import (the layering in DESIGN.md). The
 LongRoPE frequencies themselves are a rope_scaling kind like the others (positional/rope_scaling.py).
 

@@ -38,7 +38,7 @@ def _rotate_into(out, x, cos, sin):
 
     cos and sin are first laid out over every head in x's own memory order (a table of T x H x Dh floats, small
     beside x): multiplied against a table broadcast over the heads instead, each op's innermost loop is one
-    16-float half row, and the rotation takes 2-3x longer on the CPU (bench/RESULTS.md, #19). Building the tables
+    16-float half row, and the rotation takes 2-3x longer on the CPU (bench/cpu_bench.py). Building the tables
     costs 25-50 us, which a small x (a decoding step: one token) never earns back: there every op goes half by
     half against the broadcast cos and sin (break-even near 64K elements at 1 thread)."""
     h = x.size(-1) // 2

@@ -177,7 +177,7 @@ def test_search_windows_stay_outside_what_the_table_reads():
 
 
 def copy_run(tiny_checkpoint, tmp_path):
-    """A run folder of its own: the session's tiny checkpoint is shared by other tests."""
+    """A run folder of its own: the shared tiny checkpoint is read by other tests."""
     ckpt = tmp_path / "run"
     shutil.copytree(tiny_checkpoint, ckpt, ignore=shutil.ignore_patterns("eval", "longrope_*"))
     return ckpt

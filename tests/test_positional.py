@@ -108,7 +108,7 @@ def test_every_scheme_builds_and_states_its_reach(name):
     assert pe.n_prefix == (1 if name == "sink" else 0)
 
 
-# ---- the learned-bias family (issue 15): each bias against its paper's formula ----
+# ---- the learned-bias family: each bias against its paper's formula ----
 
 
 def test_kerple_bias_matches_both_formulas():
