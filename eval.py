@@ -33,8 +33,9 @@ from omegaconf import DictConfig, OmegaConf
 from evaluation import bootstrap, compare, longrope, report
 from evaluation.heldout import held_out_works
 from evaluation.length import default_lengths, read_span, regions, score, scoring_pieces
+from model.variant import AS_TRAINED, Variant
 from positional import rerope
-from positional.rope_scaling import KINDS, SEARCHED, refusal
+from positional.rope_scaling import KINDS, SEARCHED, Scaling, refusal
 from utils import checkpoint, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import start_wandb
@@ -145,19 +146,17 @@ def with_rerope(variants: list[str], requested: bool, pe, trained: str | None) -
 
 
 def searched_scalings(path, pe, variants, lengths, factor_of, train_length: int) -> dict:
-    """{(variant, length): set_scaling's keyword arguments} for the SEARCHED variants past the training length, read
-    from the files their search wrote beside the checkpoint (evaluation/longrope.py), all before any scoring: a
-    missing or mismatched file stops the run at once, with the command that makes it."""
+    """{(variant, length): its search record} for the SEARCHED variants past the training length, read from the
+    files their search wrote beside the checkpoint (evaluation/longrope.py), all before any scoring: a missing or
+    mismatched file stops the run at once, with the command that makes it."""
     run_dir, out = checkpoint.checkpoint_path(path).parent, {}
     for variant in (v for v in variants if v in SEARCHED):
         for length in (n for n in lengths if factor_of(n) > 1):
             record = longrope.load(run_dir, factor_of(length), train_length)
             try:
-                pe.set_scaling(variant, factor_of(length), train_length, **longrope.scaling_args(record))
+                pe.rotation(torch.zeros(1, dtype=torch.long), longrope.scaling(record))  # its factors fit this model
             except ValueError as e:
                 raise UserError(f"{run_dir / longrope.file_name(factor_of(length))}: {e}") from None
-            finally:
-                pe.set_scaling("none")
             out[variant, length] = record
     return out
 
@@ -178,9 +177,8 @@ def note_search_overlap(searched: dict, pieces, max_len: int):
 
 def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
     """The variants to score (eval.rope_scaling, eval.log_scaling, eval.rerope), the SEARCHED ones' records, and
-    use(variant, length), which sets the model up for one cell and returns what its row records of that (ReRoPE's
-    w and k). use("none", ...) puts back the model as loaded: a fine-tuned model's built-in scaling is never touched,
-    as only a variant past `none` and `log` sets one, and resolve_variants allows none on such a model."""
+    at(variant, length) -> (the Variant value a cell passes into the forward, what its row records of it: ReRoPE's
+    w and k). A fine-tuned model's built-in scaling is what `none` scores; resolve_variants allows no other."""
     pe, train_length = model.pe, ckpt["seq_len"]
     trained = report.trained_scaling(ckpt["model_config"])
     variants = with_log_scaling(resolve_variants(ev.rope_scaling, pe, trained), ev.log_scaling, ckpt)
@@ -191,29 +189,23 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
     variants = with_searched(variants, ev.rope_scaling, path, [factor_of(n) for n in lengths])
     variants = with_rerope(variants, ev.rerope, pe, trained)
     searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
-    scaled = False  # whether a RoPE variant has set its frequencies since the model was loaded
+    leak = None if ev.rerope_leak == "auto" else ev.rerope_leak
 
-    def use(variant: str, length: int) -> dict:
-        nonlocal scaled
-        model.set_log_scaling(train_length if variant == LOG else None)
-        if variant in ("none", LOG):
-            if scaled:
-                pe.set_scaling("none")
-                scaled = False
-            return {}
-        far, row = {}, {}
-        if variant in rerope.KINDS:  # this cell's w and k (positional/rerope.py), also in its row
-            w = rerope.window(train_length, ev.rerope_window)
-            leak = None if ev.rerope_leak == "auto" else ev.rerope_leak
-            k = rerope.leak(variant, w, train_length, factor_of(length), leak)
-            far = {"window": w, "leak": k}
-            row = {"window": w, "leak": None if variant == "rerope" else round(k, 4)}  # rerope's k = inf: null
-        extra = longrope.scaling_args(searched[variant, length]) if (variant, length) in searched else far
-        pe.set_scaling(variant, factor_of(length), train_length, **extra)
-        scaled = True
-        return row
+    def at(variant: str, length: int) -> tuple[Variant, dict]:
+        if variant == "none":
+            return AS_TRAINED, {}
+        if variant == LOG:
+            return Variant(log_length=train_length), {}
+        if (variant, length) in searched:
+            return Variant(longrope.scaling(searched[variant, length])), {}
+        far = {"window": ev.rerope_window, "leak": leak} if variant in rerope.KINDS else {}
+        scaling = Scaling(variant, factor_of(length), train_length, **far)
+        row = {}
+        if scaling.far:  # this cell's w and k (positional/rerope.py); rerope's k = inf is recorded as null
+            row = {"window": scaling.window, "leak": None if variant == "rerope" else round(scaling.leak, 4)}
+        return Variant(scaling), row
 
-    return variants, searched, use
+    return variants, searched, at
 
 
 def evaluate_lengths(path, cfg, rt) -> dict:
@@ -223,7 +215,7 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     lengths = resolve_lengths(ev.lengths, train_length)
     strides = resolve_strides(ev.stride, lengths)
     name = report.scheme_label(ckpt)
-    variants, searched, use = plan_variants(path, ev, model, ckpt, lengths)
+    variants, searched, at = plan_variants(path, ev, model, ckpt, lengths)
     pieces, regs = scored_text(ckpt, ev, lengths[-1])
     note_search_overlap(searched, pieces, lengths[-1])
     draws = bootstrap.block_draws(len(pieces), [[p.work, p.start, p.size] for p in pieces])
@@ -237,9 +229,10 @@ def evaluate_lengths(path, cfg, rt) -> dict:
             note = f"n/a: learned table covers {pe.max_positions} positions"
             rows.append({**row, "ppl": None, "nll": None, "tokens": 0, "note": note})
             continue
-        row.update(use(variant, length))
+        value, setting = at(variant, length)
+        row.update(setting)
         t = time.time()
-        cell = score(model, regs, length, mode, strides[length], ev.batch_tokens, rt)
+        cell = score(model, regs, length, mode, strides[length], ev.batch_tokens, rt, value)
         ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))
         rows.append(
             {
@@ -259,7 +252,6 @@ def evaluate_lengths(path, cfg, rt) -> dict:
             f"  {variant:>11} {mode:>10} {length:>6}: ppl {cell.ppl:9.2f} [{ci[0]:.2f}, {ci[1]:.2f}] on "
             f"{cell.tokens:,} tokens ({time.time() - t:.1f} s)"
         )
-    use("none", 0)
     return {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
         "scheme": name,
@@ -328,9 +320,8 @@ def evaluate_passkey(path, cfg, rt, out_dir: Path) -> dict:
 
     model, ckpt = checkpoint.load_model(path, rt.device)
     lengths = resolve_lengths(cfg.eval.lengths, ckpt["seq_len"])
-    variants, _, use = plan_variants(path, cfg.eval, model, ckpt, lengths)
-    results = [run_passkey(model, ckpt, path, cfg.eval, rt, out_dir, lengths, v, partial(use, v)) for v in variants]
-    use("none", 0)
+    variants, _, at = plan_variants(path, cfg.eval, model, ckpt, lengths)
+    results = [run_passkey(model, ckpt, path, cfg.eval, rt, out_dir, lengths, v, partial(at, v)) for v in variants]
     return results[0]
 
 

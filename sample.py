@@ -23,8 +23,9 @@ from omegaconf import DictConfig
 
 from data import tokenizer
 from model.generate import generate
-from model.kv_cache import CacheError, build_cache
-from positional.rope_scaling import refusal
+from model.kv_cache import CacheError, build_cache, cache_sizes
+from model.variant import Variant
+from positional.rope_scaling import Scaling, refusal
 from utils import checkpoint, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 
@@ -63,17 +64,18 @@ def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.
     return n, stopped
 
 
-def set_rope_scaling(model, ckpt, cfg, capacity: int):
-    """rope_scaling=rerope|leaky_rerope on the model, for a cache of this many tokens (leaky_rerope's auto k)."""
+def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
+    """rope_scaling=rerope|leaky_rerope as the variant a cache of this many tokens decodes under (leaky_rerope's
+    auto k keeps its longest distance within the trained ones), or None for the model as trained."""
     kind, pe, train_length = cfg.rope_scaling, model.pe, ckpt["seq_len"]
     if kind == "none":
-        return
+        return None
     trained = ckpt["model_config"]["positional"].get("scaling", "none")
     if why := refusal("rope_scaling", kind, pe, None if trained == "none" else trained):
         raise UserError(why)
     leak = None if cfg.rerope_leak == "auto" else float(cfg.rerope_leak)
     factor = (capacity - pe.n_prefix) / train_length
-    pe.set_scaling(kind, factor, train_length, window=cfg.rerope_window, leak=leak)
+    return Variant(Scaling(kind, factor, train_length, window=cfg.rerope_window, leak=leak))
 
 
 def sample(cfg: DictConfig):
@@ -93,13 +95,13 @@ def sample(cfg: DictConfig):
     ids = [tokenizer.bos_id(ckpt["tokenizer"], enc)] + enc.encode_ordinary(read_prompt(cfg.prompt))
     prompt = torch.tensor([ids], device=rt.device)
     generator = torch.Generator(device=rt.device).manual_seed(cfg.seed)
-    cache_opts = {k: v for k, v in cfg.cache.items() if k != "kind"}
+    sizes = cache_sizes(model, cfg.cache.kind, ckpt["seq_len"], **{k: v for k, v in cfg.cache.items() if k != "kind"})
+    variant = rope_variant(model, ckpt, cfg, sizes["capacity"])
     total, t0, cache = 0, time.time(), None
     for k in range(cfg.num_samples):
         if cfg.num_samples > 1:
             print(f"--- sample {k + 1}/{cfg.num_samples} ---")
-        cache = build_cache(model, cfg.cache.kind, 1, ckpt["seq_len"], **cache_opts)
-        set_rope_scaling(model, ckpt, cfg, cache.capacity)
+        cache = build_cache(model, cfg.cache.kind, 1, sizes, variant=variant)
         if cfg.cache.kind == "dense" and len(ids) + model.pe.n_prefix > cache.capacity:
             raise UserError(
                 f"the prompt has {len(ids)} tokens, more than the dense cache holds ({cache.capacity}); "

@@ -155,15 +155,15 @@ def windows(region: Region, length: int, mode: str, stride: int):
     return sliding_windows(n, region.first, length, stride)
 
 
-def scored_nll(model, inputs: torch.Tensor, targets: torch.Tensor, first: int) -> torch.Tensor:
+def scored_nll(model, inputs: torch.Tensor, targets: torch.Tensor, first: int, variant=None) -> torch.Tensor:
     """NLL (B, n - first) of targets[:, first:]; the head runs on the scored positions only (keep_from)."""
-    return model(inputs, targets[:, first:], reduction="none", keep_from=first)
+    return model(inputs, targets[:, first:], reduction="none", keep_from=first, variant=variant)
 
 
 @torch.no_grad()
-def score(model, regions: list[Region], length: int, mode: str, stride: int, batch_tokens: int, rt) -> Cell:
-    """Sum the NLL of the scored tokens over all windows of one (length, mode), batching windows of equal length
-    and equal first scored index."""
+def score(model, regions: list[Region], length: int, mode: str, stride: int, batch_tokens: int, rt, variant=None):
+    """Sum the NLL of the scored tokens over all windows of one (length, mode) into a Cell, batching windows of
+    equal length and equal first scored index; variant: an evaluation variant (model/variant.py), None as trained."""
     cell = Cell(piece_nll=np.zeros(len(regions)), piece_tokens=np.zeros(len(regions), dtype=np.int64))
     if mode == "nonoverlap":
         cell.by_position, cell.position_count = np.zeros(length), np.zeros(length)
@@ -179,7 +179,7 @@ def score(model, regions: list[Region], length: int, mode: str, stride: int, bat
             rows += rows[-1:] * (per_batch - len(rows))  # a full last batch: one shape per length
             rows = torch.from_numpy(np.stack(rows).astype(np.int64)).to(rt.device)
             with rt.autocast():
-                nll = scored_nll(model, rows[:, :-1], rows[:, 1:], first).float().view(per_batch, n - first)
+                nll = scored_nll(model, rows[:, :-1], rows[:, 1:], first, variant).float().view(per_batch, -1)
             nll = nll.cpu().numpy().astype(np.float64)
             for i, (r, _) in enumerate(chunk):
                 cell.piece_nll[r] += nll[i].sum()

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.length import equal_shares, read_span, scoring_pieces
+from positional.rope_scaling import Scaling
 from utils.errors import UserError
 
 COMMAND = "python -m evaluation.longrope_search"
@@ -78,9 +79,16 @@ def load(run_dir: Path, factor: float, train_length: int) -> dict:
     return record
 
 
-def scaling_args(record: dict) -> dict:
-    """The record as set_scaling's keyword arguments."""
-    return {"rescale": record["factors"], "start_tokens": record["start_tokens"], "attn_scale": record["attn_scale"]}
+def scaling(record: dict) -> Scaling:
+    """The record as the Scaling it searched (positional/rope_scaling.py): its factors, start tokens and scale."""
+    return Scaling(
+        "longrope",
+        record["factor"],
+        record["original_length"],
+        rescale=record["factors"],
+        start_tokens=record["start_tokens"],
+        attn_scale=record["attn_scale"],
+    )
 
 
 def read_spans(works, max_len: int, tokens: int) -> dict[str, list[tuple[int, int]]]:

@@ -3,7 +3,7 @@
 python -m evaluation.longrope_search checkpoint=out/rope target_length=1024          -> out/rope/longrope_x4.json
 python -m evaluation.longrope_search checkpoint=out/rope target_length=1024 search.generations=20 search.population=64
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   scores what it found
-It lives in evaluation/, not positional/ (where the issue placed it): its fitness runs the model on held-out text,
+It lives in evaluation/, not positional/: its fitness runs the model on held-out text,
 and positional/ sits below model/, utils/ and data/, none of which it may import (the layering in DESIGN.md). The
 LongRoPE frequencies themselves are a rope_scaling kind like the others (positional/rope_scaling.py).
 
@@ -30,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 from evaluation import longrope
 from evaluation.heldout import held_out_works
 from evaluation.length import Region, default_lengths, score
-from positional.rope_scaling import longrope_scale
+from model.variant import Variant
+from positional.rope_scaling import Scaling, longrope_scale
 from utils import checkpoint, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.progress import progress, say
@@ -171,15 +172,15 @@ def search(cfg: DictConfig, rt) -> dict:
     regions = [Region(t, 0) for t in longrope.window_tokens(works, windows)]
     scale = longrope_scale(factor, train_length)
 
-    def nll() -> float:
-        return score(model, regions, target, "nonoverlap", target, cfg.eval.batch_tokens, rt).nll
+    def nll(variant=None) -> float:
+        return score(model, regions, target, "nonoverlap", target, cfg.eval.batch_tokens, rt, variant).nll
 
     total = s.population + s.generations * (s.mutations + s.crossovers)
     bar = progress(None, f"longrope x{factor:g}", total=total, unit="cand")
 
     def fitness(c: Candidate) -> float:
-        pe.set_scaling("longrope", factor, train_length, rescale=space.factors(c), start_tokens=c.start)
-        value = nll()
+        scaling = Scaling("longrope", factor, train_length, rescale=space.factors(c), start_tokens=c.start)
+        value = nll(Variant(scaling))
         bar.update(1)
         bar.set_postfix(ppl=f"{math.exp(value):.2f}")
         return value
@@ -190,7 +191,6 @@ def search(cfg: DictConfig, rt) -> dict:
     result = evolve(seeds, fitness, space, s, rng)
     bar.close()
     seed_nll = {kind: result["scores"][c] for kind, c in zip(SEEDS, seeds, strict=True)}
-    pe.set_scaling("none")
     plain = nll()
     best = result["best"]
     record = {

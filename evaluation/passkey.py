@@ -57,10 +57,10 @@ def key_digits(ckpt: dict, requested: int | None) -> int:
 
 
 @torch.no_grad()
-def score(model, samples: list, batch_tokens: int, rt) -> np.ndarray:
+def score(model, samples: list, batch_tokens: int, rt, variant=None) -> np.ndarray:
     """The share of each sample's key tokens that are the argmax at their position (teacher-forced); 1 where the
     key is read back exactly, which is greedy decoding of the key (see above). Samples of one length, batched to
-    about batch_tokens tokens."""
+    about batch_tokens tokens. variant: an evaluation variant (model/variant.py), None for the model as trained."""
     length = len(samples[0].tokens) - 1
     per_batch = max(1, batch_tokens // length)
     right = np.zeros(len(samples))
@@ -69,7 +69,7 @@ def score(model, samples: list, batch_tokens: int, rt) -> np.ndarray:
         rows = torch.from_numpy(np.stack([s.tokens for s in chunk])).to(rt.device)
         first = min(s.answer for s in chunk) - 1  # the head runs only from the first prediction of a key token on
         with rt.autocast():
-            logits = model(rows[:, :-1], keep_from=first)
+            logits = model(rows[:, :-1], keep_from=first, variant=variant)
         guess = logits.argmax(-1).cpu().numpy()
         for i, s in enumerate(chunk):
             right[b + i] = np.mean(guess[i, s.answer - 1 - first :] == s.tokens[s.answer :])
@@ -89,9 +89,9 @@ def file_stem(variant: str) -> str:
     return "passkey" if variant == "none" else f"passkey-{variant}"
 
 
-def run_passkey(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], variant: str, use) -> dict:
-    """Accuracy per (length, depth) cell under one variant (eval.py's plan_variants: use(length) sets the model up
-    for that length and returns what its cells record of it); writes <file_stem>.json and .png into out_dir."""
+def run_passkey(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], variant: str, at) -> dict:
+    """Accuracy per (length, depth) cell under one variant (eval.py's plan_variants: at(length) gives the Variant
+    value for that length and what its cells record of it); writes <file_stem>.json and .png into out_dir."""
     pe, train_length = model.pe, ckpt["seq_len"]
     enc = tokenizer.load(ckpt["tokenizer"])
     bos = tokenizer.bos_id(ckpt["tokenizer"], enc)
@@ -110,10 +110,10 @@ def run_passkey(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], va
             rows += [{"length": length, "depth": d, "accuracy": None, "trials": 0, "note": note} for d in depths]
             continue
         t = time.time()
-        setting = use(length)  # the same trials under every variant: only the model differs
+        value, setting = at(length)  # the same trials under every variant: only the variant differs
         cells = trials(template, stream, bos, length, depths, ev.trials, ev.seed)
         for depth, samples in cells.items():
-            share = score(model, samples, ev.batch_tokens, rt)
+            share = score(model, samples, ev.batch_tokens, rt, value)
             k = int((share == 1).sum())
             rows.append(
                 {"length": length, "depth": depth, "accuracy": k / len(share), "correct": k, "trials": len(share),

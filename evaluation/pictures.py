@@ -18,7 +18,7 @@ import torch
 
 from evaluation.sink_mass import layer_inputs
 from model.attention import content_grid
-from positional.rope_scaling import KINDS
+from positional.rope_scaling import KINDS, Scaling
 
 
 @torch.no_grad()
@@ -44,12 +44,13 @@ def similarity_by_offset(vectors: torch.Tensor, kind: str = "cosine") -> torch.T
 
 
 @torch.no_grad()
-def rotary_logits(pe, q: torch.Tensor, k: torch.Tensor, distances: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+def rotary_logits(pe, q, k, distances: torch.Tensor, chunk: int = 512, scaling=None) -> torch.Tensor:
     """(N, H, D): queries q (N, H, Dh) at position P = max(distances) against keys k (N, H, Dh) at P - d, scored as
-    the attention backends score them: rotated q . rotated k / sqrt(rotated width). The rotation state is made once
-    over positions 0..P, as a full forward of P + 1 tokens makes it (dynamic NTK reads that length)."""
+    the attention backends score them: rotated q . rotated k / sqrt(rotated width), under a rope Scaling (None: the
+    scheme's own). The rotation state is made once over positions 0..P, as a full forward of P + 1 tokens makes it
+    (dynamic NTK reads that length)."""
     P = int(distances.max())
-    rot = pe.rotation(torch.arange(P + 1))  # a tuple of per-position tensors (RoPE: cos, sin), or None
+    rot = pe.rotation(torch.arange(P + 1), scaling)  # a tuple of per-position tensors (RoPE: cos, sin), or None
 
     def at(pos):
         return None if rot is None else tuple(r[pos] for r in rot)
@@ -70,16 +71,12 @@ def random_decay(
     """Each rope scaling variant (KINDS) -> (D,): the mean logit, over random q = k ~ N(0, I) and the heads, at each
     distance. q = k: a token against its own content d positions back; independent random q and k would average
     to 0 at every distance. For plain RoPE the mean is sum_i 2 cos(d theta_i) / sqrt(Dh), the long-term decay of
-    Su et al. 2021. The variants extend by `factor` from `original_length`; the scheme is left unscaled after."""
+    Su et al. 2021. The variants extend by `factor` from `original_length`."""
     v = torch.randn(samples, pe.n_head, pe.head_dim, generator=torch.Generator().manual_seed(seed))
-    curves = {}
-    try:
-        for kind in KINDS:
-            pe.set_scaling(kind, factor, original_length)
-            curves[kind] = rotary_logits(pe, v, v, distances).mean(dim=(0, 1))
-    finally:
-        pe.set_scaling("none")
-    return curves
+    return {
+        kind: rotary_logits(pe, v, v, distances, scaling=Scaling(kind, factor, original_length)).mean(dim=(0, 1))
+        for kind in KINDS
+    }
 
 
 @torch.no_grad()
@@ -119,7 +116,7 @@ def content_bias_by_distance(model, idx: torch.Tensor) -> torch.Tensor | None:
     n, out = model.pe.n_prefix, []
     for attn, x, plan in layer_inputs(model, idx):
         q, _, _ = attn.project(x)
-        q = plan.pe.rotate(q, plan.q_pos, plan.q_rot)
+        q = plan.queries(q)
         state = None if attn.pe_layer is None else attn.pe_layer(x)
         fn = attn.content(q, state, plan)
         grid = content_grid(fn, q.size(0), q.size(1), q.size(2), len(plan.k_pos), q.device)[:, :, n:, n:]

@@ -49,7 +49,7 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
     probs = []
     for attn, x, plan in layer_inputs(model, idx):
         q, k, _ = attn.project(x)
-        q, k = plan.pe.rotate(q, plan.q_pos, plan.q_rot), plan.pe.rotate_key(k, plan.k_pos, plan.k_rot)
+        q, k = plan.queries(q), plan.keys(k)
         bias = dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head, plan.window)
         state = None if attn.pe_layer is None else attn.pe_layer(x)
         content = attn.content(q, state, plan)  # a bias that reads q or the input (Shaw, FoX): this layer's own

@@ -1,5 +1,6 @@
 """Attention backends behind one plan, built once per forward and shared by every layer.
 
+python train.py          (every forward of every entry point: model/gpt.py makes the plan, its layers attend)
 make_plan picks the backend from the scheme and the positions:
   sdpa       scaled_dot_product_attention: is_causal when the mask is plain causal and there is no bias (flash
              on CUDA); otherwise with a dense (H, Tq, Tk) float bias that carries the mask as -inf (CPU, decode),
@@ -10,8 +11,9 @@ make_plan picks the backend from the scheme and the positions:
 A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False); in a sliding-window
 layer (model.window=W) also only iff q_pos[i] - k_pos[j] < W. Layers with a window read plan.windows[W], a plan
 of its own (one mask per distinct window) that shares the rotation state when it attends over the same keys.
-A plan may also carry a per-query factor on the logits (q_scale, log_n: model/log_scaling.py), which the layers
-multiply into their queries before attend(), so every backend sees the same scaled queries.
+A plan rotates what the layers and caches give it (queries(), keys(), new_keys()) with the scheme's rotation state,
+made once per forward. It may also carry a per-query factor on the logits (q_scale, log_n: model/log_scaling.py),
+which the layers multiply into their queries before attend(), so every backend sees the same scaled queries.
 The N layers of positional.layers (NoPE in an iRoPE model) read plan.nope: a plan of their own scheme over the same
 positions (its rotation state is NoPE's query temperature; its mask carries no scheme bias), with its own windows.
 
@@ -21,19 +23,8 @@ sink logit. The plan keeps what the layers share (positions, mask, static bias, 
 add fn over the (B, H, Tq, Tk) index grid to the plan's bias, flex adds it in a per-layer score_mod that reads the
 scheme's (B, H, Tq, ...) tables. Schemes without one take exactly the paths they took before.
 
-A scheme with a far rotation (positional/base.py far_window; ReRoPE, positional/rerope.py) scores a key at distance
-q_pos - k_pos >= w by q_far . k_far instead: the same queries and keys rotated by a second state, made once per
-forward beside the first (plan.far: Far). The layers rotate both and pass attend() far=(q_far, k_far); each key
-still enters the softmax once, with the one score its distance selects, in every backend:
-  sdpa             a causal forward, per query block: one SDPA call whose keys are the block's far keys and near
-                   keys side by side, queries [q | q_far] against [0 | k_far] and [k | 0] (split_blocks); decoding
-                   steps and short rows as the reference
-  reference        both score matrices explicit in fp32 and torch.where between them
-  flex             two calls: near keys (d < w) with q, k under plan.block_mask, far keys (d >= w) with q_far, k_far
-                   under plan.far.block_mask, each skipping the blocks its mask hides. A softmax over two disjoint
-                   key sets is each set's softmax weighted by its share of the total: with lse_n, lse_f the calls'
-                   log-sum-exps and lse = logaddexp(lse_n, lse_f), out = out_n e^(lse_n - lse) + out_f e^(lse_f - lse)
-                   exactly (a row with no far key has lse_f = -inf, weight 0; every real row has a near key, itself)
+A plan with far scores (plan.far: ReRoPE's two windows, model/rerope_attention.py) rotates queries and keys twice and
+attends through plan.far, which this module only calls.
 
 model.sink_logit=true gives each head a learned logit s_h for a "nothing" slot in the softmax denominator
 (gpt-oss): weight_j = exp(score_j) / (exp(s_h) + sum_k exp(score_k)), values unchanged, so a head may attend to
@@ -43,7 +34,7 @@ sigmoid(lse - s_h) = sum / (sum + exp(s_h)), lse = log sum_k exp(score_k) being 
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -57,34 +48,15 @@ PAD_POSITION = 1 << 40  # padded keys sit at +PAD_POSITION, padded queries at -P
 
 
 @dataclass
-class Far:
-    """A scheme's far scores (ReRoPE): keys at distance q_pos - k_pos >= window score through the far rotation."""
+class Mask:
+    """Which keys each query sees, and the scheme's static score bias, in the form the plan's backend takes."""
 
-    window: int
-    q_pos: torch.Tensor  # the queries' far positions (pe.far_positions) and their rotation state
-    q_rot: object
-    k_pos: torch.Tensor  # the keys'
-    k_rot: object
-    new_pos: torch.Tensor  # keys' far positions at the query positions: a dense cache's new keys, stored rotated
-    new_rot: object
-    mask: torch.Tensor | None = None  # dense paths: (Tq, Tk) bool, True where a key scores far
-    block_mask: object = None  # flex: the far call's block mask (plan.block_mask then holds the near keys)
-    spans: list | None = None  # sdpa, a causal forward: per query block, where its far and near keys lie (far_spans)
-
-
-def far_rotation(pe, q_pos, k_pos, parent: Far | None = None) -> Far:
-    """The far rotation states at these positions; parent: a plan's own over the same queries, whose query states
-    (and key states, where k_pos is None: the same keys) are shared."""
-    if parent is None:
-        fq, fn = pe.far_positions(q_pos, key=False), pe.far_positions(q_pos, key=True)
-        parent = Far(pe.far_window, fq, pe.rotation(fq), fn, None, fn, pe.rotation(fn))
-        k_pos = None if k_pos is q_pos else k_pos  # a full forward: its keys are its queries
-        parent.k_rot = parent.new_rot
-    far = replace(parent, mask=None, block_mask=None, spans=None)
-    if k_pos is not None:
-        far.k_pos = pe.far_positions(k_pos, key=True)
-        far.k_rot = pe.rotation(far.k_pos)
-    return far
+    is_causal: bool = False  # sdpa's own causal mask: no bias, no window, no nothing slot
+    bias: torch.Tensor | None = None  # dense paths: (H or 1, Tq, Tk) float32, -inf where hidden
+    blocks: list | None = None  # dense causal forward: query blocks along the diagonal (diagonal_blocks)
+    score_mod: object = None  # flex: the scheme's score_bias
+    block_mask: object = None  # flex: visibility, over the positions padded to flex_length
+    flex_pad: tuple[int, int] = (0, 0)  # flex: query and key rows padded on
 
 
 @dataclass
@@ -93,12 +65,7 @@ class AttnPlan:
     q_pos: torch.Tensor
     k_pos: torch.Tensor
     backend: str
-    is_causal: bool = False
-    bias: torch.Tensor | None = None  # (H or 1, Tq, Tk) float32, -inf where masked
-    score_mod: object = None
-    block_mask: object = None
-    flex_pad: tuple[int, int] = (0, 0)  # query and key rows flex pads on (see flex_length)
-    blocks: list | None = None  # query blocks along the diagonal (dense bias, causal full forward): see diagonal_blocks
+    mask: Mask
     q_rot: object = None  # the scheme's rotation state (RoPE: cos, sin) at q_pos and k_pos, made once for every layer
     k_rot: object = None
     window: int | None = None  # this plan's sliding window (None: full causal attention)
@@ -106,7 +73,23 @@ class AttnPlan:
     nope: "AttnPlan | None" = None  # the plan of positional.layers' N layers (NoPE), over the same positions
     q_scale: torch.Tensor | None = None  # (Tq, 1) eval-time log-length factor of the queries (model/log_scaling.py)
     log_n: torch.Tensor | None = None  # (Tq, 1) ln(q_pos + 1), which model.ssmax multiplies by each head's s
-    far: Far | None = None  # a scheme's far scores (ReRoPE): their window, rotation states and masks
+    far: object = None  # far scores (model/rerope_attention.py Far): a second rotation and its attention
+
+    def queries(self, q):
+        """The queries (B, H, Tq, Dh) rotated at q_pos (and, with far scores, beside them at the far rotation)."""
+        near = self.pe.rotate(q, self.q_pos, self.q_rot)
+        return near if self.far is None else torch.cat((near, self.far.queries(self.pe, q)), dim=-1)
+
+    def keys(self, k):
+        """Keys (B, Hkv, Tk, Dh) at every key position k_pos, rotated as queries() rotates queries."""
+        near = self.pe.rotate_key(k, self.k_pos, self.k_rot)
+        return near if self.far is None else torch.cat((near, self.far.keys(self.pe, k)), dim=-1)
+
+    def new_keys(self, k):
+        """A decoding step's own keys (B, Hkv, Tq, Dh), which sit at the queries' positions: what a dense KV cache
+        stores, once, since a key's rotation depends on its own position alone."""
+        near = self.pe.rotate_key(k, self.q_pos, self.q_rot)
+        return near if self.far is None else torch.cat((near, self.far.new_keys(self.pe, k)), dim=-1)
 
 
 def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int, window: int | None = None) -> torch.Tensor | None:
@@ -126,62 +109,44 @@ def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int, window: int | None =
 
 
 def make_plan(
-    pe,
-    q_pos,
-    k_pos,
-    causal: bool,
-    n_head: int,
-    backend: str = "auto",
-    sink: bool = False,
-    window=None,
-    rot=None,
-    far=None,
+    pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto", sink=False, window=None, rot=None, far=None
 ) -> AttnPlan:
     """q_pos is k_pos (the same tensor) marks the plain causal case of a full forward. sink: the layers pass a
     sink logit to attend, which SDPA takes as an extra masked key column, so is_causal cannot serve. window: a
-    sliding window of that many keys (causal only). rot: (q_rot, k_rot) already made for these positions; far:
-    likewise the far rotation states (Far), for a scheme with a far window."""
+    sliding window of that many keys (causal only). rot: (q_rot, k_rot), the scheme's rotation state at these
+    positions (None: the scheme's own, as built); far: far scores' rotation state (model/rerope_attention.py)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
     plain = pe.score_bias is None and pe.content_bias is None and not sink and (not causal or q_pos is k_pos)
-    plain = plain and window is None and pe.far_window is None
+    plain = plain and window is None and far is None
     if backend == "auto":
-        use_flex = q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES
-        backend = "flex" if use_flex else "sdpa"
-    plan = AttnPlan(pe, q_pos, k_pos, backend, window=window)
+        backend = "flex" if q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES else "sdpa"
     if rot is None:
-        plan.q_rot = pe.rotation(q_pos)
-        plan.k_rot = plan.q_rot if k_pos is q_pos else pe.rotation(k_pos)
-    else:
-        plan.q_rot, plan.k_rot = rot
-    if pe.far_window is not None:
-        plan.far = far or far_rotation(pe, q_pos, k_pos)
+        q_rot = pe.rotation(q_pos)
+        rot = (q_rot, q_rot if k_pos is q_pos else pe.rotation(k_pos))
+    near = None if far is None else far.window  # with far scores, this plan's mask keeps only the near keys
     if backend == "flex":
-        plan.score_mod, plan.block_mask, plan.flex_pad, far_blocks = _flex_mods(pe, q_pos, k_pos, causal, window)
-        if plan.far is not None:
-            plan.far.block_mask = far_blocks
+        mask = flex_mask(pe, q_pos, k_pos, causal, window, near)
     elif backend == "sdpa" and plain:
-        plan.is_causal = causal
+        mask = Mask(is_causal=causal)
     else:
-        plan.bias = dense_bias(pe, q_pos, k_pos, causal, n_head, window)
-        if backend == "sdpa" and causal and q_pos is k_pos:
-            plan.blocks = diagonal_blocks(len(q_pos))
-        if plan.far is not None:
-            plan.far.mask = q_pos[:, None] - k_pos[None, :] >= pe.far_window
-            if plan.blocks:
-                plan.far.spans = far_spans(q_pos, k_pos, plan.blocks, pe.far_window)
+        blocks = diagonal_blocks(len(q_pos)) if backend == "sdpa" and causal and q_pos is k_pos else None
+        mask = Mask(bias=dense_bias(pe, q_pos, k_pos, causal, n_head, window), blocks=blocks)
+    plan = AttnPlan(pe, q_pos, k_pos, backend, mask, *rot, window=window)
+    if far is not None:
+        plan.far = far.masked(plan)
     return plan
 
 
-def add_window(plan: AttnPlan, window: int, n_head: int, backend: str, sink: bool, k_pos=None) -> AttnPlan:
+def add_window(plan: AttnPlan, window: int, n_head: int, backend: str, sink: bool, k_pos=None, k_rot=None):
     """plan.windows[window]: the plan of the layers with this sliding window, over the same queries and over
-    k_pos (default the plan's keys, whose rotation state it then shares; a cache's window ring holds others).
-    Always causal: the window is a causal rule, and it also hides a ring's unfilled slots (past every query)."""
+    k_pos (default the plan's keys, whose rotation state it then shares; a cache's window ring holds others, whose
+    rotation state k_rot is). Always causal: the window is a causal rule, and it also hides a ring's unfilled slots
+    (past every query). backend: as asked of make_plan (auto resolves anew: a window is not plain causal)."""
     same = k_pos is None or k_pos is plan.k_pos
-    k_pos = plan.k_pos if same else k_pos
-    rot = (plan.q_rot, plan.k_rot if same else plan.pe.rotation(k_pos))
-    far = None if plan.far is None else far_rotation(plan.pe, plan.q_pos, None if same else k_pos, plan.far)
-    windowed = make_plan(plan.pe, plan.q_pos, k_pos, True, n_head, backend, sink, window, rot, far)
+    k_pos, k_rot = (plan.k_pos, plan.k_rot) if same else (k_pos, k_rot)
+    far = None if plan.far is None else plan.far.over(plan.pe, plan.q_pos, None if same else k_pos)
+    windowed = make_plan(plan.pe, plan.q_pos, k_pos, True, n_head, backend, sink, window, (plan.q_rot, k_rot), far)
     windowed.q_scale, windowed.log_n = plan.q_scale, plan.log_n  # the same queries: the same query state
     plan.windows = {**(plan.windows or {}), window: windowed}
     return plan
@@ -205,32 +170,29 @@ def content_grid(content, batch: int, n_head: int, n_q: int, n_k: int, device) -
     return content(b, h, i, j).float().expand(batch, n_head, n_q, n_k)
 
 
-def attend(q, k, v, plan: AttnPlan, sink=None, content=None, far=None) -> torch.Tensor:
-    """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> (B, H, Tq, Dh); sink: the layer's sink logits (H,) or None;
-    content: the layer's content bias fn(b, h, i, j) (positional/base.py) or None; far: (q_far, k_far), the queries
-    and keys at the far rotation, for a plan with far scores (plan.far), else None."""
+def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
+    """q (B, H, Tq, Dq), k (B, Hkv, Tk, Dq) and v (B, Hkv, Tk, Dh), as the plan rotated them -> (B, H, Tq, Dh);
+    sink: the layer's sink logits (H,) or None; content: the layer's content bias fn(b, h, i, j) or None."""
     gqa = q.size(1) != k.size(1)
-    if (far is None) != (plan.far is None):
-        raise ValueError("attend needs far=(q_far, k_far) exactly when its plan has far scores (plan.far)")
-    if plan.backend == "flex":
-        return _flex(q, k, v, plan, gqa, sink, content, far)
-    bias = plan.bias
+    if plan.backend == "flex" and plan.far is None:
+        return _flex(q, k, v, plan, gqa, sink, content)
+    bias = plan.mask.bias
     if content is not None:
         grid = content_grid(content, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
         bias = grid if bias is None else bias + grid
-    if far is not None:
-        return split_attention(q, k, v, far, plan, bias, sink)
+    if plan.far is not None:
+        return plan.far.attend(q, k, v, plan, bias, sink)
     if plan.backend == "reference":
         return reference_attention(q, k, v, bias, sink)
     # 4-D: on the CPU a 3-D mask sends SDPA to its math path (the whole B x H x T x T matrix), a 4-D one to flash
     mask = None if bias is None else (bias if bias.dim() == 4 else bias[None]).to(q.dtype)
     n = 0  # keys before the first real one
     if sink is not None:
-        if plan.is_causal:  # is_causal has no room for the slot's column: the plan must be made with sink=True
+        if plan.mask.is_causal:  # is_causal has no room for the slot's column: the plan must be made with sink=True
             raise ValueError("attend got a sink logit but its plan was made without sink=True")
         k, v, mask = with_nothing_slot(k, v, mask, sink.to(q.dtype), q.size(2))
         n = 1
-    if plan.blocks:  # keys past a block's last query are masked for all of it: leave them out
+    if plan.mask.blocks:  # keys past a block's last query are masked for all of it: leave them out
 
         def block(s, e):  # queries s..e-1 see keys 0..e-1, which follow the n leading slots
             t = n + e  # and a window drops the keys before s - W + 1 too (all of them without a leading slot)
@@ -239,8 +201,8 @@ def attend(q, k, v, plan: AttnPlan, sink=None, content=None, far=None) -> torch.
                 q[:, :, s:e], k[:, :, lo:t], v[:, :, lo:t], attn_mask=mask[:, :, s:e, lo:t], enable_gqa=gqa
             )
 
-        return torch.cat([block(s, e) for s, e in plan.blocks], dim=2)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan.is_causal, enable_gqa=gqa)
+        return torch.cat([block(s, e) for s, e in plan.mask.blocks], dim=2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan.mask.is_causal, enable_gqa=gqa)
 
 
 def with_nothing_slot(k, v, mask, sink, n_queries: int):
@@ -256,64 +218,9 @@ def with_nothing_slot(k, v, mask, sink, n_queries: int):
     return k, v, torch.cat((column, body), dim=-1)
 
 
-def split_attention(q, k, v, far, plan: AttnPlan, bias, sink=None):
-    """The dense paths of a plan with far scores, far = (q_far, k_far). A causal forward's query blocks go to SDPA
-    (split_blocks); otherwise (decoding steps, short rows, the reference) the explicit fp32 softmax, with the far
-    score where plan.far.mask says."""
-    if plan.blocks and plan.backend == "sdpa":
-        return split_blocks(q, k, v, far, plan, bias, sink)
-    return reference_attention(q, k, v, bias, sink, (*far, plan.far.mask))
-
-
-def split_blocks(q, k, v, far, plan: AttnPlan, bias, sink=None):
-    """Per query block (rows s..e-1), one SDPA call over the block's far keys (0..hi-1) and near keys (lo..e-1)
-    side by side, each scored by its own rotation: queries [q | q_far] against far keys [0 | k_far] and near keys
-    [k | 0], 2 Dh wide and scaled by 1/sqrt(Dh), so a far key scores q_far . k_far and a near one q . k. The mask
-    keeps a key only in the copy its distance selects, so each is in the softmax once. SDPA's fused kernel does the
-    rest: explicit scores took 4.3x a plain forward at 4096 tokens, this about 2x (bench/RESULTS.md)."""
-    q_far, k_far = far
-    dh, gqa = q.size(-1), q.size(1) != k.size(1)
-    queries = torch.cat((q, q_far), dim=-1)
-    far_keys, near_keys = F.pad(k_far, (dh, 0)), F.pad(k, (0, dh))
-    width = v.size(-1)  # values padded to the keys' width: SDPA's fused CPU kernel wants one head dim (2.4x faster)
-    v = F.pad(v, (0, queries.size(-1) - width))
-    out = []
-    for (s, e), (lo, hi) in zip(plan.blocks, plan.far.spans, strict=True):
-        keys = torch.cat((far_keys[:, :, :hi], near_keys[:, :, lo:e]), dim=2)
-        values = torch.cat((v[:, :, :hi], v[:, :, lo:e]), dim=2)
-        chosen = plan.far.mask[s:e]  # True: the far score
-        keep = torch.cat((chosen[:, :hi], ~chosen[:, lo:e]), dim=-1)  # each key in the copy its distance selects
-        mask = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, float("-inf"))[None, None]
-        if bias is not None:
-            b = torch.cat((bias[..., s:e, :hi], bias[..., s:e, lo:e]), dim=-1)
-            mask = mask + (b if b.dim() == 4 else b[None]).to(q.dtype)
-        if sink is not None:
-            keys, values, mask = with_nothing_slot(keys, values, mask, sink.to(q.dtype), e - s)
-        out.append(
-            F.scaled_dot_product_attention(
-                queries[:, :, s:e], keys, values, attn_mask=mask, scale=1 / math.sqrt(dh), enable_gqa=gqa
-            )[..., :width]
-        )
-    return torch.cat(out, dim=2)
-
-
-def far_spans(q_pos, k_pos, blocks, window: int) -> list[tuple[int, int]]:
-    """Per query block (s, e) of a causal forward (positions ascending), (lo, hi): its far keys lie in 0..hi-1 (those
-    at least window before its last query) and its near keys in lo..e-1 (those less than window before its first)."""
-    starts = torch.tensor([s for s, _ in blocks], device=q_pos.device)
-    ends = torch.tensor([e - 1 for _, e in blocks], device=q_pos.device)
-    lo = torch.searchsorted(k_pos, q_pos[starts] - window, right=True)
-    hi = torch.searchsorted(k_pos, q_pos[ends] - window, right=True)
-    return list(zip(lo.tolist(), hi.tolist(), strict=True))
-
-
-def attention_weights(q, k, bias, sink=None, far=None) -> torch.Tensor:
-    """The fp32 softmax probabilities (B, H, Tq, Tk) of queries q over keys k (GQA heads shared), plus bias. With
-    sink logits (H,), the nothing slot's exp(s_h) is in the denominator: rows sum to one less its share. far:
-    (q_far, k_far, where (Tq, Tk) bool): where true, the score is q_far . k_far instead (ReRoPE's far keys)."""
-    scores = dot_scores(q, k)
-    if far is not None:
-        scores = torch.where(far[2], dot_scores(far[0], far[1]), scores)
+def softmax_weights(scores, bias, sink=None) -> torch.Tensor:
+    """The fp32 softmax of scores (B, H, Tq, Tk) plus bias. With sink logits (H,), the nothing slot's exp(s_h) is in
+    the denominator: rows sum to one less its share."""
     if bias is not None:
         scores = scores + bias
     if sink is None:
@@ -322,15 +229,24 @@ def attention_weights(q, k, bias, sink=None, far=None) -> torch.Tensor:
     return torch.cat((column, scores), dim=-1).softmax(dim=-1)[..., 1:]
 
 
+def attention_weights(q, k, bias, sink=None) -> torch.Tensor:
+    """The fp32 softmax probabilities (B, H, Tq, Tk) of queries q over keys k (GQA heads shared), plus bias."""
+    return softmax_weights(dot_scores(q, k), bias, sink)
+
+
 def dot_scores(q, k) -> torch.Tensor:
-    """q . k / sqrt(Dh) in fp32, (B, H, Tq, Tk), each key head shared by its group of query heads (GQA)."""
+    """q . k / sqrt(Dq) in fp32, (B, H, Tq, Tk), each key head shared by its group of query heads (GQA)."""
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1).float()
     return q.float() @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
 
 
-def reference_attention(q, k, v, bias, sink=None, far=None):
-    v = v.repeat_interleave(q.size(1) // v.size(1), dim=1).float()
-    return (attention_weights(q, k, bias, sink, far) @ v).to(q.dtype)
+def weighted_values(weights, v, dtype):
+    """weights (B, H, Tq, Tk) fp32 times the values (B, Hkv, Tk, Dh), each value head shared by its group."""
+    return (weights @ v.repeat_interleave(weights.size(1) // v.size(1), dim=1).float()).to(dtype)
+
+
+def reference_attention(q, k, v, bias, sink=None):
+    return weighted_values(attention_weights(q, k, bias, sink), v, q.dtype)
 
 
 def flex_length(n: int) -> int:
@@ -339,84 +255,85 @@ def flex_length(n: int) -> int:
     return max(FLEX_BLOCK, 1 << (n - 1).bit_length())
 
 
-def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None, content=None, far=None):
-    """flex_attention at the padded lengths; padded queries see no key (their rows are dropped), padded keys
-    are seen by no query, and flex skips the blocks that are wholly padding. A content bias reads its tables at
-    rows clamped to the real ones: a padded row's score is masked whatever it reads. far: (q_far, k_far), a second
-    call over the far keys, merged with the first through their log-sum-exps (module docstring)."""
-    pad_q, pad_k = plan.flex_pad
-    n_q, n_k = q.size(2), k.size(2)
-    score_mod = plan.score_mod
-    if content is not None:
-        positional = plan.score_mod
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            if positional is not None:
-                score = positional(score, b, h, q_idx, kv_idx)
-            return score + content(b, h, q_idx.clamp(max=n_q - 1), kv_idx.clamp(max=n_k - 1))
+def flex_call(q, k, v, plan: AttnPlan, block_mask, score_mod, lse: bool = False):
+    """flex_attention at the padded lengths: (out, and with lse its log-sum-exp) of the real query rows. Padded
+    queries see no key (their rows are dropped), padded keys are seen by no query, and flex skips the blocks that
+    are wholly padding."""
+    pad_q, pad_k = plan.mask.flex_pad
+    n_q = q.size(2)
 
     def padded(x, pad):  # the separately compiled flex guards on strides too: padded or not, one layout
         x = F.pad(x, (0, 0, 0, pad)) if pad else x
         return x if torch.compiler.is_compiling() else x.contiguous()  # (inside a compiled model, no copies)
 
     q, k, v = padded(q, pad_q), padded(k, pad_k), padded(v, pad_k)
+    kw = {"score_mod": score_mod, "block_mask": block_mask, "enable_gqa": q.size(1) != k.size(1)}
     flex = _fused(flex_attention, q.is_cuda)
-    kw = {"score_mod": score_mod, "enable_gqa": gqa}
-    if sink is None and far is None:
-        return flex(q, k, v, **kw, block_mask=plan.block_mask)[:, :, :n_q]
+    if not lse:
+        return flex(q, k, v, **kw)[:, :, :n_q]
+    out, aux = flex(q, k, v, **kw, return_aux=AuxRequest(lse=True))
+    return out[:, :, :n_q], aux.lse[:, :, :n_q]
 
-    def call(q, k, block_mask):  # (out, lse) of the real query rows
-        out, aux = flex(q, k, v, **kw, block_mask=block_mask, return_aux=AuxRequest(lse=True))
-        return out[:, :, :n_q], aux.lse[:, :, :n_q]
 
-    out, lse = call(q, k, plan.block_mask)
-    if far is not None:  # the far keys' call, and each call weighted by its share of the whole softmax
-        out_far, lse_far = call(padded(far[0], pad_q), padded(far[1], pad_k), plan.far.block_mask)
-        total = torch.logaddexp(lse, lse_far)
-        near_w, far_w = (lse - total).exp().unsqueeze(-1), (lse_far - total).exp().unsqueeze(-1)
-        out, lse = (out.float() * near_w + out_far.float() * far_w).to(out.dtype), total
-    if sink is None:
-        return out
-    # exp(z_j) / (e^s + S) = softmax_j * S / (S + e^s), S = e^lse, and S / (S + e^s) = sigmoid(lse - s)
+def without_nothing(out, lse, sink):
+    """A flex output rescaled for the nothing slot: exp(z_j) / (e^s + S) = softmax_j * S / (S + e^s), S = e^lse,
+    and S / (S + e^s) = sigmoid(lse - s)."""
     return out * torch.sigmoid(lse - sink.float()[:, None]).unsqueeze(-1).to(out.dtype)
 
 
-def _flex_mods(pe, q_pos, k_pos, causal, window=None):
-    """score_mod, block mask, padding and (a scheme with a far window) the far keys' block mask, over positions
-    padded to flex_length: a padded query sits before every key and a padded key after every query, so the causal
-    rule alone hides them (and a non-causal mask tests it). A window's mask hides whole blocks of far keys, which
-    flex then skips. With a far window w, the first mask keeps only keys at distance < w, the second the rest."""
+def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None, content=None):
+    """flex_attention under the plan's mask; a content bias reads its tables at rows clamped to the real ones (a
+    padded row's score is masked whatever it reads)."""
+    n_q, n_k = q.size(2), k.size(2)
+    score_mod = plan.mask.score_mod
+    if content is not None:
+        positional = plan.mask.score_mod
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            if positional is not None:
+                score = positional(score, b, h, q_idx, kv_idx)
+            return score + content(b, h, q_idx.clamp(max=n_q - 1), kv_idx.clamp(max=n_k - 1))
+
+    if sink is None:
+        return flex_call(q, k, v, plan, plan.mask.block_mask, score_mod)
+    return without_nothing(*flex_call(q, k, v, plan, plan.mask.block_mask, score_mod, lse=True), sink)
+
+
+def flex_positions(q_pos, k_pos):
+    """Positions padded to flex_length: a padded query sits before every key and a padded key after every query,
+    so the causal rule alone hides them (and a non-causal mask tests it). Returns them and the pads."""
     pad_q, pad_k = flex_length(len(q_pos)) - len(q_pos), flex_length(len(k_pos)) - len(k_pos)
     q_pos = F.pad(q_pos, (0, pad_q), value=-PAD_POSITION)
-    k_pos = F.pad(k_pos, (0, pad_k), value=PAD_POSITION)
+    return q_pos, F.pad(k_pos, (0, pad_k), value=PAD_POSITION), (pad_q, pad_k)
+
+
+def block_mask(mask_mod, q_pos, k_pos):
+    """A flex block mask of mask_mod over padded positions (flex_positions)."""
+    make = _fused(create_block_mask, q_pos.is_cuda)  # eager, it would build the dense Tq x Tk mask first
+    return make(mask_mod, None, None, len(q_pos), len(k_pos), device=q_pos.device)
+
+
+def flex_mask(pe, q_pos, k_pos, causal, window=None, near=None) -> Mask:
+    """score_mod, block mask and padding over positions padded to flex_length. A window's mask hides whole blocks
+    of far keys, which flex then skips; near: keep only keys at distance < near (the near keys of far scores)."""
+    q_pos, k_pos, pads = flex_positions(q_pos, k_pos)
     score_mod = None
     if pe.score_bias is not None:
 
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + pe.score_bias(h, q_pos[q_idx], k_pos[kv_idx])
 
-    block_mask = far_mask = None
-    far_window = pe.far_window
-    if causal or pad_k or far_window is not None:
+    if not (causal or pads[1] or near is not None):
+        return Mask(score_mod=score_mod, flex_pad=pads)
 
-        def mask_mod(b, h, q_idx, kv_idx):
-            visible = k_pos[kv_idx] <= q_pos[q_idx]
-            if window is not None:
-                visible = visible & (q_pos[q_idx] - k_pos[kv_idx] < window)
-            visible = visible if causal else k_pos[kv_idx] < PAD_POSITION
-            return visible if far_window is None else visible & (q_pos[q_idx] - k_pos[kv_idx] < far_window)
+    def mask_mod(b, h, q_idx, kv_idx):
+        visible = k_pos[kv_idx] <= q_pos[q_idx]
+        if window is not None:
+            visible = visible & (q_pos[q_idx] - k_pos[kv_idx] < window)
+        visible = visible if causal else k_pos[kv_idx] < PAD_POSITION
+        return visible if near is None else visible & (q_pos[q_idx] - k_pos[kv_idx] < near)
 
-        make = _fused(create_block_mask, q_pos.is_cuda)  # eager, it would build the dense Tq x Tk mask first
-        block_mask = make(mask_mod, None, None, len(q_pos), len(k_pos), device=q_pos.device)
-        if far_window is not None:
-
-            def far_mod(b, h, q_idx, kv_idx):  # d >= w >= 1: causal, and never a padded key or query
-                distance = q_pos[q_idx] - k_pos[kv_idx]
-                far = distance >= far_window
-                return far if window is None else far & (distance < window)
-
-            far_mask = make(far_mod, None, None, len(q_pos), len(k_pos), device=q_pos.device)
-    return score_mod, block_mask, (pad_q, pad_k), far_mask
+    return Mask(score_mod=score_mod, block_mask=block_mask(mask_mod, q_pos, k_pos), flex_pad=pads)
 
 
 _COMPILED = {}

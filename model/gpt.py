@@ -6,6 +6,8 @@ python train.py model.window=64 model.window_pattern=SSSL         (sliding windo
 python train.py positional=irope                                  (RoPE, and NoPE in every 4th layer, as Llama 4)
 python train.py model.ssmax=true                                  (Scalable-Softmax: logits x s_h ln n, s_h learned)
 python eval.py checkpoint=out/rope eval.rope_scaling=rerope       (ReRoPE: a second rotation scores far keys)
+An evaluation variant (a RoPE extension, log-length scaling: model/variant.py) is a value passed into forward, or
+held by the KV cache decode() reads: the plan every layer shares is built under it, and the model never changes.
 Functional RMSNorm (no weights), QK-norm, ReLU^2 MLP, untied embeddings, grouped-query attention, logit
 softcap, no biases, zero-initialised output projections. The scheme (positional/) acts on the embeddings,
 on queries and keys, and/or on the attention scores; this file never asks which scheme it is.
@@ -15,12 +17,13 @@ model.window=W: layers marked S in model.window_pattern (tiled over the layers; 
 W most recent keys, themselves included: q_pos - k_pos < W. Any scheme, every backend, both caches.
 positional.layers (positional/__init__.py): layers marked N in the pattern (tiled like model.window_pattern) use
 NoPE, with its query temperature, instead of the scheme; they read plan.nope, the plan of their scheme.
-model.ssmax, and eval.py's training-free eval.log_scaling (GPT.set_log_scaling), multiply each query by a factor of
+model.ssmax, and eval.py's training-free eval.log_scaling (Variant.log_length), multiply each query by a factor of
 the log of its position (model/log_scaling.py), in every layer, N layers included.
 """
 
 import re
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +36,8 @@ from .attention import BACKENDS, add_window, attend, make_plan
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
 from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
+from .rerope_attention import Far
+from .variant import AS_TRAINED
 
 QK_NORMS = ("rms", "learned", "none")
 
@@ -156,31 +161,20 @@ class Attention(nn.Module):
         plan = plan.nope if self.nope else plan
         return plan if self.window is None else plan.windows[self.window]
 
-    def forward(self, x, plan, cache=None):
+    def forward(self, x, plan, step=None):
+        """x (B, T, D) -> (B, T, D) under the plan; step: a KV cache's Step (model/kv_cache.py), which stores this
+        step's keys, values and per-token state and returns all the layer attends over, rotated by the plan."""
         B, T, _ = x.shape
         plan = self.own_plan(plan)
-        q_raw, k_raw, v = self.project(x)
-        q = self.scale_queries(plan.pe.rotate(q_raw, plan.q_pos, plan.q_rot), plan)
+        q, k, v = self.project(x)
         state = None if self.pe_layer is None else self.pe_layer(x)
-        if cache is None:
-            k = plan.pe.rotate_key(k_raw, plan.k_pos, plan.k_rot)
-        else:  # the cache rotates keys at the positions it gives them and returns all it holds
-            k, v = cache.update(self.layer_idx, k_raw, v, plan)
-            if state is not None:  # and the scheme's per-token state, kept beside the keys
-                state = cache.update_state(self.layer_idx, state)
-        far = None if plan.far is None else self.far(q_raw, k_raw, plan, cache)
-        y = attend(q, k, v, plan, self.sink, self.content(q, state, plan), far)
+        if step is None:
+            k = plan.keys(k)
+        else:
+            k, v, state = step.update(self.layer_idx, k, v, state, plan)
+        q = self.scale_queries(plan.queries(q), plan)  # a query's scale is its far logits' scale too (ReRoPE)
+        y = attend(q, k, v, plan, self.sink, self.content(q, state, plan))
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
-
-    def far(self, q, k, plan, cache=None):
-        """(q_far, k_far): this layer's queries and keys (before rotation) at the plan's far rotation (ReRoPE), the
-        keys through the cache (after update(), which stored the raw ones a sink cache rotates from). A query's
-        log-length factor scales its far logits as much as its near ones."""
-        f = plan.far
-        q_far = self.scale_queries(plan.pe.rotate(q, f.q_pos, f.q_rot), plan)
-        if cache is None:
-            return q_far, plan.pe.rotate_key(k, f.k_pos, f.k_rot)
-        return q_far, cache.update_far(self.layer_idx, k, plan)
 
     def scale_queries(self, q, plan):
         """q (B, H, Tq, Dh) times the plan's log-length factor (Tq, 1) and SSMax's s_h ln n (H, Tq, 1), where on:
@@ -213,8 +207,8 @@ class Block(nn.Module):
         super().__init__()
         self.attn, self.mlp = Attention(cfg, layer_idx, pe), MLP(cfg)
 
-    def forward(self, x, plan, cache=None):
-        x = x + self.attn(norm(x), plan, cache)
+    def forward(self, x, plan, step=None):
+        x = x + self.attn(norm(x), plan, step)
         return x + self.mlp(norm(x))
 
 
@@ -232,15 +226,7 @@ class GPT(nn.Module):
         if any(map(cfg.layer_nope, range(cfg.n_layer))):
             self.scheme_windows[True] = cfg.windows(True)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.log_scaling = None  # the training length L of eval-time log-length scaling (set_log_scaling), or None
         self._init_weights()
-
-    def set_log_scaling(self, train_length: int | None):
-        """Scale every query at position p by max(1, ln(p + 1) / ln L) from now on (model/log_scaling.py); None: off.
-        An eval-time choice like a scheme's set_scaling: not a parameter, not saved with the model."""
-        if train_length is not None and train_length < 2:
-            raise ValueError(f"log scaling needs a training length of at least 2 tokens, got {train_length}")
-        self.log_scaling = train_length
 
     @torch.no_grad()
     def _init_weights(self):
@@ -253,14 +239,15 @@ class GPT(nn.Module):
             nn.init.zeros_(block.attn.c_proj.weight)
             nn.init.zeros_(block.mlp.c_proj.weight)
 
-    def forward(self, idx, targets=None, pos=None, reduction: str = "mean", keep_from: int = 0):
+    def forward(self, idx, targets=None, pos=None, reduction: str = "mean", keep_from: int = 0, variant=None):
         """idx (B, T) at positions pos (T,), default 0..T-1, or (axes, T) for a multi-axis scheme (rope2d, mrope) ->
         logits (B, T, V), or the loss if targets given. Multi-axis positions say where a token sits (row, column),
         not in what order it came: the causal mask and everything else that reads one position per token
         (windows, log scaling) read the token order 0..T-1.
 
         keep_from: only positions keep_from.. reach the head (and targets covers only them): a sliding evaluation
-        scores a window's last tokens, and the head is the largest part of a short window's forward."""
+        scores a window's last tokens, and the head is the largest part of a short window's forward.
+        variant: an evaluation variant (model/variant.py), None for the model as trained."""
         if pos is None:
             pos = torch.arange(idx.size(1), device=idx.device)
         check_length(self.pe.check_axes(pos), idx.size(1))
@@ -271,13 +258,13 @@ class GPT(nn.Module):
             pos = with_prefix(pos, n_prefix)
         order = pos if pos.dim() == 1 else torch.arange(-n_prefix, pos.size(-1) - n_prefix, device=pos.device)
         x = self.pe.embed(x, pos)
-        plan = self.plan(order, order, True, ids=(pos, pos))
+        plan = self.plan(order, order, True, ids=(pos, pos), variant=variant)
         for block in self.blocks:
             x = block(x, plan)
         return self._head(x[:, n_prefix + keep_from :], targets, reduction)
 
     def decode(self, idx, cache, pos=None):
-        """Feed idx (B, T) through a KV cache and return logits (B, T, V) for these tokens.
+        """Feed idx (B, T) through a KV cache and return logits (B, T, V) for these tokens, under the cache's variant.
 
         The cache says how many tokens each exact step may take (a sink cache past its capacity takes one at a
         time, since every new token re-indexes the window), so a long prompt is prefilled in as few steps as
@@ -300,36 +287,46 @@ class GPT(nn.Module):
         outs, start = [], 0
         while start < x.size(1):
             n = min(cache.room(), x.size(1) - start)
-            q_pos, k_pos = cache.advance(n, None if pos is None else pos[:, start : start + n])
-            q_ids, k_ids = cache.position_ids()
-            h = self.pe.embed(x[:, start : start + n], q_ids)
-            plan = self.plan(q_pos, k_pos, n > 1, cache.window_positions(q_pos, k_pos), ids=(q_ids, k_ids))
+            step = cache.advance(n, None if pos is None else pos[:, start : start + n])
+            h = self.pe.embed(x[:, start : start + n], step.q_ids)
+            ids = (step.q_ids, step.k_ids)
+            plan = self.plan(step.q_pos, step.k_pos, n > 1, step.window_k_pos, ids=ids, variant=cache.variant)
             for block in self.blocks:
-                h = block(h, plan, cache)
+                h = block(h, plan, step)
             outs.append(h)
             start += n
         return self._head(torch.cat(outs, dim=1)[:, skip:])
 
-    def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None, ids=None):
+    def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None, ids=None, variant=None):
         """The attention plan every layer shares, with one per distinct sliding window (over window_k_pos, the keys
         a cache keeps for its window layers, default k_pos), and plan.nope, the same for the N layers of
         positional.layers (their own rotation state, NoPE's query temperature, and mask: no scheme bias).
         q_pos and k_pos (T,) order the tokens (mask, windows); ids = (query ids, key ids) are the positions the
-        scheme rotates at, (axes, T) for a multi-axis one (default: q_pos and k_pos themselves)."""
-        c = self.cfg
+        scheme rotates at, (axes, T) for a multi-axis one (default: q_pos and k_pos themselves). variant: an
+        evaluation variant (model/variant.py), the model as trained by default."""
+        c, v = self.cfg, variant or AS_TRAINED
         backend = backend or c.attn_backend
         # the queries' log-length factors, made once from their positions for every layer (model/log_scaling.py)
-        q_scale = None if self.log_scaling is None else log_length_factor(q_pos, self.log_scaling)
+        q_scale = None if v.log_length is None else log_length_factor(q_pos, v.log_length)
         log_n = log_positions(q_pos) if c.ssmax else None
         q_ids, k_ids = (q_pos, k_pos) if ids is None else ids
-        q_rot = self.pe.rotation(q_ids)  # the scheme's rotation state at its own positions, once for every layer
-        rot = (q_rot, q_rot if k_ids is q_ids else self.pe.rotation(k_ids))
+        rotation = partial(self.pe.rotation, scaling=v.scaling)  # the scheme's rotation state, once per forward
+        q_rot = rotation(q_ids)
+        rot = (q_rot, q_rot if k_ids is q_ids else rotation(k_ids))
+        far = None
+        if v.scaling is not None and v.scaling.far is not None:  # ReRoPE: a second rotation (rerope_attention.py)
+            if self.pe.content_bias is not None:
+                raise ValueError(f"far scores (rope scaling {v.scaling.kind}) read no content bias ({self.pe.name})")
+            far = Far.at(self.pe, q_pos, k_pos, v.scaling)
 
-        def scheme_plan(pe, nope: bool):
-            plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit, rot=None if nope else rot)
+        def scheme_plan(pe, nope: bool):  # the N layers have no rotation to scale, and no far scores
+            rotate = pe.rotation if nope else rotation
+            own = {} if nope else {"rot": rot, "far": far}
+            plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit, **own)
             plan.q_scale, plan.log_n = q_scale, log_n  # before add_window, which hands them on
+            ring_rot = None if window_k_pos is None else rotate(window_k_pos)
             for w in self.scheme_windows[nope]:
-                add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos)
+                add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos, ring_rot)
             return plan
 
         plan = scheme_plan(self.pe, False)

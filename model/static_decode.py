@@ -29,7 +29,7 @@ class StaticDecoder:
         self.k_pos = torch.full((cache.capacity,), HIDDEN, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         if device.type == "cuda":  # CUDA graphs need these at fixed addresses, written in place between replays
-            for t in (self.q_pos, self.k_pos, self.slot, cache.k, cache.v, cache.state, cache.kf):
+            for t in (self.q_pos, self.k_pos, self.slot, cache.k, cache.v, cache.state):
                 if t is not None:
                     torch._dynamo.mark_static_address(t)
         mode = "reduce-overhead" if device.type == "cuda" else "default"
@@ -42,42 +42,30 @@ class StaticDecoder:
             raise CacheError(
                 "static decoding reads one position per token; this cache holds multi-axis ids: static=false"
             )
-        q_pos, k_pos = self.cache.advance(1)  # the eager cache's bookkeeping: raises CacheError when full
-        self.q_pos.copy_(q_pos)
-        self.slot.fill_(self.cache.slot)
-        self.k_pos[: len(k_pos)] = k_pos  # filled slots only ever grow, so the rest stay HIDDEN
+        step = self.cache.advance(1)  # the eager cache's bookkeeping: raises CacheError when full
+        self.q_pos.copy_(step.q_pos)
+        self.slot.fill_(step.slots.start)
+        self.k_pos[: len(step.k_pos)] = step.k_pos  # filled slots only ever grow, so the rest stay HIDDEN
         return self.step(tok)
 
     def _step(self, tok):
         m = self.model
         h = m.pe.embed(m.wte(tok), self.q_pos)
-        plan = m.plan(self.q_pos, self.k_pos, True, backend="sdpa")
+        plan = m.plan(self.q_pos, self.k_pos, True, backend="sdpa", variant=self.cache.variant)
         for block in m.blocks:
             h = block(h, plan, self)
         return m._head(h)[:, -1]
 
-    def update(self, layer: int, k, v, plan):
-        """The cache interface the attention layers call: store this token, return every slot."""
-        if not self.cache.raw_keys:
-            k = plan.pe.rotate_key(k, plan.q_pos, plan.q_rot)  # the layer's own scheme (positional.layers)
-        self.cache.k[layer].index_copy_(2, self.slot, k.to(self.cache.k.dtype))
-        self.cache.v[layer].index_copy_(2, self.slot, v.to(self.cache.v.dtype))
-        keys = self.cache.k[layer]
-        if self.cache.raw_keys:
-            keys = plan.pe.rotate_key(keys, plan.k_pos, plan.k_rot)
-        return keys, self.cache.v[layer]
-
-    def update_far(self, layer: int, k, plan):
-        """The far rotation (ReRoPE) of this token's key to its slot (dense) or of every raw key (sink), every slot's
-        back, as the eager caches do."""
-        if self.cache.raw_keys:
-            return plan.pe.rotate_key(self.cache.k[layer], plan.far.k_pos, plan.far.k_rot)
-        k = plan.pe.rotate_key(k, plan.far.new_pos, plan.far.new_rot)
-        self.cache.kf[layer].index_copy_(2, self.slot, k.to(self.cache.kf.dtype))
-        return self.cache.kf[layer]
-
-    def update_state(self, layer: int, state):
-        """The scheme's per-token state (FoX's log forget gates): this token's to its slot, every slot's back
-        (an empty slot's position is HIDDEN, past every query, so the scheme orders it last)."""
-        self.cache.state[layer].index_copy_(2, self.slot, state.to(self.cache.state.dtype))
-        return self.cache.state[layer]
+    def update(self, layer: int, k, v, state, plan):
+        """The step interface the attention layers call (kv_cache.Step): store this token (its key rotated here by
+        a dense cache, raw by a sink cache, which rotates every slot's at read), return every slot."""
+        cache = self.cache
+        if not cache.raw_keys:
+            k = plan.new_keys(k)  # the layer's own scheme (positional.layers), far rotation included
+        cache.k[layer].index_copy_(2, self.slot, k.to(cache.k.dtype))
+        cache.v[layer].index_copy_(2, self.slot, v.to(cache.v.dtype))
+        keys = plan.keys(cache.k[layer]) if cache.raw_keys else cache.k[layer]
+        if state is not None:  # FoX's log forget gates: an empty slot's position is HIDDEN, so it sorts last
+            cache.state[layer].index_copy_(2, self.slot, state.to(cache.state.dtype))
+            state = cache.state[layer]
+        return keys, cache.v[layer], state

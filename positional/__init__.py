@@ -10,7 +10,7 @@ with no positions (NoPE), whose query temperature positional.attn_scale and posi
 build_layers makes the two schemes; the model gives each layer its own and the attention plan one plan per scheme.
 
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4
-A spec may carry a RoPE extension made part of the model (SCALING_KEYS): build() applies it with set_scaling, so
+A spec may carry a RoPE extension made part of the model (SCALING_KEYS): build() gives it to the scheme, so
 every model built from a saved config (train, eval, sample) rotates at the same scaled frequencies.
 """
 
@@ -28,6 +28,7 @@ from .pope import PoPE
 from .prope import PRoPE
 from .rope import RoPE
 from .rope2d import RoPE2D
+from .rope_scaling import Scaling
 from .shaw import Shaw
 from .sink import Sink
 from .sinusoidal import Sinusoidal
@@ -65,21 +66,19 @@ def build(spec: dict, n_head: int, head_dim: int, d_model: int) -> Positional:
     name = spec.pop("name")
     if name not in SCHEMES:
         raise ValueError(f"unknown positional scheme '{name}'; choose one of: {', '.join(SCHEMES)}")
-    if name == "sink":  # a wrapper: its inner scheme is built from the same keys
-        inner = dict(spec.pop("inner", {"name": "rope"}))
-        spec["inner"] = build(inner, n_head, head_dim, d_model)
-    try:
-        pe = SCHEMES[name](n_head, head_dim, d_model, **spec)
-    except TypeError as e:
-        raise ValueError(f"positional={name}: bad option ({e})") from None
     kind = scaling.get("scaling", "none")
-    if kind != "none":
-        if not pe.rotary:
+    if name == "sink":  # a wrapper: its inner scheme is built from the same keys, and takes the scaling
+        spec["inner"] = build({**spec.pop("inner", {"name": "rope"}), **scaling}, n_head, head_dim, d_model)
+    elif kind != "none":
+        if not SCHEMES[name].rotary:
             raise ValueError(f"positional.scaling={kind} rescales rotary frequencies, and positional={name} has none")
         if scaling.get("original_length") is None:
             raise ValueError(f"positional.scaling={kind} needs positional.original_length (the unscaled length)")
-        pe.set_scaling(kind, float(scaling.get("scaling_factor", 1.0)), int(scaling["original_length"]))
-    return pe
+        spec["scaling"] = Scaling(kind, scaling.get("scaling_factor", 1.0), scaling["original_length"])
+    try:
+        return SCHEMES[name](n_head, head_dim, d_model, **spec)
+    except TypeError as e:
+        raise ValueError(f"positional={name}: bad option ({e})") from None
 
 
 def layer_pattern(spec: dict) -> str:

@@ -3,8 +3,9 @@
 A scheme may act at three points and is the identity elsewhere:
   embed(x, pos)                  add a vector per position to the token embeddings
   rotate(x, pos, rotation)       transform queries or keys (B, H, T, Dh) by their positions; rotation is what
-                                 rotation(pos) returned (RoPE: cos, sin), computed once per forward in the
-                                 attention plan every layer shares, or None to compute it here
+                                 rotation(pos, scaling) returned (RoPE: cos, sin), computed once per forward in the
+                                 attention plan every layer shares, or None to compute it here; scaling: an
+                                 eval-time RoPE extension (positional/rope_scaling.py Scaling), a value passed in
   rotate_key(x, pos, rotation)   keys, where they differ from queries (xPos decays them the other way); the
                                  rotated width may differ from the values' (rotated_dim(): PoPE doubles it)
   score_bias(h, q_pos, k_pos)    additive attention-score bias, written with broadcasting tensor ops so the
@@ -18,11 +19,6 @@ layer has its own queries and input, by two more hooks (the plan, shared by the 
                                  q and of the keys, not positions; plan.q_pos[i] and plan.k_pos[j] give those),
                                  written with broadcasting tensor ops over tensors it captures, like score_bias:
                                  the dense paths call it on index grids, flex calls it from its score_mod
-A scheme may score far keys differently from near ones (ReRoPE, positional/rerope.py), with two more hooks:
-  far_window                     w, or None: keys at distance q_pos - k_pos >= w score q_far . k_far, the queries
-                                 and keys rotated by rotation(far_positions(pos, key)) instead of rotation(pos);
-                                 the attention plan makes both rotation states once for every layer
-  far_positions(pos, key)        where that second rotation puts queries (key=False) or keys at pos (float)
 Positions are explicit integer tensors: (T,), one per token, or (axes, T) for a scheme that reads several axes
 (rope2d: row, column; mrope: temporal, height, width). A token given one id, (T,), carries it on every axis (M-RoPE's
 rule for text), so every scheme reads a text sequence. A scheme also states what it supports:
@@ -49,14 +45,12 @@ class Positional(nn.Module):
     name = "none"
     relative = False
     axes = 1  # position axes read: pos (T,), or (axes, T) where axes > 1
-    rotary = False  # rotary schemes also implement set_scaling(kind, factor, original_length, **options): options
-    # a searched kind's parameters (LongRoPE: rescale, start_tokens, attn_scale) or ReRoPE's window and leak
+    rotary = False  # rotary schemes' rotation(pos, scaling) takes a Scaling (rope_scaling.py; ReRoPE: rerope.py)
     max_positions: int | None = None
     n_prefix = 0
     score_bias = None  # subclasses with a bias define a method score_bias(h, q_pos, k_pos) -> Tensor
     content_bias = None  # subclasses whose bias reads q or the layer input define content_bias(q, state, plan)
     state_dim = 0  # channels of the per-token state layer_module() computes (a KV cache keeps them per key)
-    far_window: int | None = None  # ReRoPE's w (set by set_scaling): far keys score through a second rotation
 
     def __init__(self, n_head: int, head_dim: int, d_model: int):
         super().__init__()
@@ -86,7 +80,7 @@ class Positional(nn.Module):
     def layer_module(self) -> nn.Module | None:
         return None
 
-    def rotation(self, pos: torch.Tensor):
+    def rotation(self, pos: torch.Tensor, scaling=None):
         return None
 
     def rotate(self, x: torch.Tensor, pos: torch.Tensor, rotation=None) -> torch.Tensor:
@@ -95,9 +89,6 @@ class Positional(nn.Module):
     def rotate_key(self, x: torch.Tensor, pos: torch.Tensor, rotation=None) -> torch.Tensor:
         return self.rotate(x, pos, rotation)
 
-    def far_positions(self, pos: torch.Tensor, key: bool) -> torch.Tensor:
-        raise NotImplementedError(f"positional={self.name} has no far rotation")
-
     def rotated_dim(self) -> int:
         """The width of rotated queries and keys (values keep head_dim)."""
         return self.head_dim
@@ -105,12 +96,8 @@ class Positional(nn.Module):
     def prefix(self) -> torch.Tensor | None:
         return None
 
-    def set_scaling(self, kind: str, factor: float = 1.0, original_length: int = 1, **options):
-        if kind != "none":
-            raise ValueError(f"rope scaling applies to rotary schemes, not positional={self.name}")
-
     def scaling_factors(self, kind: str, factor: float, original_length: int):
-        """A closed-form rope scaling's frequencies as LongRoPE factors, one per pair set_scaling's rescale takes
+        """A closed-form rope scaling's frequencies as LongRoPE factors, one per pair a Scaling's rescale takes
         (rotary schemes; the LongRoPE search starts from these)."""
         raise ValueError(f"rope scaling applies to rotary schemes, not positional={self.name}")
 

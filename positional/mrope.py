@@ -34,8 +34,10 @@ class MRoPE(RoPE):
     name = "mrope"
     axes = 3
 
-    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, sections=None, interleaved: bool = False):
-        super().__init__(n_head, head_dim, d_model, base)
+    def __init__(
+        self, n_head, head_dim, d_model, base: float = 10000.0, sections=None, interleaved: bool = False, scaling=None
+    ):
+        super().__init__(n_head, head_dim, d_model, base, scaling=scaling)
         pairs = head_dim // 2
         if interleaved and sections is not None:
             raise ValueError(

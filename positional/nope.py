@@ -38,7 +38,7 @@ class NoPE(Positional):
             raise ValueError(f"positional.floor_scale={floor_scale} must be a positive number of positions")
         self.attn_scale, self.floor_scale = float(attn_scale), float(floor_scale)
 
-    def rotation(self, pos):
+    def rotation(self, pos, scaling=None):
         """The queries' temperature (T, 1) at these positions, or None without one (attn_scale 0)."""
         if not self.attn_scale:
             return None

@@ -26,8 +26,8 @@ WIDTH_SCALE = 2**0.25  # q' . k' / sqrt(2 Dh) = sum_c |q_c||k_c| cos(...) / sqrt
 class PoPE(RoPE):
     name = "pope"
 
-    def __init__(self, n_head, head_dim, d_model, base=10000.0):
-        super().__init__(n_head, head_dim, d_model, base)
+    def __init__(self, n_head, head_dim, d_model, base=10000.0, scaling=None):
+        super().__init__(n_head, head_dim, d_model, base, scaling=scaling)
         self.delta = nn.Parameter(torch.zeros(n_head, head_dim))
 
     def n_frequencies(self) -> int:

@@ -2,16 +2,17 @@
 
 python train.py positional=rope positional.base=10000
 python train.py positional=rope positional.rotary_fraction=0.25      (partial rotary, GPT-NeoX style)
-Scores then depend only on q_pos - k_pos. Context-extension variants (rope_scaling.py; ReRoPE: rerope.py) are set
-at eval time with set_scaling(kind, factor, original_length). rotary_fraction < 1 rotates only the first fraction of
-each head's dimension pairs, at the frequencies of a head that many dims wide; the other pairs get frequency 0
-(cos 1, sin 0: passed through unchanged), so every backend, cache and the fused rotation serve it as they are.
+Scores then depend only on q_pos - k_pos. Context-extension variants (rope_scaling.py; ReRoPE: rerope.py) are values
+passed to rotation(pos, scaling) by the attention plan, or built in at construction (a fine-tune's
+positional.scaling). rotary_fraction < 1 rotates only the first fraction of each head's dimension pairs, at the
+frequencies of a head that many dims wide; the other pairs get frequency 0 (cos 1, sin 0: passed through
+unchanged), so every backend, cache and the fused rotation serve it as they are.
 """
 
 import torch
 import torch.nn.functional as F
 
-from . import rerope, rope_scaling
+from . import rope_scaling
 from .base import Positional
 
 
@@ -37,7 +38,7 @@ def _rotate_into(out, x, cos, sin):
 
     cos and sin are first laid out over every head in x's own memory order (a table of T x H x Dh floats, small
     beside x): multiplied against a table broadcast over the heads instead, each op's innermost loop is one
-    16-float half row, and the rotation takes 2-3x longer on the CPU (bench/RESULTS.md, #19). Building the tables
+    16-float half row, and the rotation takes 2-3x longer on the CPU (bench/cpu_bench.py). Building the tables
     costs 25-50 us, which a small x (a decoding step: one token) never earns back: there every op goes half by
     half against the broadcast cos and sin (break-even near 64K elements at 1 thread)."""
     h = x.size(-1) // 2
@@ -78,7 +79,7 @@ class RoPE(Positional):
     relative = True
     rotary = True
 
-    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, rotary_fraction: float = 1.0):
+    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, rotary_fraction: float = 1.0, scaling=None):
         super().__init__(n_head, head_dim, d_model)
         if head_dim % 2:
             raise ValueError(f"rope needs an even head dim, got {head_dim}")
@@ -88,10 +89,12 @@ class RoPE(Positional):
         self.n_rotated = round(self.rotary_fraction * head_dim / 2)  # pairs that turn
         if self.n_rotated < 1:
             raise ValueError(f"positional.rotary_fraction={rotary_fraction} rotates no pair of a {head_dim}-dim head")
-        self.register_buffer("inv_freq", torch.empty(self.n_frequencies()), persistent=False)
+        # the scaling built into the model (a fine-tune's positional.scaling); an eval-time one is passed to rotation
+        self.scaling = rope_scaling.NONE if scaling is None else scaling
+        inv_freq, self.pos_scale, self.cos_scale = self.frequencies(self.scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         plain = self.arrange(rope_scaling.base_inv_freq(self.freq_dim(), self.base)).float()
         self.register_buffer("plain_inv_freq", plain, persistent=False)  # LongRoPE's first start_tokens positions
-        self.set_scaling("none")
 
     def n_frequencies(self) -> int:
         return self.head_dim // 2
@@ -104,55 +107,30 @@ class RoPE(Positional):
         """Those frequencies laid out over this head's pairs: the pairs past them stand still (frequency 0)."""
         return F.pad(inv_freq, (0, self.n_frequencies() - len(inv_freq)))
 
-    def set_scaling(
-        self,
-        kind: str,
-        factor: float = 1.0,
-        original_length: int = 1,
-        rescale=None,
-        start_tokens=0,
-        attn_scale=None,
-        window=None,
-        leak=None,
-    ):
-        """A rope_scaling kind at factor s from original_length. rescale, start_tokens, attn_scale: a SEARCHED kind's
-        parameters (longrope: a factor per rotated pair, how many first positions keep the unscaled frequencies, and
-        its cos/sin scale, None for the default). window, leak: rerope / leaky_rerope (rerope.py), which keep the
-        frequencies and add a far rotation past window w (default L/2), compressed by leak k (default: for s x L)."""
-        if start_tokens and kind not in rope_scaling.SEARCHED:
-            raise ValueError(f"start_tokens belong to a searched rope scaling ({', '.join(rope_scaling.SEARCHED)})")
-        if int(start_tokens) < 0:
-            raise ValueError(f"start_tokens={start_tokens} must be >= 0")
-        far = kind in rerope.KINDS
-        frequencies = "none" if far else kind  # ReRoPE keeps the trained frequencies
-        inv_freq, self.pos_scale, self.cos_scale = rope_scaling.static_frequencies(
-            frequencies, self.freq_dim(), self.base, float(factor), int(original_length), rescale, attn_scale
-        )
-        self.inv_freq.copy_(self.arrange(inv_freq).float())
-        self.scaling, self.factor, self.original_length = kind, float(factor), int(original_length)
-        self.start_tokens = int(start_tokens) if float(factor) > 1.0 else 0
-        self.far_window, self.leak = None, None
-        if far:
-            self.far_window = rerope.window(self.original_length, window)
-            self.leak = rerope.leak(kind, self.far_window, self.original_length, self.factor, leak)
-
-    def far_positions(self, pos, key):
-        return rerope.far_positions(pos, key, self.far_window, self.leak)
+    def frequencies(self, scaling) -> tuple[torch.Tensor, float, float]:
+        """(inv_freq (pairs,) fp32, position scale, cos/sin scale) under a Scaling (rope_scaling.py)."""
+        inv_freq, pos_scale, cos_scale = scaling.frequencies(self.freq_dim(), self.base)
+        return self.arrange(inv_freq).float(), pos_scale, cos_scale
 
     def scaling_factors(self, kind, factor, original_length):
         return rope_scaling.equivalent_factors(kind, self.freq_dim(), self.base, float(factor), int(original_length))
 
-    def rotation(self, pos):
-        """(cos, sin), each (T, Dh/2), at these positions: computed once per forward by the attention plan."""
-        inv_freq = self.inv_freq
-        if self.scaling == "dynamic_ntk":
+    def rotation(self, pos, scaling=None):
+        """(cos, sin), each (T, Dh/2), at these positions under a Scaling (None: the one built in): computed once
+        per forward by the attention plan. An eval-time scaling replaces the built-in one, never composes with it."""
+        if scaling is None or scaling == self.scaling:
+            scaling, (inv_freq, pos_scale, cos_scale) = self.scaling, (self.inv_freq, self.pos_scale, self.cos_scale)
+        else:
+            inv_freq, pos_scale, cos_scale = self.frequencies(scaling)
+            inv_freq = inv_freq.to(self.inv_freq.device)
+        if scaling.kind == "dynamic_ntk":
             dims, length = self.freq_dim(), pos.max() + 1
-            inv_freq = self.arrange(rope_scaling.dynamic_inv_freq(dims, self.base, self.original_length, length))
-        angles = self.angles(pos.float() * self.pos_scale, inv_freq)
-        cos, sin = angles.cos() * self.cos_scale, angles.sin() * self.cos_scale
-        if self.start_tokens:  # LongRoPE: the first positions rotate as in training, unscaled (as its released code)
+            inv_freq = self.arrange(rope_scaling.dynamic_inv_freq(dims, self.base, scaling.original_length, length))
+        angles = self.angles(pos.float() * pos_scale, inv_freq)
+        cos, sin = angles.cos() * cos_scale, angles.sin() * cos_scale
+        if scaling.start_tokens:  # LongRoPE: the first positions rotate as in training, unscaled (as its release)
             first = pos if pos.dim() == 1 else pos[0]  # several axes: the first (M-RoPE's temporal) axis decides
-            keep = (first < self.start_tokens)[:, None]
+            keep = (first < scaling.start_tokens)[:, None]
             plain = self.angles(pos.float(), self.plain_inv_freq)
             cos, sin = torch.where(keep, plain.cos(), cos), torch.where(keep, plain.sin(), sin)
         return cos, sin
@@ -170,9 +148,5 @@ class RoPE(Positional):
         return rotate_by(x, cos, sin)
 
     def extra_repr(self):
-        scaling = f"scaling={self.scaling}, factor={self.factor}" + (
-            f", start_tokens={self.start_tokens}" if self.start_tokens else ""
-        )
-        if self.far_window is not None:
-            scaling += f", window={self.far_window}, leak={self.leak}"
-        return f"base={self.base}, rotary_fraction={self.rotary_fraction}, {scaling}, " + super().extra_repr()
+        scaling = "" if self.scaling.kind == "none" else f", scaling={self.scaling.kind} x{self.scaling.factor:g}"
+        return f"base={self.base}, rotary_fraction={self.rotary_fraction}{scaling}, " + super().extra_repr()

@@ -19,13 +19,13 @@ class RoPE2D(RoPE):
     name = "rope2d"
     axes = 2
 
-    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0):
+    def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, scaling=None):
         if head_dim % 4:
             raise ValueError(
                 f"positional=rope2d gives half of each head's rotary pairs to rows and half to columns: it needs a "
                 f"head dim divisible by 4, got {head_dim}; change model.d_model or model.n_head"
             )
-        super().__init__(n_head, head_dim, d_model, base)
+        super().__init__(n_head, head_dim, d_model, base, scaling=scaling)
         half = head_dim // 4
         self.register_buffer("pair_axis", torch.arange(2).repeat_interleave(half), persistent=False)
 

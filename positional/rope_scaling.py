@@ -1,7 +1,10 @@
-"""Training-free context extension for rotary embeddings, chosen at eval time.
+"""Context extension for rotary embeddings: a Scaling value, passed to a scheme's rotation or built into a model.
 
 python eval.py checkpoint=out/rope eval.rope_scaling=yarn      (or linear, ntk, dynamic_ntk, all)
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope  (after python -m evaluation.longrope_search ...)
+python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4   (built in)
+A Scaling is a frozen value: eval.py passes one per cell into the forward (model/variant.py), a fine-tune's
+positional.scaling is built into its scheme once, and nothing rewrites a scheme's frequencies in place.
 With s = factor (>1 to extend), d = head dim and theta_i = base^(-2i/d):
   linear       positional interpolation (Chen et al. 2023): positions / s
   ntk          NTK-aware: base' = base * s^(d/(d-2))
@@ -19,11 +22,66 @@ At s <= 1 every variant returns the plain RoPE frequencies unchanged. dynamic_nt
 """
 
 import math
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 
+from . import rerope
+
 KINDS = ("none", "linear", "ntk", "dynamic_ntk", "yarn")  # closed-form: a factor is all they need
 SEARCHED = ("longrope",)  # their per-pair factors are searched for one model and length, then read from a file
+ALL_KINDS = KINDS + SEARCHED + rerope.KINDS  # rerope's keep the frequencies and add a far rotation (rerope.py)
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """A rope scaling kind at factor s from original_length, and its options: rescale, start_tokens, attn_scale, a
+    SEARCHED kind's parameters (longrope: a factor per rotated pair, how many first positions keep the unscaled
+    frequencies, its cos/sin scale, None for the default); window, leak: rerope / leaky_rerope's w and k (rerope.py),
+    resolved here when not given (w = L/2, k for a target of s x L)."""
+
+    kind: str = "none"
+    factor: float = 1.0
+    original_length: int = 1
+    rescale: tuple[float, ...] | None = None
+    start_tokens: int = 0
+    attn_scale: float | None = None
+    window: int | None = None
+    leak: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in ALL_KINDS:
+            raise ValueError(f"unknown rope scaling '{self.kind}'; choose one of: {', '.join(ALL_KINDS)}")
+        if self.start_tokens and self.kind not in SEARCHED:
+            raise ValueError(f"start_tokens belong to a searched rope scaling ({', '.join(SEARCHED)})")
+        if int(self.start_tokens) < 0:
+            raise ValueError(f"start_tokens={self.start_tokens} must be >= 0")
+        fix = partial(object.__setattr__, self)
+        fix("factor", float(self.factor))
+        fix("original_length", int(self.original_length))
+        fix("start_tokens", int(self.start_tokens) if self.factor > 1.0 else 0)
+        if self.rescale is not None:
+            fix("rescale", tuple(float(x) for x in torch.as_tensor(self.rescale, dtype=torch.float64).flatten()))
+        if self.kind in rerope.KINDS:
+            fix("window", rerope.window(self.original_length, self.window))
+            fix("leak", rerope.leak(self.kind, self.window, self.original_length, self.factor, self.leak))
+
+    @property
+    def far(self) -> tuple[int, float] | None:
+        """ReRoPE's (w, k): keys at distance >= w score through a far rotation (rerope.py); None for the others."""
+        return (self.window, self.leak) if self.kind in rerope.KINDS else None
+
+    def frequencies(self, head_dim: int, base: float) -> tuple[torch.Tensor, float, float]:
+        """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) of this scaling's static frequencies
+        (dynamic_ntk: the unscaled ones, rescaled from the length at each rotation; rerope: the unscaled ones)."""
+        kind = "none" if self.far else self.kind
+        return static_frequencies(
+            kind, head_dim, base, self.factor, self.original_length, self.rescale, self.attn_scale
+        )
+
+
+NONE = Scaling()
 
 
 def base_inv_freq(head_dim: int, base: float) -> torch.Tensor:

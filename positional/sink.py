@@ -38,8 +38,8 @@ class Sink(Positional):
     def embed(self, x, pos):
         return self.inner.embed(x, pos)
 
-    def rotation(self, pos):
-        return self.inner.rotation(pos)
+    def rotation(self, pos, scaling=None):
+        return self.inner.rotation(pos, scaling)
 
     def rotate(self, x, pos, rotation=None):
         return self.inner.rotate(x, pos, rotation)
@@ -50,15 +50,5 @@ class Sink(Positional):
     def rotated_dim(self):
         return self.inner.rotated_dim()
 
-    def set_scaling(self, *args, **kwargs):
-        return self.inner.set_scaling(*args, **kwargs)
-
     def scaling_factors(self, *args):
         return self.inner.scaling_factors(*args)
-
-    @property
-    def far_window(self):  # set by the inner scheme's set_scaling (ReRoPE), so read through, never copied
-        return self.inner.far_window
-
-    def far_positions(self, pos, key):
-        return self.inner.far_positions(pos, key)

@@ -24,15 +24,17 @@ MAX_EXPONENT = 80.0  # exp(80) ~ 5.5e34: a query times a key still fits fp32/bf1
 class XPos(RoPE):
     name = "xpos"
 
-    def __init__(self, n_head, head_dim, d_model, base=10000.0, gamma=0.4, scale_base=512.0, rotary_fraction=1.0):
-        super().__init__(n_head, head_dim, d_model, base, rotary_fraction)
+    def __init__(
+        self, n_head, head_dim, d_model, base=10000.0, gamma=0.4, scale_base=512.0, rotary_fraction=1.0, scaling=None
+    ):
+        super().__init__(n_head, head_dim, d_model, base, rotary_fraction, scaling)
         self.gamma, self.scale_base = float(gamma), float(scale_base)
         zeta = (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim + self.gamma) / (1 + self.gamma)
         self.register_buffer("log_zeta", zeta.log().float(), persistent=False)
 
-    def rotation(self, pos):
+    def rotation(self, pos, scaling=None):
         """(cos, sin) times the queries' decay zeta^(n/scale_base), and times the keys' zeta^(-m/scale_base)."""
-        cos, sin = super().rotation(pos)
+        cos, sin = super().rotation(pos, scaling)
         exponent = pos.float()[:, None] / self.scale_base * self.log_zeta[None, :]
         decay = exponent.clamp(-MAX_EXPONENT, MAX_EXPONENT).exp()
         return cos * decay, sin * decay, cos / decay, sin / decay

@@ -18,7 +18,7 @@ from model.gpt import GPT, GPTConfig  # noqa: E402
 SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"]
 SCHEMES += ["kerple", "fire", "shaw", "fox"]  # the learned-bias family
 SCHEMES += ["xpos", "prope", "pope"]  # the rotary family
-SCHEMES += ["rope2d", "mrope", "sinusoidal2d", "sinusoidal3d"]  # multi-axis (issue 18); here on text: (T,) positions,
+SCHEMES += ["rope2d", "mrope", "sinusoidal2d", "sinusoidal3d"]  # multi-axis (data=grids); here on text: (T,) positions,
 # the same id on every axis (tests/test_grids.py gives them real multi-axis ids)
 ABSOLUTE = ["learned", "sinusoidal", "sinusoidal2d", "sinusoidal3d"]
 RELATIVE = [name for name in SCHEMES if name not in ABSOLUTE]
@@ -64,9 +64,9 @@ def random_model(name: str, seed: int = 0, **kw) -> GPT:
     return model.eval()
 
 
-def assert_same_logits_and_grads(model, reference, idx):
-    """model gives the reference's logits and, for a loss on them, every parameter's gradient."""
-    got, want = model(idx), reference(idx)
+def assert_same_logits_and_grads(model, reference, idx, variant=None):
+    """model gives the reference's logits and, for a loss on them, every parameter's gradient (both under variant)."""
+    got, want = model(idx, variant=variant), reference(idx, variant=variant)
     assert torch.allclose(got, want, atol=1e-4)
     got.square().sum().backward()
     want.square().sum().backward()
@@ -74,22 +74,22 @@ def assert_same_logits_and_grads(model, reference, idx):
         assert torch.allclose(a.grad, b.grad, atol=1e-3, rtol=1e-3), n
 
 
-def assert_decoding_equals_full_forward(model, idx, static: bool = True, atol: float = 1e-4):
+def assert_decoding_equals_full_forward(model, idx, static: bool = True, atol: float = 1e-4, variant=None):
     """A dense KV cache fed token by token and in uneven chunks (and, with static, the static step after a one-token
-    prefill) gives the logits of one full forward over idx (B, 20 or more tokens)."""
+    prefill) gives the logits of one full forward over idx (B, 20 or more tokens), all under one variant."""
     from model.kv_cache import DenseCache
     from model.static_decode import StaticDecoder
 
     B, T = idx.shape
     with torch.no_grad():
-        full = model(idx)
-        step = DenseCache(model, B, 64)
+        full = model(idx, variant=variant)
+        step = DenseCache(model, B, 64, variant=variant)
         one_by_one = torch.cat([model.decode(idx[:, t : t + 1], step) for t in range(T)], dim=1)
-        chunked = DenseCache(model, B, 64)
+        chunked = DenseCache(model, B, 64, variant=variant)
         pieces = torch.cat([model.decode(idx[:, a:b], chunked) for a, b in ((0, 9), (9, 11), (11, T))], dim=1)
         assert torch.allclose(full, one_by_one, atol=atol) and torch.allclose(full, pieces, atol=atol)
         if static:
-            cache = DenseCache(model, B, 64)
+            cache = DenseCache(model, B, 64, variant=variant)
             model.decode(idx[:, :1], cache)
             decoder = StaticDecoder(model, cache, compile=False)
             got = torch.stack([decoder(idx[:, t : t + 1]) for t in range(1, T)], dim=1)
@@ -145,7 +145,7 @@ def run(*args, timeout=300, env=None, check=False) -> subprocess.CompletedProces
     return proc
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def shakespeare_dir():
     """The embedded corpus, prepared once (reused from .cache across runs)."""
     from data.prepare import prepare
@@ -167,7 +167,7 @@ def fresh_compile_cache():
         yield
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def tiny_checkpoint(tmp_path_factory, shakespeare_dir):
     """A run folder holding a tiny rope model trained for 2 steps (seq_len 32), for eval.py and sample.py."""
     from train import train

@@ -155,7 +155,7 @@ def test_sink_logit_on_the_diagonal_blocks(name):
     reference = random_model(name, attn_backend="reference", sink_logit=True)
     idx = tokens(150)
     pos = torch.arange(150)
-    assert len(make_plan(blocked.pe, pos, pos, True, 4, "sdpa", sink=True).blocks) > 2
+    assert len(make_plan(blocked.pe, pos, pos, True, 4, "sdpa", sink=True).mask.blocks) > 2
     assert_same_logits_and_grads(blocked, reference, idx)
 
 
@@ -174,7 +174,7 @@ def test_flex_lse_rescale_equals_the_reference(causal):
     q_pos, k_pos = torch.arange(5, 14), torch.arange(14)
     flex = make_plan(model.pe, q_pos, k_pos, causal, 4, "flex", sink=True)
     ref = make_plan(model.pe, q_pos, k_pos, causal, 4, "reference", sink=True)
-    want = reference_attention(q, k, v, ref.bias, sink)
+    want = reference_attention(q, k, v, ref.mask.bias, sink)
     assert torch.allclose(attend(q, k, v, flex, sink), want, atol=1e-5)
     assert torch.allclose(
         attend(q, k, v, make_plan(model.pe, q_pos, k_pos, causal, 4, "sdpa", sink=True), sink), want, atol=1e-5

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from utils import checkpoint, schema
 
 
-# the learned-bias schemes (issue 15) at the tiny size only: they add no constraint between sizes and positions (no
+# the learned-bias schemes at the tiny size only: they add no constraint between sizes and positions (no
 # rotary pairs, no table), and building small and d12 costs CI 5 s a scheme
 @pytest.mark.parametrize(
     "name, size",

@@ -10,8 +10,10 @@ from conftest import TINY, config, random_model, run
 from omegaconf import OmegaConf
 
 from evaluation.length import Region, regions, score, scoring_pieces, windows
+from model.variant import Variant
 from positional import rope_scaling
 from positional.rope import RoPE, apply_rotary
+from positional.rope_scaling import Scaling
 from train import train
 from utils import runtime
 
@@ -21,15 +23,13 @@ D, BASE, L = 16, 10000.0, 64
 @pytest.mark.parametrize("kind", rope_scaling.KINDS)
 @pytest.mark.parametrize("factor", [1.0, 0.5])
 def test_every_variant_is_plain_rope_at_factor_one(kind, factor):
-    plain, scaled = RoPE(1, D, D), RoPE(1, D, D)
-    scaled.set_scaling(kind, factor, L)
+    plain, scaled = RoPE(1, D, D), RoPE(1, D, D, scaling=Scaling(kind, factor, L))
     x, pos = torch.randn(1, 1, 40, D), torch.arange(40)  # dynamic_ntk: 40 positions < L, so s = 1
     assert torch.equal(plain.rotate(x, pos), scaled.rotate(x, pos))
 
 
 def test_linear_interpolation_divides_positions():
-    rope = RoPE(1, D, D)
-    rope.set_scaling("linear", 4.0, L)
+    rope = RoPE(1, D, D, scaling=Scaling("linear", 4.0, L))
     x, pos = torch.randn(1, 1, 10, D), torch.arange(10)
     want = apply_rotary(x, (pos.double() / 4)[:, None] * rope_scaling.base_inv_freq(D, BASE)[None, :])
     assert torch.allclose(rope.rotate(x, pos), want, atol=1e-5)
@@ -56,8 +56,7 @@ def test_yarn_ramp_and_temperature():
         assert inv[i].item() == pytest.approx(theta[i].item() * ((1 - g) / s + g), rel=1e-9)
     assert inv[0] == theta[0] and inv[-1] == pytest.approx(theta[-1].item() / s)  # keep high, interpolate low
     assert cos_scale == pytest.approx(0.1 * math.log(s) + 1)
-    rope = RoPE(1, D, D)
-    rope.set_scaling("yarn", s, original)
+    rope = RoPE(1, D, D, scaling=Scaling("yarn", s, original))
     x = torch.randn(1, 1, 5, D)
     assert rope.rotate(x, torch.arange(5)).norm() == pytest.approx(cos_scale * x.norm().item(), rel=1e-5)
 
@@ -271,7 +270,7 @@ STATIC = {"linear", "ntk", "yarn"}  # a fixed rescaling of every frequency: in-r
 @pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic_ntk", "yarn"])
 @pytest.mark.parametrize("scheme", ["rope", "sink"])
 def test_rope_scaling_changes_the_model_past_the_training_length(scheme, kind):
-    """Through the whole model (and through the sink wrapper, which must pass set_scaling on to its RoPE): at
+    """Through the whole model (and through the sink wrapper, which must pass the scaling on to its RoPE): at
     factor 4 every variant changes the logits past the training length. Within it, dynamic NTK leaves them
     exactly as they were (its factor is the current length over the training length, at least 1), while the
     static variants change them too: PI divides every position, NTK raises the base, YaRN interpolates the low
@@ -282,10 +281,9 @@ def test_rope_scaling_changes_the_model_past_the_training_length(scheme, kind):
     short = idx[:, :TRAIN_LEN]
     with torch.no_grad():
         plain_long, plain_short = model(idx), model(short)
-        model.pe.set_scaling(kind, 4.0, TRAIN_LEN)
-        scaled_long, scaled_short = model(idx), model(short)
-        model.pe.set_scaling(kind, 1.0, TRAIN_LEN)
-        at_factor_one = model(short)
+        scaled = Variant(Scaling(kind, 4.0, TRAIN_LEN))
+        scaled_long, scaled_short = model(idx, variant=scaled), model(short, variant=scaled)
+        at_factor_one = model(short, variant=Variant(Scaling(kind, 1.0, TRAIN_LEN)))
     assert (scaled_long - plain_long)[:, TRAIN_LEN:].abs().max() > 1e-2
     if kind in STATIC:
         assert (scaled_short - plain_short).abs().max() > 1e-2
@@ -306,3 +304,26 @@ def test_progress_bar_is_drawn_on_a_terminal_only():
     terminal, log = Terminal(), io.StringIO()
     assert list(progress(range(3), "length eval", file=terminal)) == list(progress(range(3), "x", file=log))
     assert "length eval:" in terminal.getvalue() and "/3 [" in terminal.getvalue() and log.getvalue() == ""
+
+
+def test_variants_scored_in_every_order_give_the_numbers_each_gives_alone():
+    """A variant is a value passed into the forward: scoring every variant in every order, through one model, gives
+    bit for bit what each gives alone on a fresh copy (a variant that lingered, or a model left changed, would not).
+    The variants differ from one another, so an order that swapped two would be caught."""
+    import itertools
+
+    variants = [
+        Variant(),
+        Variant(log_length=TRAIN_LEN),
+        Variant(Scaling("yarn", 4.0, TRAIN_LEN)),
+        Variant(Scaling("dynamic_ntk", 4.0, TRAIN_LEN)),
+        Variant(Scaling("leaky_rerope", 4.0, TRAIN_LEN, window=6)),
+    ]
+    idx = torch.randint(0, 97, (1, 4 * TRAIN_LEN), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        alone = [random_model("rope")(idx, variant=v) for v in variants]
+        assert all(not torch.equal(a, b) for a, b in itertools.combinations(alone, 2))
+        model = random_model("rope")
+        for order in itertools.permutations(range(len(variants))):
+            for i in order:
+                assert torch.equal(model(idx, variant=variants[i]), alone[i]), (order, i)

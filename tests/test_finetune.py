@@ -10,7 +10,9 @@ from conftest import SCHEMES, TINY, config, random_model, run, scheme_spec
 from eval import resolve_variants
 from evaluation.report import scheme_label, trained_scaling
 from model.gpt import GPT, GPTConfig
+from model.variant import Variant
 from positional.learned import interpolate_rows
+from positional.rope_scaling import Scaling
 from train import OLDER, train
 from utils import checkpoint, finetune, schema
 from utils.errors import UserError
@@ -119,14 +121,13 @@ def test_scaling_is_saved_and_rebuilt_by_eval_and_sample(init_runs, tmp_path):
     pos = ckpt["model_config"]["positional"]
     assert (pos["scaling"], pos["scaling_factor"], pos["original_length"]) == ("yarn", 2.0, 32)  # 32: init's length
     model, _ = checkpoint.load_model(out)  # what eval.py and sample.py build
-    assert (model.pe.scaling, model.pe.factor, model.pe.original_length) == ("yarn", 2.0, 32)
+    assert model.pe.scaling == Scaling("yarn", 2.0, 32)
     by_hand = GPT(GPTConfig(**{**ckpt["model_config"], "positional": {"name": "rope", "base": 10000}}))
     by_hand.load_state_dict(ckpt["model"])
     idx = torch.randint(0, 4096, (1, 64))
-    unscaled = by_hand(idx)
-    by_hand.pe.set_scaling("yarn", 2.0, 32)
     with torch.no_grad():
-        assert torch.equal(model(idx), by_hand(idx)) and not torch.allclose(model(idx), unscaled)
+        unscaled, yarn = by_hand(idx), by_hand(idx, variant=Variant(Scaling("yarn", 2.0, 32)))
+        assert torch.equal(model(idx), yarn) and not torch.allclose(model(idx), unscaled)
     # eval.py: the trained scaling is the model's own; another one is refused, `all` scores it as it is
     assert trained_scaling(ckpt["model_config"]) == "yarn x2 from 32"
     with pytest.raises(UserError, match="eval.rope_scaling=ntk.*trained with positional.scaling=yarn"):

@@ -1,4 +1,4 @@
-"""Multi-axis positions (issue #18): M-RoPE on text is RoPE, axial 2D RoPE is relative in (dy, dx), 2D/3D sinusoids
+"""Multi-axis positions: M-RoPE on text is RoPE, axial 2D RoPE is relative in (dy, dx), 2D/3D sinusoids
 are per-axis sinusoids, grid data round-trips with its position ids, KV and sink caches decode multi-axis positions
 exactly, bad positions fail clearly, and the grid evaluation scores what it says."""
 

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from model.attention import dense_bias, reference_attention
 from model.gpt import GPT, GPTConfig
 from model.log_scaling import SSMAX_INIT, log_length_factor, log_positions
+from model.variant import Variant
 from train import train
 from utils import runtime
 
@@ -23,14 +24,14 @@ def tokens(length=T, batch=2, seed=1):
 
 
 def scaled(name="rope", log=True, **kw):
-    """A random model of `name` with log scaling at L (log) and/or model.ssmax (kw ssmax=True)."""
+    """A random model of `name` with model.ssmax (kw ssmax=True), and the variant of log scaling at L (log) or the
+    model as trained."""
     model = random_model(name, **kw)
     if model.cfg.ssmax:  # random_model draws every vector from N(0, 1): positive s, as a trained head has
         with torch.no_grad():
             for block in model.blocks:
                 block.attn.ssmax.abs_()
-    model.set_log_scaling(L if log else None)
-    return model
+    return model, Variant(log_length=L if log else None)
 
 
 def test_the_factor_is_one_within_the_training_length_and_log_L_n_past_it():
@@ -52,10 +53,8 @@ def test_logits_within_the_training_length_are_the_plain_models(name):
     model, idx = random_model(name), tokens()
     with torch.no_grad():
         plain = model(idx)
-        model.set_log_scaling(T)
-        assert torch.equal(model(idx), plain)
-        model.set_log_scaling(T - 1)  # only the last query is past it
-        past = model(idx)
+        assert torch.equal(model(idx, variant=Variant(log_length=T)), plain)
+        past = model(idx, variant=Variant(log_length=T - 1))  # only the last query is past it
     assert torch.equal(past[:, :-1], plain[:, :-1]) and not torch.allclose(past[:, -1], plain[:, -1], atol=1e-3)
 
 
@@ -78,7 +77,7 @@ def test_the_layer_scales_its_queries_by_the_formula(name):
     pos, x = torch.arange(T), torch.randn(2, T, 32, generator=torch.Generator().manual_seed(3))
     log = torch.tensor([max(1.0, math.log(p + 1) / math.log(L)) for p in range(T)])[:, None]
     ln_n = torch.tensor([math.log(p + 1) for p in range(T)])[:, None]
-    for model, factor in (
+    for (model, variant), factor in (
         (scaled(name), log),
         (scaled(name, log=False, ssmax=True), None),
         (scaled(name, ssmax=True), None),
@@ -86,9 +85,9 @@ def test_the_layer_scales_its_queries_by_the_formula(name):
         attn = model.blocks[0].attn
         if factor is None:
             s = attn.ssmax.detach()[:, None, None]
-            factor = s * ln_n * (log if model.log_scaling else 1)
+            factor = s * ln_n * (log if variant.log_length else 1)
         with torch.no_grad():
-            got = attn(x, model.plan(pos, pos, True))
+            got = attn(x, model.plan(pos, pos, True, variant=variant))
             want = reference_layer(model, x, pos, factor)
             assert torch.allclose(got, want, atol=1e-5)
             wrong = reference_layer(model, x, pos, torch.ones(()))
@@ -98,9 +97,11 @@ def test_the_layer_scales_its_queries_by_the_formula(name):
 def test_every_layer_and_window_plan_carries_the_factor():
     """A PN model with SL windows: the scheme's plan, the NoPE layers' plan and each one's window plan all hold the
     same query factor, so no layer attends unscaled."""
-    model = scaled(n_layer=4, window=5, window_pattern="SL", positional={"name": "rope", "layers": "PN"}, ssmax=True)
+    model, variant = scaled(
+        n_layer=4, window=5, window_pattern="SL", positional={"name": "rope", "layers": "PN"}, ssmax=True
+    )
     pos = torch.arange(T)
-    plan = model.plan(pos, pos, True)
+    plan = model.plan(pos, pos, True, variant=variant)
     for block in model.blocks:
         own = block.attn.own_plan(plan)
         assert torch.equal(own.q_scale, log_length_factor(pos, L)) and torch.equal(own.log_n, log_positions(pos))
@@ -119,7 +120,8 @@ CASES = [
 def test_dense_cache_decoding_equals_the_full_forward(name, kw, ssmax):
     """Token by token, in chunks and (without a window ring) the static step: each query's factor is read from its
     absolute position, as in the full forward."""
-    assert_decoding_equals_full_forward(scaled(name, ssmax=ssmax, **kw), tokens(), static="window" not in kw)
+    model, variant = scaled(name, ssmax=ssmax, **kw)
+    assert_decoding_equals_full_forward(model, tokens(), static="window" not in kw, variant=variant)
 
 
 @pytest.mark.parametrize("name", ["rope", "alibi"])
@@ -128,14 +130,14 @@ def test_backends_agree_with_the_fp32_reference(name, backend):
     """Log scaling and SSMax together, with windows: sdpa (its blocked causal path, and is_causal without a bias or
     window) and flex (forward, eager on the CPU) give the reference's logits, sdpa its gradients (s included)."""
     kw = dict(ssmax=True, n_layer=2, window=5, window_pattern="SL")
-    ref, other = scaled(name, attn_backend="reference", **kw), scaled(name, attn_backend=backend, **kw)
+    (ref, v), (other, _) = scaled(name, attn_backend="reference", **kw), scaled(name, attn_backend=backend, **kw)
     idx = tokens(80)  # past BLOCK_MIN_ROWS: the sdpa bias path splits its queries into diagonal blocks
     with torch.no_grad():
-        assert torch.allclose(ref(idx), other(idx), atol=2e-4)
+        assert torch.allclose(ref(idx, variant=v), other(idx, variant=v), atol=2e-4)
     if backend == "sdpa":  # gradients at 24 tokens: at 80 the sharpened softmax leaves fp32 noise above 1e-3
-        assert_same_logits_and_grads(other, ref, tokens())
-        plain_ref, plain = scaled(name, attn_backend="reference", ssmax=True), scaled(name, ssmax=True)
-        assert_same_logits_and_grads(plain, plain_ref, tokens())  # no bias, no window: SDPA's is_causal path
+        assert_same_logits_and_grads(other, ref, tokens(), v)
+        (plain_ref, v), (plain, _) = scaled(name, attn_backend="reference", ssmax=True), scaled(name, ssmax=True)
+        assert_same_logits_and_grads(plain, plain_ref, tokens(), v)  # no bias, no window: SDPA's is_causal path
 
 
 def test_ssmax_starts_at_its_init_learns_and_is_saved(tmp_path, shakespeare_dir):

@@ -6,6 +6,7 @@ python -m pytest -q tests/test_longrope.py
 
 import json
 import shutil
+from functools import partial
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ import eval as eval_py
 from evaluation import longrope
 from evaluation import longrope_search as ls
 from evaluation.length import Piece
+from model.variant import Variant
 from positional import rope_scaling
+from positional.rope_scaling import Scaling
 from utils import runtime
 from utils.errors import UserError, cli
 
@@ -41,21 +44,18 @@ def test_factors_of_one_reproduce_plain_rope(scheme, start_tokens):
     model = random_model(scheme)
     idx = torch.randint(0, 97, (2, 4 * TRAIN_LEN), generator=torch.Generator().manual_seed(0))
     ones = [1.0] * pairs(model)
+    longrope = partial(Scaling, "longrope", 4.0, TRAIN_LEN, start_tokens=start_tokens)
     with torch.no_grad():
         plain = model(idx)
-        model.pe.set_scaling("longrope", 4.0, TRAIN_LEN, rescale=ones, start_tokens=start_tokens, attn_scale=1.0)
-        same = model(idx)
-        model.pe.set_scaling("longrope", 4.0, TRAIN_LEN, rescale=[2.0] * len(ones), start_tokens=start_tokens)
-        scaled = model(idx)
+        same = model(idx, variant=Variant(longrope(rescale=ones, attn_scale=1.0)))
+        scaled = model(idx, variant=Variant(longrope(rescale=[2.0] * len(ones))))
     assert torch.equal(same, plain)
     assert (scaled - plain)[:, start_tokens + 1 :].abs().max() > 1e-2
 
     pe = model.pe.inner if scheme == "sink" else model.pe
     pos = torch.arange(3 * TRAIN_LEN)
-    pe.set_scaling("none")
     cos0, _ = pe.rotation(pos)
-    pe.set_scaling("longrope", 4.0, TRAIN_LEN, rescale=ones, start_tokens=start_tokens)
-    cos1, _ = pe.rotation(pos)
+    cos1, _ = pe.rotation(pos, longrope(rescale=ones))
     scale = (1 + np.log(4.0) / np.log(TRAIN_LEN)) ** 0.5
     assert torch.equal(cos1[:start_tokens], cos0[:start_tokens])  # the kept positions: unscaled, as released
     assert torch.allclose(cos1[start_tokens:], cos0[start_tokens:] * scale)
@@ -67,10 +67,9 @@ def test_at_or_below_the_training_length_it_is_plain_rope_and_needs_no_factors()
     with torch.no_grad():
         plain = model(idx)
         for factor in (1.0, 0.5):
-            model.pe.set_scaling("longrope", factor, TRAIN_LEN)
-            assert torch.equal(model(idx), plain)
+            assert torch.equal(model(idx, variant=Variant(Scaling("longrope", factor, TRAIN_LEN))), plain)
     with pytest.raises(ValueError, match="needs its searched factors"):
-        model.pe.set_scaling("longrope", 2.0, TRAIN_LEN)
+        model(idx, variant=Variant(Scaling("longrope", 2.0, TRAIN_LEN)))
 
 
 def test_seeds_are_the_closed_form_kinds_as_factors():
@@ -178,7 +177,7 @@ def test_search_windows_stay_outside_what_the_table_reads():
 
 
 def copy_run(tiny_checkpoint, tmp_path):
-    """A run folder of its own: the session's tiny checkpoint is shared by other tests."""
+    """A run folder of its own: the shared tiny checkpoint is read by other tests."""
     ckpt = tmp_path / "run"
     shutil.copytree(tiny_checkpoint, ckpt, ignore=shutil.ignore_patterns("eval", "longrope_*"))
     return ckpt

@@ -65,15 +65,15 @@ def test_flex_score_mod_and_mask_equal_the_dense_bias(name):
 
     model = random_model(name)
     q_pos, k_pos = torch.arange(5, 12), torch.arange(0, 12)
-    dense = make_plan(model.pe, q_pos, k_pos, True, 4, backend="sdpa").bias
+    dense = make_plan(model.pe, q_pos, k_pos, True, 4, backend="sdpa").mask.bias
     flex = make_plan(model.pe, q_pos, k_pos, True, 4, backend="flex")
-    visible = create_mask(flex.block_mask.mask_mod, 1, 1, len(q_pos), len(k_pos), device="cpu")[0, 0]
+    visible = create_mask(flex.mask.block_mask.mask_mod, 1, 1, len(q_pos), len(k_pos), device="cpu")[0, 0]
     assert torch.equal(visible, dense[0].isfinite())
     zero = torch.tensor(0.0)
     for h in range(4):
         for i in range(len(q_pos)):
             for j in range(len(k_pos)):
-                got = flex.score_mod(zero, torch.tensor(0), torch.tensor(h), torch.tensor(i), torch.tensor(j))
+                got = flex.mask.score_mod(zero, torch.tensor(0), torch.tensor(h), torch.tensor(i), torch.tensor(j))
                 if visible[i, j]:
                     assert got.item() == pytest.approx(dense[h, i, j].item(), abs=1e-6)
 

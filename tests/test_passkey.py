@@ -15,6 +15,7 @@ from data.loader import RowSampler, TokenSplit
 from data.passkey import Template, filler_stream
 from data.prepare import prepare
 from evaluation.passkey import score, wilson
+from positional.rope_scaling import Scaling
 from utils import runtime
 
 
@@ -60,7 +61,7 @@ class Oracle(nn.Module):
         self.samples = samples
         self.wrong = wrong or {}  # (sample index, input position) -> the token predicted there instead
 
-    def forward(self, idx, keep_from=0):
+    def forward(self, idx, keep_from=0, variant=None):
         logits = torch.zeros(idx.size(0), idx.size(1) - keep_from, 50)
         for b, row in enumerate(idx.tolist()):
             i = self.index[tuple(row)]
@@ -194,16 +195,17 @@ def test_passkey_eval_writes_every_cell(tiny_checkpoint):
 
 def test_passkey_eval_scores_each_extension_with_the_model_set_up_for_it(tiny_checkpoint, monkeypatch):
     """eval.rope_scaling / eval.log_scaling / eval.rerope in passkey mode: every variant gets its own
-    passkey-<variant>.json, and each of its cells is scored with the model set up for that variant at that
-    length's factor (recorded at every score call), the model as trained first; none was once silently ignored."""
+    passkey-<variant>.json, and each of its cells is scored under that variant at that length's factor (the value
+    each score call receives), the model as trained first; none was once silently ignored."""
     import eval as eval_entry
     from evaluation import passkey
 
     seen, score_of = [], passkey.score
 
-    def recording(model, samples, batch_tokens, rt):
-        seen.append((model.pe.scaling, model.pe.factor, model.pe.far_window, model.log_scaling))
-        return score_of(model, samples, batch_tokens, rt)
+    def recording(model, samples, batch_tokens, rt, variant):
+        s = variant.scaling or Scaling()
+        seen.append((s.kind, s.factor, s.window, variant.log_length))
+        return score_of(model, samples, batch_tokens, rt, variant)
 
     monkeypatch.setattr(passkey, "score", recording)
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):

@@ -153,7 +153,6 @@ def test_random_decay_and_each_scaling_variant():
     assert torch.allclose(curves["ntk"], random_decay(ntk, d, s, L, samples=2000)["none"], atol=1e-5)
     assert torch.allclose(curves["dynamic_ntk"], curves["ntk"], atol=1e-5)  # s from the length: 64 / 16
     assert torch.allclose(curves["yarn"][0], curves["none"][0] * (0.1 * math.log(s) + 1) ** 2)  # logits scaled
-    assert pe.scaling == "none"  # the scheme is left as it was
 
 
 def test_trained_mean_query_key_and_content_bias():

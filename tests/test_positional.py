@@ -10,6 +10,7 @@ from conftest import ABSOLUTE, ROOT, SCHEMES, scheme_spec
 import positional
 from positional.alibi import alibi_slopes
 from positional.rope import RoPE
+from positional.rope_scaling import Scaling
 from positional.t5 import t5_bucket
 
 
@@ -107,7 +108,7 @@ def test_every_scheme_builds_and_states_its_reach(name):
     assert pe.n_prefix == (1 if name == "sink" else 0)
 
 
-# ---- the learned-bias family (issue 15): each bias against its paper's formula ----
+# ---- the learned-bias family: each bias against its paper's formula ----
 
 
 def test_kerple_bias_matches_both_formulas():
@@ -298,13 +299,12 @@ def test_rope_scaling_applies_to_the_rotary_family(name):
     """eval.rope_scaling: linear interpolation by 2 at positions 2n rotates as the unscaled scheme at n; xPos's decay
     stays at the raw positions."""
     pe = positional.build({"name": name}, 2, 8, 16)
-    x, pos = torch.randn(1, 2, 3, 8), torch.tensor([3, 5, 9])
+    x, pos, linear = torch.randn(1, 2, 3, 8), torch.tensor([3, 5, 9]), Scaling("linear", 2.0, 16)
     plain = pe.rotate_key(x, pos)
-    pe.set_scaling("linear", 2.0, 16)
     if name == "xpos":
         cos, sin = RoPE(2, 8, 16).rotation(pos)
         decay = ((torch.arange(0, 8, 2) / 8 + 0.4) / 1.4) ** (2 * pos[:, None] / 512)
-        got = pe.rotation(2 * pos)
+        got = pe.rotation(2 * pos, linear)
         assert torch.allclose(got[0], cos * decay, atol=1e-6) and torch.allclose(got[1], sin * decay, atol=1e-6)
     else:
-        assert torch.allclose(plain, pe.rotate_key(x, 2 * pos), atol=1e-5)
+        assert torch.allclose(plain, pe.rotate_key(x, 2 * pos, pe.rotation(2 * pos, linear)), atol=1e-5)

@@ -15,7 +15,9 @@ from omegaconf import OmegaConf
 
 from model.gpt import norm
 from model.kv_cache import SinkCache
+from model.variant import Variant
 from positional import rerope
+from positional.rope_scaling import Scaling
 from utils import runtime
 from utils.errors import UserError
 
@@ -25,9 +27,13 @@ KINDS = {"rerope": None, "leaky_rerope": 3.5}  # kind -> k (rerope: inf), a k th
 
 
 def scaled(kind, name="rope", window=W, leak=None, **kw):
-    model = random_model(name, **kw)
-    model.pe.set_scaling(kind, 4.0, TRAIN, window=window, leak=leak)
-    return model
+    """A random model of `name` and the variant that extends it by `kind` at factor 4 from TRAIN tokens."""
+    return random_model(name, **kw), Variant(Scaling(kind, 4.0, TRAIN, window=window, leak=leak))
+
+
+def logits(pair, idx, **kw):
+    model, variant = pair
+    return model(idx, variant=variant, **kw)
 
 
 def tokens(n=T, batch=2, seed=0):
@@ -68,10 +74,10 @@ def test_inside_the_window_it_is_rope(kind):
     idx, plain = tokens(), random_model("rope")
     with torch.no_grad():
         want = plain(idx)
-        assert torch.allclose(scaled(kind, window=T)(idx), want, atol=1e-5)
+        assert torch.allclose(logits(scaled(kind, window=T), idx), want, atol=1e-5)
         if kind == "leaky_rerope":
-            assert torch.allclose(scaled(kind, window=4, leak=1.0)(idx), want, atol=1e-4)
-        assert not torch.allclose(scaled(kind, window=W, leak=KINDS[kind])(idx), want, atol=1e-2)  # it acts past W
+            assert torch.allclose(logits(scaled(kind, window=4, leak=1.0), idx), want, atol=1e-4)
+        assert not torch.allclose(logits(scaled(kind, leak=KINDS[kind]), idx), want, atol=1e-2)  # it acts past W
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "reference"])
@@ -79,9 +85,9 @@ def test_inside_the_window_it_is_rope(kind):
 def test_past_the_window_logits_equal_the_brute_force(kind, backend):
     """The whole model's logits against the float64 brute force (flex: test_backends_agree)."""
     idx = tokens()
-    model = scaled(kind, leak=KINDS[kind], attn_backend=backend)
+    model, variant = scaled(kind, leak=KINDS[kind], attn_backend=backend)
     with torch.no_grad():
-        got = model(idx)
+        got = model(idx, variant=variant)
         want = brute_force_logits(model, idx, W, KINDS[kind] or math.inf)
     assert torch.allclose(got, want.float(), atol=2e-4), (got - want).abs().max()
 
@@ -90,12 +96,12 @@ def test_past_the_window_logits_equal_the_brute_force(kind, backend):
 def test_translation_invariant(kind):
     """Shifting every position by c moves the far queries and keys alike (by c / k), so the logits stay: with the
     auto k, no whole number (at factor 4 from 20 tokens, w 12: (79 - 12) / (19 - 12))."""
-    model, idx = scaled(kind), tokens()
-    assert kind == "rerope" or model.pe.leak % 1 > 0
+    pair, idx = scaled(kind), tokens()
+    assert kind == "rerope" or pair[1].scaling.leak % 1 > 0
     with torch.no_grad():
-        base = model(idx)
+        base = logits(pair, idx)
         for c in (7, 1000):
-            assert torch.allclose(model(idx, pos=torch.arange(T) + c), base, atol=1e-4), c
+            assert torch.allclose(logits(pair, idx, pos=torch.arange(T) + c), base, atol=1e-4), c
 
 
 def test_auto_leak_keeps_every_distance_trained():
@@ -114,8 +120,8 @@ def test_kv_cache_decoding_equals_the_full_forward(kind, variant):
     ones; with model.window=24 > w, in the window layers' rings too)."""
     name, _, option = variant.partition("-")
     kw = {"window": 24, "window_pattern": "SL"} if option else {}
-    model = scaled(kind, name, leak=KINDS[kind], **kw)
-    assert_decoding_equals_full_forward(model, tokens(40))
+    model, variant = scaled(kind, name, leak=KINDS[kind], **kw)
+    assert_decoding_equals_full_forward(model, tokens(40), variant=variant)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -123,11 +129,11 @@ def test_sink_cache_rotates_at_in_cache_positions(kind):
     """Past its capacity the sink cache re-indexes what it keeps: in a one-layer model (whose cached keys and values
     depend on their token alone) the last token's logits are a full forward over the kept tokens at positions
     0..capacity-1, far scores included."""
-    model, idx = scaled(kind, leak=KINDS[kind], n_layer=1), tokens(50, batch=1)
-    cache = SinkCache(model, 1, sinks=2, window=28)
+    (model, variant), idx = scaled(kind, leak=KINDS[kind], n_layer=1), tokens(50, batch=1)
+    cache = SinkCache(model, 1, sinks=2, window=28, variant=variant)
     with torch.no_grad():
         last = torch.cat([model.decode(idx[:, t : t + 1], cache) for t in range(idx.size(1))], dim=1)[:, -1]
-        want = model(idx[:, cache.token_indices().sort().values])[:, -1]  # slot order -> position order
+        want = model(idx[:, cache.token_indices().sort().values], variant=variant)[:, -1]  # slots by position
     assert torch.allclose(last, want, atol=1e-4)
 
 
@@ -141,7 +147,9 @@ def test_backends_agree(kind, options):
     kw = {"window": 40, "window_pattern": "SL"} if options == "window" else kw
     idx = tokens(128)  # two query blocks of 64 (sdpa), the second with far and near spans; one flex block
     with torch.no_grad():
-        out = {b: scaled(kind, leak=KINDS[kind], attn_backend=b, **kw)(idx) for b in ("sdpa", "reference", "flex")}
+        out = {
+            b: logits(scaled(kind, leak=KINDS[kind], attn_backend=b, **kw), idx) for b in ("sdpa", "reference", "flex")
+        }
     assert torch.allclose(out["sdpa"], out["reference"], atol=1e-4)
     assert torch.allclose(out["flex"], out["reference"], atol=1e-4)
 
@@ -153,15 +161,16 @@ def test_cuda_flex_agrees_in_bf16(kind):
     reference, in bf16 autocast; and a decode through the dense cache (sdpa on the GPU) against the full forward."""
     models = {}
     for backend in ("reference", "auto"):
-        models[backend] = scaled(kind, leak=KINDS[kind], attn_backend=backend, d_model=128).cuda()
-    idx = tokens(256).cuda()
+        model, variant = scaled(kind, leak=KINDS[kind], attn_backend=backend, d_model=128)
+        models[backend] = model.cuda()
+    idx, pos = tokens(256).cuda(), torch.arange(256, device="cuda")
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        plan = models["auto"].plan(torch.arange(256, device="cuda"), torch.arange(256, device="cuda"), True)
+        plan = models["auto"].plan(pos, pos, True, variant=variant)
         assert plan.backend == "flex" and plan.far.block_mask is not None
-        got, want = models["auto"](idx).float(), models["reference"](idx).float()
+        got, want = (models[b](idx, variant=variant).float() for b in ("auto", "reference"))
     assert (got - want).norm() <= 0.02 * want.norm(), (got - want).abs().max()
     with torch.no_grad():
-        assert_decoding_equals_full_forward(models["auto"].float(), idx[:, :40], static=False, atol=1e-3)
+        assert_decoding_equals_full_forward(models["auto"].float(), idx[:, :40], False, 1e-3, variant)
 
 
 def test_bad_settings_name_their_key():
@@ -176,7 +185,7 @@ def test_bad_settings_name_their_key():
     cfg = OmegaConf.create({"rope_scaling": "leaky_rerope", "rerope_leak": "auto", "rerope_window": None})
     ckpt = {"seq_len": TRAIN, "model_config": {"positional": {"name": "alibi"}}}
     with pytest.raises(UserError, match="rope_scaling=leaky_rerope"):
-        sample.set_rope_scaling(alibi, ckpt, cfg, 4 * TRAIN)
+        sample.rope_variant(alibi, ckpt, cfg, 4 * TRAIN)
     with pytest.raises(ValueError, match="w=0"):
         rerope.window(TRAIN, 0)
     with pytest.raises(ValueError, match="k=0.5"):

@@ -12,7 +12,7 @@ import model.attention as attention
 from evaluation.attention_map import pick_heads, plot_attention_maps
 from evaluation.sink_mass import SINK_THRESHOLD, first_token_attention, sink_shares
 from model.generate import sample_next
-from model.kv_cache import CacheError, DenseCache, SinkCache, build_cache
+from model.kv_cache import CacheError, DenseCache, SinkCache, build_cache, cache_sizes
 from model.static_decode import StaticDecoder
 from train import train
 
@@ -164,11 +164,17 @@ def test_absolute_schemes_refuse_the_sink_cache(name):
 
 
 def test_cache_defaults_match_the_training_context():
-    rope, sink = random_model("rope"), random_model("sink")
-    assert (build_cache(rope, "sink", 1, 256).sinks, build_cache(rope, "sink", 1, 256).window) == (4, 252)
-    assert (build_cache(sink, "sink", 1, 256).sinks, build_cache(sink, "sink", 1, 256).window) == (1, 256)
-    learned = random_model("learned")  # a 256-position table
-    assert build_cache(learned, "dense", 1, 64).capacity == 256 and build_cache(rope, "dense", 1, 64).capacity == 1024
+    rope, sink, learned = random_model("rope"), random_model("sink"), random_model("learned")  # a 256-row table
+    for model, kind, length, want in (
+        (rope, "sink", 256, {"sinks": 4, "window": 252, "capacity": 256}),
+        (sink, "sink", 256, {"sinks": 1, "window": 256, "capacity": 257}),
+        (learned, "dense", 64, {"capacity": 256}),
+        (rope, "dense", 64, {"capacity": 1024}),
+    ):
+        sizes = cache_sizes(model, kind, length)
+        cache = build_cache(model, kind, 1, sizes)
+        assert sizes == want and cache.capacity == want["capacity"]
+        assert all(getattr(cache, k) == v for k, v in want.items())
 
 
 def test_greedy_and_top_k_sampling():

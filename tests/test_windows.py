@@ -54,7 +54,7 @@ def test_diagonal_blocks_drop_keys_past_the_window():
     reference = random_model("alibi", attn_backend="reference", window=20)
     pos = torch.arange(150)
     plan = blocked.plan(pos, pos, True).windows[20]
-    assert plan.window == 20 and len(plan.blocks) > 2
+    assert plan.window == 20 and len(plan.mask.blocks) > 2
     assert_same_logits_and_grads(blocked, reference, tokens(150))
 
 
@@ -63,9 +63,9 @@ def test_flex_block_mask_equals_the_dense_window_mask():
 
     model = random_model("rope")
     q_pos, k_pos = torch.arange(5, 40), torch.arange(0, 40)
-    dense = make_plan(model.pe, q_pos, k_pos, True, 4, backend="sdpa", window=7).bias
+    dense = make_plan(model.pe, q_pos, k_pos, True, 4, backend="sdpa", window=7).mask.bias
     flex = make_plan(model.pe, q_pos, k_pos, True, 4, backend="flex", window=7)
-    visible = create_mask(flex.block_mask.mask_mod, 1, 1, len(q_pos), len(k_pos), device="cpu")[0, 0]
+    visible = create_mask(flex.mask.block_mask.mask_mod, 1, 1, len(q_pos), len(k_pos), device="cpu")[0, 0]
     assert torch.equal(visible, dense[0].isfinite())
     assert visible.sum(-1).max() == 7
 
