@@ -7,7 +7,7 @@ python viz.py checkpoint=out/rope                     a trained run -> out/rope/
 python viz.py checkpoint=out/rope viz.heads=[[0,1],[3,2]]   attention maps of chosen (layer, head) pairs
 python viz.py viz.all=true                            every scheme at init in one gallery: pictures/index.md
 python viz.py sweep_dir=multirun/schemes              every run of a training sweep, trained, in one gallery
-evaluation/pictures.py computes each picture's numbers, evaluation/gallery.py draws them; a scheme a picture does
+gallery/numbers.py computes each picture's numbers, gallery/draw.py draws them; a scheme a picture does
 not fit is skipped and the index says why. All on the CPU: the largest piece of work is an attention map over
 training-length windows of a small model.
 """
@@ -38,7 +38,7 @@ def scheme_spec(name: str, cfg) -> dict:
 def init_subject(spec: dict, cfg):
     """A scheme at init with the heads and widths of cfg.model (model=tiny by default)."""
     import positional
-    from evaluation.gallery import Subject
+    from gallery.draw import Subject
 
     m = cfg.model
     try:  # with positional.layers (irope): the scheme of its P layers; the N layers have no positions to draw
@@ -76,7 +76,7 @@ def check_heads(heads, model):
 
 
 def trained_subject(path, cfg):
-    from evaluation.gallery import Subject
+    from gallery.draw import Subject
     from utils import checkpoint
 
     model, ckpt = checkpoint.load_model(path, "cpu")
@@ -107,7 +107,7 @@ def subjects_and_folder(cfg):
 
 
 def run(cfg: DictConfig, command: str = "python viz.py") -> Path:
-    from evaluation.gallery import Options, draw, write_index
+    from gallery.draw import Options, draw, write_index
 
     schema.check_viz(cfg)
     heads = None if cfg.viz.heads is None else [list(pair) for pair in cfg.viz.heads]

@@ -13,20 +13,16 @@ graphs compiled while timing (anything but 0 is a defect). Prints a table and ap
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch._dynamo
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.configs import SCHEMES, gpt_keywords, run_config  # noqa: E402
-from bench.plain_gpt import PlainGPT  # noqa: E402
-from bench.table import fmt, publish  # noqa: E402
-from utils.checkpoint import build_model  # noqa: E402
-from utils.runtime import keep_freed_memory  # noqa: E402
+from bench.configs import SCHEMES, gpt_keywords, run_config
+from bench.plain_gpt import PlainGPT
+from bench.table import fmt, publish
+from utils.checkpoint import build_model
+from utils.runtime import keep_freed_memory
 
 
 def matmul_peak(n: int = 1024, reps: int = 20) -> float:
@@ -156,7 +152,7 @@ def main():
         f"(bench/plain_gpt.py) tok/s, with its 95% bootstrap interval; "
         f"%peak against a measured {peak / 1e9:.0f} GFLOP/s fp32 matmul"
     )
-    publish(rows, fmt, "CPU training throughput against a plain GPT-2 block", details, torch.device("cpu"), args.record)
+    publish(rows, fmt, details, torch.device("cpu"), args.record)
 
 
 if __name__ == "__main__":

@@ -11,22 +11,18 @@ Appends the table, with the device and this command, to bench/RESULTS.md (--no-r
 
 import argparse
 import resource
-import sys
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.configs import SIZES, model_config  # noqa: E402
-from bench.table import publish  # noqa: E402
-from model.gpt import GPT, GPTConfig  # noqa: E402
-from model.kv_cache import DenseCache, SinkCache  # noqa: E402
-from model.static_decode import StaticDecoder  # noqa: E402
-from utils import checkpoint  # noqa: E402
-from utils.runtime import keep_freed_memory  # noqa: E402
+from bench.configs import SIZES, model_config
+from bench.table import publish
+from model.gpt import GPT, GPTConfig
+from model.kv_cache import DenseCache, SinkCache
+from model.static_decode import StaticDecoder
+from utils import checkpoint
+from utils.runtime import keep_freed_memory
 
 
 def sync(device):
@@ -156,7 +152,7 @@ def main():
                 )
     mem = "allocated GPU memory" if device.type == "cuda" else "process peak RSS"
     details = f"{what}, {dtype}; tok/s of the {args.block}-token block ending at each mark; memory = {mem}"
-    publish(rows, fmt, "Decoding past the training length", details, device, args.record)
+    publish(rows, fmt, details, device, args.record)
 
 
 if __name__ == "__main__":

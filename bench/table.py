@@ -1,6 +1,9 @@
-"""A benchmark's rows as a markdown table, printed and appended to bench/RESULTS.md with the command and device.
+"""A benchmark's rows as a markdown table, printed, and recorded in bench/RESULTS.md with the command and device.
 
-Used by bench/train_bench.py and bench/decode_bench.py.
+python bench/cpu_bench.py      python bench/train_bench.py      python bench/decode_bench.py      (--no-record: print)
+A recorded run replaces its benchmark's latest table in bench/RESULTS.md (between `<!-- latest: NAME -->` and
+`<!-- /latest -->`) and adds a row to the history table there, so the file holds one current figure per benchmark
+and never the same heading twice.
 """
 
 import shlex
@@ -10,6 +13,11 @@ from pathlib import Path
 
 import torch
 
+from evaluation.report import markdown
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+HISTORY_END = "<!-- /history -->"
+
 
 def fmt(v) -> str:
     """A table cell: floats with thousands separators from 100 up, two decimals below."""
@@ -18,16 +26,27 @@ def fmt(v) -> str:
     return str(v)
 
 
-def publish(rows: list[dict], fmt, title: str, details: str, device: torch.device, record: bool):
-    """Print `rows` (one dict per row) as a table under a note naming the command, device and torch version;
-    with record, append both to bench/RESULTS.md under `title`."""
-    head = list(rows[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(fmt(r[k]) for k in head) + " |" for r in rows]
+def publish(rows: list[dict], fmt, details: str, device: torch.device, record: bool, path: Path = RESULTS):
+    """Print `rows` (one dict per row) as a table under a note naming the command, device and torch version; with
+    record, make it the benchmark's latest table in bench/RESULTS.md and add its history row."""
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     note = f"`python {shlex.join(sys.argv)}` on {device_name}, torch {torch.__version__}, {details}"
-    table = "\n".join(lines)
+    table = markdown(rows, fmt)
     print(f"\n{note}\n\n{table}")
     if record:
-        with open(Path(__file__).with_name("RESULTS.md"), "a") as f:
-            f.write(f"\n### {title} ({time.strftime('%Y-%m-%d')})\n{note}\n\n{table}\n")
+        summary = "; ".join(f"{fmt(list(r.values())[0])} {fmt(list(r.values())[-1])}" for r in rows)
+        path.write_text(recorded(path.read_text(), Path(sys.argv[0]).stem, note, table, summary))
+
+
+def recorded(text: str, name: str, note: str, table: str, summary: str) -> str:
+    """RESULTS.md's text with benchmark `name`'s latest block replaced (appended at the end if it has none yet)
+    and a history row (date, benchmark, first and last column of each row) before the history table's end."""
+    start, end = f"<!-- latest: {name} -->", "<!-- /latest -->"
+    block = f"{start}\n{note}\n\n{table}\n{end}"
+    if start in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + f"\n\n### {name}\n{block}\n"
+    row = f"| {time.strftime('%Y-%m-%d')} | {name} | {summary} | recorded run |\n"
+    return text.replace(HISTORY_END, row + HISTORY_END) if HISTORY_END in text else text

@@ -14,19 +14,15 @@ depend on the data.
 """
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.configs import SCHEMES, SIZES, model_config  # noqa: E402
-from bench.table import fmt, publish  # noqa: E402
-from model.attention import make_plan  # noqa: E402
-from model.gpt import GPT, GPTConfig  # noqa: E402
-from utils.runtime import datasheet_peak, keep_freed_memory  # noqa: E402
+from bench.configs import SCHEMES, SIZES, model_config
+from bench.table import fmt, publish
+from model.attention import make_plan
+from model.gpt import GPT, GPTConfig
+from utils.runtime import datasheet_peak, keep_freed_memory
 
 
 def sync(device):
@@ -159,7 +155,7 @@ def main():
         f"({(datasheet_peak(device) or 0) / 1e12:.0f} TFLOP/s; n/a if unknown) and a measured "
         f"{peak / 1e12:.1f} TFLOP/s matmul peak"
     )
-    publish(rows, fmt, "Training throughput", details, device, args.record)
+    publish(rows, fmt, details, device, args.record)
 
 
 if __name__ == "__main__":

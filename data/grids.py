@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.prepare import SPLITS, write_token_split
+from data.shards import SPLITS, write_token_split
 from data.tokenizer import BOS
 from utils.errors import UserError
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.prepare import load_meta
+from data.shards import load_meta
 from utils.errors import UserError
 
 

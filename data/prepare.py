@@ -19,9 +19,12 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from data import sources, tokenizer
+from data.grids import write_grids
+from data.passkey import write_passkey
+from data.shards import SPLITS, load_meta, write_token_split
 from utils.errors import UserError, cli
 
-SPLITS = ("train", "val")
+__all__ = ["SPLITS", "data_dir", "load_meta", "prepare", "write_token_split"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -45,12 +48,8 @@ def prepare(data: dict, tok: dict, log=print) -> Path:
     if (out / "meta.json").exists():
         return out
     if data["source"] == "grids":
-        from data.grids import write_grids
-
         return build_atomically(out, lambda tmp: write_grids(tmp, data, log), data, tok, log)
     if data["source"] == "passkey":
-        from data.passkey import write_passkey  # it reads its corpus through data.loader, which imports this module
-
         base = prepare(data["base"], tok, log)
         return build_atomically(out, lambda tmp: write_passkey(tmp, data, base, log), data, tok, log)
     return build_atomically(out, lambda tmp: write_corpus(tmp, data, tok, log), data, tok, log)
@@ -109,43 +108,6 @@ def write_split(folder: Path, split: str, docs, enc, bos: int, dtype, shard_toke
     return write_token_split(folder, split, token_docs(), dtype, shard_tokens)
 
 
-def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) -> dict:
-    """Write token documents (arrays, BOS first) as shards; start a new shard only at a document boundary.
-    A document may also be a pair (tokens, position ids (axes, n)): each shard then has its ids beside it,
-    <split>_NNN.pos.npy of shape (axes, its tokens), int32 (data/grids.py; data/loader.py reads them)."""
-    shards, starts, buf, pos_buf, n_total = [], [], [], [], 0
-
-    def flush():
-        if buf:
-            name = f"{split}_{len(shards):03d}.bin"
-            arr = np.concatenate(buf).astype(dtype)
-            arr.tofile(folder / name)
-            shards.append({"file": name, "tokens": int(arr.size)})
-            if pos_buf:
-                shards[-1]["positions"] = name.replace(".bin", ".pos.npy")
-                np.save(folder / shards[-1]["positions"], np.concatenate(pos_buf, axis=1).astype(np.int32))
-            buf.clear()
-            pos_buf.clear()
-
-    in_buf = 0
-    for doc in docs:
-        if isinstance(doc, tuple):
-            doc, ids = doc
-            if ids.shape[-1] != doc.size:
-                raise ValueError(f"a document of {doc.size} tokens with position ids of shape {ids.shape}")
-            pos_buf.append(ids)
-        starts.append(n_total)
-        buf.append(doc)
-        n_total += doc.size
-        in_buf += doc.size
-        if in_buf >= shard_tokens:
-            flush()
-            in_buf = 0
-    flush()
-    np.save(folder / f"{split}_docs.npy", np.asarray(starts, dtype=np.int64))
-    return {"shards": shards, "n_docs": len(starts), "n_tokens": n_total}
-
-
 def _batched(it, n):
     batch = []
     for x in it:
@@ -155,13 +117,6 @@ def _batched(it, n):
             batch = []
     if batch:
         yield batch
-
-
-def load_meta(folder: Path) -> dict:
-    path = Path(folder) / "meta.json"
-    if not path.exists():
-        raise UserError(f"dataset not prepared at {folder}; run python -m data.prepare with the same data= options")
-    return json.loads(path.read_text())
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="prepare")

@@ -19,10 +19,12 @@ Seeded (SEED, and a key per set of blocks): the same inputs give the same interv
 
 import hashlib
 import json
+import math
 
 import numpy as np
 
 DRAWS, LEVEL, SEED = 2000, 0.95, 0
+Z95 = 1.959963984540054  # the standard normal's 97.5th percentile
 
 
 def block_draws(n_blocks: int, key=None, draws: int = DRAWS) -> np.ndarray:
@@ -74,3 +76,13 @@ def contiguous_blocks(nll: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarra
     """(summed NLL, token count) of each run of `size` consecutive tokens (the last may be shorter)."""
     starts = np.arange(0, len(nll), size)
     return np.add.reduceat(nll, starts), np.diff(np.append(starts, len(nll)))
+
+
+def wilson(correct: int, n: int, z: float = Z95) -> list[float]:
+    """The Wilson score interval for a binomial proportion (Wilson 1927): [lo, hi] around correct / n."""
+    if n == 0:
+        return [0.0, 1.0]
+    p, z2 = correct / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return [max(0.0, centre - half), min(1.0, centre + half)]

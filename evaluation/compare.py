@@ -16,13 +16,14 @@ that difference for every pair of rows of a column (`pairs`).
 """
 
 import json
+from functools import partial
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 from hydra.experimental.callback import Callback
 
-from evaluation import bootstrap, report
+from evaluation import bootstrap, plots, report
 
 IGNORED = (  # where and how a run was logged or stored, never what it learned
     "seed",
@@ -179,16 +180,9 @@ def compare(results: list[dict], out_dir: Path) -> str:
     train_lengths = sorted({res["train_length"] for res in results})
     title = f"perplexity by evaluation length (trained at {', '.join(map(str, train_lengths))})"
     text = report.table(rows, lengths, title) + "\n" + legend(groups)
-    out_dir.mkdir(parents=True, exist_ok=True)
     summary = [{"label": g["label"], "seeds": g["seeds"], "runs": [r["checkpoint"] for r in g["runs"]]} for g in groups]
-    (out_dir / "compare.json").write_text(
-        json.dumps(
-            {"runs": [res["checkpoint"] for res in results], "groups": summary, "results": rows, "pairs": pairs},
-            indent=1,
-        )
-    )
-    (out_dir / "compare.txt").write_text(text + "\n")
-    report.plot_compare(rows, train_lengths[0], out_dir / "compare.png")
+    result = {"runs": [res["checkpoint"] for res in results], "groups": summary, "results": rows, "pairs": pairs}
+    report.write_result(out_dir, "compare", result, partial(plots.plot_compare, rows, train_lengths[0]), text)
     return text
 
 

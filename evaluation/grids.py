@@ -14,7 +14,6 @@ table, a seed group's runs are resampled too, and `~` marks a group whose paired
 (the same grids drawn for both) has a 95% interval that holds 0: within noise of the best.
 """
 
-import json
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 
 from data import grids
 from data.loader import select_axes
-from evaluation import bootstrap
+from evaluation import bootstrap, report
 from evaluation.compare import group_runs
 from utils import checkpoint
 from utils.errors import UserError
@@ -117,10 +116,8 @@ def run_grids(path, cfg, rt, out_dir: Path) -> dict:
         "seconds": round(time.time() - t0, 1),
         "results": rows,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "grids.json").write_text(json.dumps(result, indent=1))
     text = table([result])
-    (out_dir / "grids.txt").write_text(text + "\n")
+    report.write_result(out_dir, "grids", result, text=text)
     print(text)
     return result
 
@@ -178,7 +175,5 @@ def table(results: list[dict]) -> str:
 
 def compare(results: list[dict], out_dir: Path) -> str:
     text = table(results)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "grids.txt").write_text(text + "\n")
-    (out_dir / "grids.json").write_text(json.dumps({"runs": [r["checkpoint"] for r in results]}, indent=1))
+    report.write_result(out_dir, "grids", {"runs": [r["checkpoint"] for r in results]}, text=text)
     return text

@@ -14,7 +14,8 @@ import numpy as np
 
 from data import sources
 from data.loader import TokenSplit
-from data.prepare import data_dir, load_meta, prepare
+from data.prepare import data_dir, prepare
+from data.shards import load_meta
 from utils.errors import UserError
 
 

@@ -1,13 +1,9 @@
-"""Perplexity at and far past the training length, on held-out documents.
+"""eval.mode=length: perplexity at and far past the training length, on held-out documents.
 
 python eval.py checkpoint=out/rope eval.lengths=[128,512,4096] eval.stride=64
-Scored text: `pieces` of the longest length M, an equal number from each distinct held-out work (one document of
-each, evaluation/heldout.py), spread over the document (its beginning, middle and end rather than its opening
-only), at least `tokens` in all (eval.tokens is rounded up to whole pieces, at least one from each of four works,
-and an equal count per work). Every
-length and mode scores exactly these tokens, so lengths and schemes are comparable, and the NLL of each piece is
-kept for the bootstrap intervals (evaluation/bootstrap.py).
-Two modes per length L:
+Every cell scores the same held-out pieces of the longest length (evaluation/pieces.py), under each evaluation
+variant asked for (evaluation/variants.py), and keeps each piece's NLL for the bootstrap intervals
+(evaluation/bootstrap.py). Two modes per length L:
   nonoverlap  each piece is cut into windows of L tokens; every token is scored with the context its window
               gives it (so NLL by position within the window shows where a scheme breaks down)
   sliding     windows of L tokens moved by a stride s; only the last s tokens of each are scored, so every scored
@@ -20,28 +16,21 @@ Two modes per length L:
 """
 
 import math
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
 
-
-@dataclass(frozen=True)
-class Piece:
-    """Targets doc[start + 1 .. start + size] of held-out work `work` (document index `doc`)."""
-
-    work: str
-    doc: int
-    start: int
-    size: int
-
-
-@dataclass
-class Region:
-    """The tokens one piece needs: up to M tokens of context before it, then the piece (targets from `first`)."""
-
-    tokens: np.ndarray
-    first: int
+from evaluation import bootstrap, plots, report
+from evaluation.heldout import held_out_works
+from evaluation.pieces import Region, default_lengths, regions, scoring_pieces
+from evaluation.variants import note_search_overlap, plan_variants
+from utils import checkpoint, runtime
+from utils.errors import UserError
+from utils.progress import progress, say
 
 
 @dataclass
@@ -52,7 +41,7 @@ class Cell:
     position_count: np.ndarray | None = None
     piece_nll: np.ndarray | None = None  # summed NLL of each piece's tokens: the bootstrap's units
     piece_tokens: np.ndarray | None = None
-    extra: dict = field(default_factory=dict)
+    seconds: float = 0.0  # how long the cell took to score
 
     @property
     def nll(self) -> float:
@@ -61,68 +50,6 @@ class Cell:
     @property
     def ppl(self) -> float:
         return math.exp(self.nll)
-
-
-def equal_shares(total: int, caps: list[int]) -> list[int]:
-    """Split `total` as evenly as the capacities allow (water-filling): min(total, sum(caps)) in all."""
-    take, left = [0] * len(caps), min(total, sum(caps))
-    order = sorted(range(len(caps)), key=lambda i: caps[i])
-    for k, i in enumerate(order):
-        take[i] = min(caps[i], -(-left // (len(order) - k)))  # a ceiling share: the remainder goes first
-        left -= take[i]
-    return take
-
-
-def spread(slots: int, k: int) -> list[int]:
-    """k distinct slots of 0..slots-1, evenly spaced from first to last; slot 0 (the opening, which has no text
-    before it for sliding windows) only when the others are too few."""
-    cands = list(range(1, slots)) if slots - 1 >= k else list(range(slots))
-    if k == 1:
-        return [cands[len(cands) // 2]]
-    return [cands[round(i * (len(cands) - 1) / (k - 1))] for i in range(k)]
-
-
-DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)  # eval.lengths=null: these multiples of the training length
-
-
-def default_lengths(train_length: int) -> list[int]:
-    return [max(1, int(m * train_length)) for m in DEFAULT_MULTIPLES]
-
-
-MIN_WORKS = 4  # a budget smaller than this many pieces is raised: one work's text says little about another's
-
-
-def scoring_pieces(works: list[tuple[str, np.ndarray]], max_len: int, budget: int) -> list[Piece]:
-    """Pieces of max_len targets, aligned to multiples of max_len in their documents: ceil(budget / max_len), at
-    least one from each of MIN_WORKS works (where that many are long enough), rounded up to an equal count per
-    work (water-filled where a work is short), spread over each document. With more works than pieces, one
-    piece from each of an evenly spaced selection of the works."""
-    slots = [(len(doc) - 1) // max_len for _, doc in works]
-    usable = [i for i, s in enumerate(slots) if s > 0]
-    if not usable:
-        return []
-    wanted = max(math.ceil(budget / max_len), min(len(usable), MIN_WORKS))
-    if len(usable) > wanted:
-        usable = [usable[round(j * (len(usable) - 1) / max(1, wanted - 1))] for j in range(wanted)]
-    wanted = math.ceil(wanted / len(usable)) * len(usable)
-    pieces = []
-    for i, k in zip(usable, equal_shares(wanted, [slots[i] for i in usable]), strict=True):
-        pieces += [Piece(works[i][0], i, s * max_len, max_len) for s in spread(slots[i], k)]
-    return pieces
-
-
-def read_span(p: Piece, max_len: int) -> tuple[int, int]:
-    """[lo, hi): the tokens of its document a piece's region holds: max_len of context before it, then its own."""
-    return max(0, p.start - max_len), p.start + p.size + 1
-
-
-def regions(works: list[tuple[str, np.ndarray]], pieces: list[Piece], max_len: int) -> list[Region]:
-    """Each piece's tokens with the max_len tokens before it (where the document has them) as context."""
-    out = []
-    for p in pieces:
-        lo, hi = read_span(p, max_len)
-        out.append(Region(works[p.doc][1][lo:hi], p.start - lo))
-    return out
 
 
 def nonoverlap_windows(n: int, first: int, length: int):
@@ -165,6 +92,7 @@ def score(model, regions: list[Region], length: int, mode: str, stride: int, bat
     """Sum the NLL of the scored tokens over all windows of one (length, mode) into a Cell, batching windows of
     equal length and equal first scored index; variant: an evaluation variant (model/variant.py), None as trained."""
     cell = Cell(piece_nll=np.zeros(len(regions)), piece_tokens=np.zeros(len(regions), dtype=np.int64))
+    t0 = time.time()
     if mode == "nonoverlap":
         cell.by_position, cell.position_count = np.zeros(length), np.zeros(length)
     jobs = {}
@@ -188,4 +116,121 @@ def score(model, regions: list[Region], length: int, mode: str, stride: int, bat
                     cell.by_position += nll[i]
                     cell.position_count += 1
     cell.nll_sum, cell.tokens = float(cell.piece_nll.sum()), int(cell.piece_tokens.sum())
+    cell.seconds = time.time() - t0
     return cell
+
+
+def resolve_lengths(lengths, train_length: int) -> list[int]:
+    if lengths is None:
+        return default_lengths(train_length)
+    lengths = sorted({int(n) for n in lengths})
+    if not lengths or lengths[0] < 1:
+        raise UserError(f"eval.lengths must be positive token counts, got {lengths}")
+    return lengths
+
+
+def resolve_strides(stride: int | None, lengths: list[int]) -> dict[int, int]:
+    """The sliding stride per length: eval.stride at every length, or by default half of each length."""
+    if stride is None:
+        return {n: max(1, n // 2) for n in lengths}
+    if stride > lengths[0]:
+        raise UserError(
+            f"eval.stride={stride} is larger than the eval length {lengths[0]}; pass eval.stride<={lengths[0]}"
+        )
+    return dict.fromkeys(lengths, stride)
+
+
+def scored_text(ckpt: dict, ev, max_len: int):
+    """The pieces every cell scores (evaluation/length.py) and the regions of tokens they need."""
+    works = held_out_works(ckpt, ev.prepare)
+    pieces = scoring_pieces(works, max_len, ev.tokens)
+    if not pieces:
+        longest = max(len(d) - 1 for _, d in works)
+        raise UserError(
+            f"eval length {max_len} is longer than every held-out document (the longest has "
+            f"{longest} tokens); ask for shorter eval.lengths"
+        )
+    if len(pieces) * max_len < ev.tokens:  # never fewer than asked without saying so
+        say(
+            f"note: eval.tokens={ev.tokens} is more than the held-out works hold in whole {max_len}-token pieces; "
+            f"scoring {len(pieces) * max_len:,}"
+        )
+    return pieces, regions(works, pieces, max_len)
+
+
+def evaluate_lengths(path, cfg, rt) -> dict:
+    """Every (variant, length, mode) cell of one checkpoint, on the same held-out pieces, with intervals."""
+    model, ckpt = checkpoint.load_model(path, rt.device)
+    ev, limit = cfg.eval, model.pe.max_positions
+    lengths = resolve_lengths(ev.lengths, ckpt["seq_len"])
+    strides = resolve_strides(ev.stride, lengths)
+    variants, searched, at = plan_variants(path, ev, model, ckpt, lengths)
+    pieces, regs = scored_text(ckpt, ev, lengths[-1])
+    note_search_overlap(searched, pieces, lengths[-1])
+    draws = bootstrap.block_draws(len(pieces), [[p.work, p.start, p.size] for p in pieces])
+    name, rows, by_position, t0 = report.scheme_label(ckpt), [], {}, time.time()
+    cells = [(v, n, m) for v in variants for n in lengths for m in ("nonoverlap", "sliding")]
+    for variant, length, mode in progress(cells, "length eval", unit="cell"):
+        row = {"scheme": name, "variant": variant, "length": length, "mode": mode}
+        row |= {"stride": strides[length]} if mode == "sliding" else {}
+        if limit is not None and length > limit:
+            note = f"n/a: learned table covers {limit} positions"
+            rows.append({**row, "ppl": None, "nll": None, "tokens": 0, "note": note})
+            continue
+        value, setting = at(variant, length)
+        cell = score(model, regs, length, mode, strides[length], ev.batch_tokens, rt, value)
+        rows.append(cell_row({**row, **setting}, cell, draws, rt))
+        if mode == "nonoverlap":
+            by_position.setdefault(variant, {})[str(length)] = report.binned(cell.by_position, cell.position_count)
+    return {
+        "checkpoint": str(checkpoint.checkpoint_path(path)),
+        "scheme": name,
+        "positional": ckpt["model_config"]["positional"],
+        "train_config": ckpt["config"],
+        "train_length": ckpt["seq_len"],
+        "step": ckpt["step"],
+        "stride": ev.stride if ev.stride is not None else "L/2",
+        "lengths": lengths,
+        "pieces": [{"work": p.work, "start": p.start, "tokens": p.size} for p in pieces],
+        "works": list(dict.fromkeys(p.work for p in pieces)),
+        "device": str(rt.device),
+        "dtype": str(rt.dtype),
+        "seconds": round(time.time() - t0, 1),
+        "results": rows,
+        "nll_by_position": by_position,
+    }
+
+
+def cell_row(row: dict, cell: Cell, draws, rt) -> dict:
+    """A scored cell's row: perplexity, its interval (the pieces' block bootstrap) and the per-piece NLLs a
+    comparison pairs on; and a progress line."""
+    ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))
+    say(
+        f"  {row['variant']:>11} {row['mode']:>10} {row['length']:>6}: ppl {cell.ppl:9.2f} [{ci[0]:.2f}, "
+        f"{ci[1]:.2f}] on {cell.tokens:,} tokens ({cell.seconds:.1f} s)"
+    )
+    return {
+        **row,
+        "ppl": cell.ppl,
+        "nll": cell.nll,
+        "ci": ci,
+        "tokens": cell.tokens,
+        "piece_nll": [round(float(x), 6) for x in cell.piece_nll / cell.piece_tokens],
+        "seconds": round(cell.seconds, 2),
+        "peak_memory_mb": round(runtime.peak_memory_mb(rt.device), 1),
+    }
+
+
+def run_length(path, cfg, rt, out_dir: Path) -> dict:
+    """eval.mode=length: the table, <out_dir>/length.json and length.png."""
+    result = evaluate_lengths(path, cfg, rt)
+    title = (
+        f"{result['scheme']} @ step {result['step']}, trained at {result['train_length']} tokens "
+        f"(sliding stride {result['stride']}): perplexity by evaluation length"
+    )
+    print(report.table(result["results"], result["lengths"], title))
+    first = next(iter(result["nll_by_position"].values()), None)
+    draw = partial(plots.plot, result["results"], result["train_length"], title=result["scheme"], by_position=first)
+    report.write_result(out_dir, "length", result, draw)
+    print(f"written {out_dir}/length.json and length.png ({result['seconds']} s)")
+    return result

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation.length import equal_shares, read_span, scoring_pieces
+from evaluation.pieces import equal_shares, read_span, scoring_pieces
 from positional.rope_scaling import Scaling
 from utils.errors import UserError
 

@@ -29,7 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from evaluation import longrope
 from evaluation.heldout import held_out_works
-from evaluation.length import Region, default_lengths, score
+from evaluation.length import score
+from evaluation.pieces import Region, default_lengths
 from model.variant import Variant
 from positional.rope_scaling import Scaling, longrope_scale
 from utils import checkpoint, runtime, schema

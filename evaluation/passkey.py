@@ -19,33 +19,26 @@ Each training-free extension asked for (eval.rope_scaling, eval.log_scaling, eva
 trials, as passkey-<variant>.json and .png.
 """
 
-import json
-import math
 import time
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from data import tokenizer
 from data.passkey import Template, draw, filler_stream
+from evaluation import plots, report
+from evaluation.bootstrap import wilson
 from evaluation.heldout import held_out_works
-from evaluation.report import _pyplot, scheme_label
+from evaluation.length import resolve_lengths
+from evaluation.report import model_label, scheme_label
+from evaluation.variants import plan_variants
 from utils import checkpoint
 from utils.errors import UserError
 from utils.progress import progress, say
 
-Z95 = 1.959963984540054  # the standard normal's 97.5th percentile
 DEFAULT_DIGITS = 5  # configs/data/passkey.yaml's key_digits
-
-
-def wilson(correct: int, n: int, z: float = Z95) -> list[float]:
-    """The Wilson score interval for a binomial proportion (Wilson 1927): [lo, hi] around correct / n."""
-    if n == 0:
-        return [0.0, 1.0]
-    p, z2 = correct / n, z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
 def key_digits(ckpt: dict, requested: int | None) -> int:
@@ -89,9 +82,19 @@ def file_stem(variant: str) -> str:
     return "passkey" if variant == "none" else f"passkey-{variant}"
 
 
-def run_passkey(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], variant: str, at) -> dict:
-    """Accuracy per (length, depth) cell under one variant (eval.py's plan_variants: at(length) gives the Variant
-    value for that length and what its cells record of it); writes <file_stem>.json and .png into out_dir."""
+def run_passkey(path, cfg, rt, out_dir: Path) -> dict:
+    """eval.mode=passkey: accuracy for every variant eval.rope_scaling, eval.log_scaling and eval.rerope ask for,
+    each in its own passkey[-<variant>].json and .png (a training-free extension is scored by retrieval as by
+    perplexity). Returns the first variant's result (the model as trained, unless eval.rope_scaling names one)."""
+    model, ckpt = checkpoint.load_model(path, rt.device)
+    lengths = resolve_lengths(cfg.eval.lengths, ckpt["seq_len"])
+    variants, _, at = plan_variants(path, cfg.eval, model, ckpt, lengths)
+    return [score_variant(model, ckpt, path, cfg.eval, rt, out_dir, lengths, v, partial(at, v)) for v in variants][0]
+
+
+def score_variant(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], variant: str, at) -> dict:
+    """Accuracy per (length, depth) cell under one variant (at(length): the Variant value for that length and what
+    its cells record of it); writes <file_stem>.json and .png into out_dir."""
     pe, train_length = model.pe, ckpt["seq_len"]
     enc = tokenizer.load(ckpt["tokenizer"])
     bos = tokenizer.bos_id(ckpt["tokenizer"], enc)
@@ -141,22 +144,11 @@ def run_passkey(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], va
         "seconds": round(time.time() - t0, 1),
         "results": rows,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = file_stem(variant)
-    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
     print(passkey_table(result))
-    plot_passkey(result, out_dir / f"{stem}.png")
+    report.write_result(out_dir, stem, result, partial(plots.plot_passkey, result))
     print(f"written {out_dir}/{stem}.json and {stem}.png ({result['seconds']} s)")
     return result
-
-
-def model_label(result: dict) -> str:
-    """The scheme, an eval-time extension, and the QK-norm where it is not the default gain-free one: rope,
-    rope + rerope (w 128), rope (qk_norm=learned)."""
-    variant, qk_norm = result.get("variant", "none"), result.get("qk_norm", "rms")
-    window = next((r["window"] for r in result["results"] if r.get("window")), None)
-    extension = "" if variant == "none" else f" + {variant}" + (f" (w {window})" if window else "")
-    return result["scheme"] + extension + ("" if qk_norm == "rms" else f" (qk_norm={qk_norm})")
 
 
 def passkey_table(result: dict) -> str:
@@ -178,37 +170,3 @@ def passkey_table(result: dict) -> str:
     lines.append("[lo, hi]: Wilson 95% interval; filler from the held-out works " + ", ".join(result["works"]))
     lines += sorted({r["note"] for r in result["results"] if r.get("note")})
     return "\n".join(lines)
-
-
-def plot_passkey(result: dict, path):
-    """A heatmap: a column per length, a row per depth, coloured by accuracy, each cell with its interval."""
-    plt = _pyplot()
-    lengths, depths = result["lengths"], result["depths"]
-    acc = np.full((len(depths), len(lengths)), np.nan)
-    cells = {(r["length"], r["depth"]): r for r in result["results"]}
-    fig, ax = plt.subplots(figsize=(1.3 * len(lengths) + 2, 0.6 * len(depths) + 1.8))
-    for i, d in enumerate(depths):
-        for j, n in enumerate(lengths):
-            r = cells[(n, d)]
-            text = "n/a"
-            if r["accuracy"] is not None:
-                acc[i, j] = r["accuracy"]
-                text = f"{r['accuracy']:.2f}\n[{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
-            ax.text(j, i, text, ha="center", va="center", fontsize=7)
-    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgray")
-    image = ax.imshow(np.ma.masked_invalid(acc), cmap=cmap, vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(lengths)), [f"{n}\n({n / result['train_length']:g}x)" for n in lengths])
-    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-    ax.set(
-        xlabel="sample length in tokens (x the training length)",
-        ylabel="needle depth in the filler\n(0: right after BOS, 1: right before the question)",
-    )
-    ax.set_title(
-        f"{model_label(result)} (trained at {result['train_length']}): passkey accuracy\n"
-        f"{result['trials']} trials per cell, [95% Wilson interval]",
-        fontsize=10,
-    )
-    fig.colorbar(image, ax=ax, label="accuracy")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

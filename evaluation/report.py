@@ -1,11 +1,12 @@
-"""Length-extrapolation results as a table and a plot, for one run or many (evaluation/compare.py).
+"""Evaluation results as text: labels, the length table, one run or many (evaluation/compare.py), and their files.
 
 python eval.py checkpoint=out/rope                      -> out/rope/eval/length.{json,png}
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00   -> <sweep_dir>/eval/compare.{json,txt,png}
-A cell reads `ppl [lo, hi]`, its 95% bootstrap interval (evaluation/bootstrap.py); a plot shows it as a band
-(as thin bars where more than eight lines share a panel), each line in its own colour, marker and line style.
+A cell reads `ppl [lo, hi]`, its 95% bootstrap interval (evaluation/bootstrap.py). Labels for every report, the
+text tables, and write_result, which writes every evaluation's JSON (and its figure: evaluation/plots.py).
 """
 
+import json
 from pathlib import Path
 
 
@@ -78,185 +79,6 @@ def table(rows: list[dict], lengths: list[int], title: str) -> str:
     return "\n".join(lines)
 
 
-VARIANT_STYLE = {  # a line style per RoPE extension, so a variant reads the same in every figure
-    "none": "-",
-    "linear": ":",
-    "ntk": "--",
-    "dynamic_ntk": (0, (1, 3)),
-    "yarn": "-.",
-    "log": (0, (5, 1, 1, 1)),
-    "longrope": (0, (8, 2)),
-    "rerope": (0, (3, 1, 1, 1, 1, 1)),
-    "leaky_rerope": (0, (1, 1)),
-}
-MODES = ("nonoverlap", "sliding")  # a panel each
-COLOURS = [f"C{i}" for i in range(10)] + ["black", "darkgoldenrod", "lightskyblue", "lime"]
-MARKERS = "osD^vP*Xh<>"  # 11 markers against 14 colours: no two of the first 154 series alike
-BAND_LIMIT = 8  # more series than this in a panel: their 95% intervals as thin bars, not bands that merge
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def legend_name(name: str) -> str:
-    """A series as the README names it: configs/positional/irope.yaml is rope with NoPE layers (PPPN)."""
-    return name.replace("rope/PPPN", "irope")
-
-
-def series_styles(rows: list[dict]) -> dict[str, dict]:
-    """A (colour, line style, marker) per series (scheme + variant), no two alike: colour and marker by series,
-    line style by RoPE extension (VARIANT_STYLE); and a small shift along x (dodge) that sets interval bars of
-    close series apart. Ordered highest first at the longest length, so the legend reads as the lines end."""
-    last = {
-        label(r): r["ppl"] for r in sorted(rows, key=lambda r: r["length"]) if r["ppl"] and r["mode"] == rows[0]["mode"]
-    }
-    names = sorted(dict.fromkeys(label(r) for r in rows), key=lambda n: -last.get(n, 0.0))
-    variant = {label(r): r.get("variant", "none") for r in rows}
-    return {
-        n: {
-            "color": COLOURS[i % len(COLOURS)],
-            "marker": MARKERS[i % len(MARKERS)],
-            "ls": VARIANT_STYLE.get(variant[n], "-"),
-            "dodge": 2 ** (0.2 * (i / max(1, len(names) - 1) - 0.5)),
-        }
-        for i, n in enumerate(names)
-    }
-
-
-def seed_note(rows: list[dict]) -> str:
-    """What the error bars are: ±sd over seeds where a line has several, and nothing where none has."""
-    counts = sorted({r.get("runs", 1) for r in rows if r.get("ppl_sd") is not None})
-    if not counts:
-        return ""
-    n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    return f"; capped bars: ±sd over {n} seeds"
-
-
-def _minor_label(value: float, _pos) -> str:
-    """Label only the 2s and 5s of each decade, so a log axis over several decades stays legible."""
-    lead = value / 10 ** int(f"{value:e}".split("e")[1])
-    return f"{value:g}" if round(lead) in (2, 5) else ""
-
-
-def _length_axes(ax, rows: list[dict], train_length: int, title: str):
-    import matplotlib.ticker
-
-    ax.axvline(train_length, color="gray", ls=":", lw=1)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="evaluation length in tokens (log scale)",
-        ylabel="perplexity (log scale)",
-        title=title,
-    )
-    lengths = sorted({r["length"] for r in rows})
-    ax.set_xticks(lengths, [str(n) for n in lengths])
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label))
-    values = [v for r in rows if r["ppl"] for v in [r["ppl"], *r.get("ci", [])]]
-    if values and max(values) < 5 * min(values):  # a log axis over so short a span has too few ticks: add round ones
-        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(12, steps=[1, 2, 2.5, 5, 10]))
-        ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.grid(alpha=0.3, which="both")
-
-
-def _series(rows: list[dict], name: str, mode: str) -> list[dict]:
-    return sorted((r for r in rows if label(r) == name and r["mode"] == mode and r["ppl"]), key=lambda r: r["length"])
-
-
-def _line(ax, rows: list[dict], name: str, mode: str, band: bool = True, dodge: float = 1.0, **style):
-    """ppl against length with its 95% interval (a band, or bars where bands would merge), and ±sd over seeds as
-    error bars for a seed group; with bars, each series drawn at length x dodge, so its bars stand apart."""
-    series = _series(rows, name, mode)
-    if not series:
-        return
-    xs, ys = [r["length"] * (1 if band else dodge) for r in series], [r["ppl"] for r in series]
-    ax.plot(xs, ys, ms=5, **style)
-    if all(r.get("ci") for r in series):
-        lo, hi = [r["ci"][0] for r in series], [r["ci"][1] for r in series]
-        if band:
-            ax.fill_between(xs, lo, hi, color=style["color"], alpha=0.12, lw=0)
-        else:
-            err = [[y - a for y, a in zip(ys, lo, strict=True)], [b - y for y, b in zip(ys, hi, strict=True)]]
-            ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=style["color"], elinewidth=0.6, alpha=0.5)
-    if any(r.get("ppl_sd") for r in series):
-        sd = [r.get("ppl_sd") or 0 for r in series]
-        ax.errorbar(xs, ys, yerr=sd, fmt="none", ecolor=style["color"], elinewidth=1.2, capsize=2)
-
-
-def _length_panels(axes, rows: list[dict], train_length: int) -> str:
-    """A panel per mode, each series in its own style (series_styles); returns how its intervals are drawn."""
-    styles = series_styles(rows)
-    band = len(styles) <= BAND_LIMIT
-    for ax, mode in zip(axes, [m for m in MODES if any(r["mode"] == m for r in rows)], strict=True):
-        for name, style in styles.items():
-            _line(ax, rows, name, mode, band=band, label=legend_name(name), **style)
-        _length_axes(ax, rows, train_length, f"{mode} windows (trained at {train_length}, dotted)")
-    return ("bands" if band else "thin bars") + ": 95% intervals" + seed_note(rows)
-
-
-def _legend(fig, ax):
-    """One legend for the figure, under its panels, so it covers no line."""
-    handles, names = ax.get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=8, frameon=False)
-
-
-def plot(rows: list[dict], train_length: int, path: Path, title: str, by_position: dict | None = None):
-    """One checkpoint: ppl against eval length, a panel per mode, a line per variant; NLL by position beside."""
-    plt = _pyplot()
-    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
-    panels = len(modes) + bool(by_position)
-    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 5), squeeze=False, layout="constrained")
-    axes = axes[0]
-    for ax in axes[1 : len(modes)]:
-        ax.sharey(axes[0])
-    intervals = _length_panels(axes[: len(modes)], rows, train_length)
-    _legend(fig, axes[0])
-    fig.suptitle(f"{legend_name(title)}: perplexity against evaluation length ({intervals})")
-    if by_position:
-        ax = axes[-1]
-        for i, (length, values) in enumerate(sorted(by_position.items(), key=lambda kv: int(kv[0]))):
-            ax.plot([p + 1 for p, _ in values], [v for _, v in values], color=f"C{i}", label=f"window {length}")
-        ax.axvline(train_length, color="gray", ls=":")
-        ax.set(
-            xscale="log",
-            xlabel="position within the window, 1 = first (log scale)",
-            ylabel="mean NLL (nats)",
-            title="NLL by position (nonoverlap)",
-        )
-        ax.legend(fontsize=7)
-    _save(fig, path)
-
-
-def plot_compare(rows: list[dict], train_length: int, path: Path):
-    """Many runs: a panel per mode sharing the y axis; every series its own colour, marker and (for a RoPE
-    extension) line style."""
-    plt = _pyplot()
-    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
-    fig, axes = plt.subplots(
-        1, len(modes), figsize=(7 * len(modes), 5.5), squeeze=False, sharey=True, layout="constrained"
-    )
-    intervals = _length_panels(axes[0], rows, train_length)
-    _legend(fig, axes[0, 0])
-    fig.suptitle(f"train short, test long: held-out perplexity against evaluation length ({intervals})")
-    _save(fig, path)
-
-
-def _save(fig, path: Path):
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
 def binned(by_position, count, min_samples: int = 32) -> list[tuple[int, float]]:
     """Mean NLL by position as (first position, mean) bins: log-spaced, each widened until it averages at least
     min_samples tokens, so a long window scored a few times still gives a readable curve."""
@@ -270,3 +92,44 @@ def binned(by_position, count, min_samples: int = 32) -> list[tuple[int, float]]
             out.append((lo, float(by_position[lo:hi].sum() / count[lo:hi].sum())))
         lo = hi
     return out
+
+
+def model_label(result: dict) -> str:
+    """The scheme, an eval-time extension, and the QK-norm where it is not the default gain-free one: rope,
+    rope + rerope (w 128), rope (qk_norm=learned)."""
+    variant, qk_norm = result.get("variant", "none"), result.get("qk_norm", "rms")
+    window = next((r["window"] for r in result["results"] if r.get("window")), None)
+    extension = "" if variant == "none" else f" + {variant}" + (f" (w {window})" if window else "")
+    return result["scheme"] + extension + ("" if qk_norm == "rms" else f" (qk_norm={qk_norm})")
+
+
+def write_result(out_dir: Path, stem: str, result: dict, draw=None, text: str | None = None) -> Path:
+    """<out_dir>/<stem>.json, <stem>.txt (text, where given) and <stem>.png drawn by draw(path=...) where given:
+    every evaluation's result is written here, so they all read back the same way."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stem}.json"
+    path.write_text(json.dumps(result, indent=1))
+    if text is not None:
+        path.with_suffix(".txt").write_text(text + "\n")
+    if draw is not None:
+        draw(path=path.with_suffix(".png"))
+    return path
+
+
+def markdown(rows: list[dict], fmt=str) -> str:
+    """rows (dicts; their keys in first-seen order are the columns) as a markdown table; a missing cell is '-'."""
+    head = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(fmt(r[k]) if k in r else "-" for k in head) + " |" for r in rows])
+
+
+def show_table(rows: list[dict], title: str, note: str, json_path: Path | None = None):
+    """Print rows as a markdown table under its title and a note (what it was measured on); with json_path, also
+    write {title, note, command, rows} there (write_result), so a table can be kept as evidence in results/."""
+    import shlex
+    import sys
+
+    print(f"\n{title}: {note}\n\n{markdown(rows)}")
+    if json_path is not None:
+        result = {"title": title, "note": note, "command": shlex.join(["python", *sys.argv]), "rows": rows}
+        print(f"written {write_result(Path(json_path).parent, Path(json_path).stem, result)}")

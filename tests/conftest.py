@@ -9,11 +9,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import utils.schema  # noqa: F401  (registers the config schemas that configs/*.yaml name)
+from model.gpt import GPT, GPTConfig
 
-import utils.schema  # noqa: E402, F401  (registers the config schemas that configs/*.yaml name)
-from model.gpt import GPT, GPTConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent  # the project, installed with pip install -e . (README)
 
 SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"]
 SCHEMES += ["kerple", "fire", "shaw", "fox"]  # the learned-bias family

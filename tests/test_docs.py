@@ -164,7 +164,7 @@ def test_every_shown_command_composes_its_config(doc, line):
         "torchrun --nproc_per_node=8 train.py model=d13",
         "python bench/cpu_bench.py --step 8",
         "python bench/cpu_bench.py train.seqlen=3",
-        "python bench/head_focus_v2.py out/rope",
+        "python analyses/head_focus_v2.py out/rope",
         "python -m evaluation.studies study",
         "bash runs/study.sh train.seqlen=3",
         "SCHEME=rope bash runs/study.sh",

@@ -9,7 +9,8 @@ import torch
 from conftest import TINY, config, random_model, run
 from omegaconf import OmegaConf
 
-from evaluation.length import Region, regions, score, scoring_pieces, windows
+from evaluation.length import score, windows
+from evaluation.pieces import Region, regions, scoring_pieces
 from model.variant import Variant
 from positional import rope_scaling
 from positional.rope import RoPE, apply_rotary

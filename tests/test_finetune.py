@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import SCHEMES, TINY, config, random_model, run, scheme_spec
 
-from eval import resolve_variants
 from evaluation.report import scheme_label, trained_scaling
+from evaluation.variants import resolve_variants
 from model.gpt import GPT, GPTConfig
 from model.variant import Variant
 from positional.learned import interpolate_rows

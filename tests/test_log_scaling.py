@@ -9,6 +9,7 @@ import torch
 from conftest import TINY, assert_decoding_equals_full_forward, assert_same_logits_and_grads, config, random_model
 from hydra import compose, initialize_config_dir
 
+from evaluation import length
 from model.attention import dense_bias, reference_attention
 from model.gpt import GPT, GPTConfig
 from model.log_scaling import SSMAX_INIT, log_length_factor, log_positions
@@ -177,10 +178,10 @@ def test_eval_scores_a_log_row_beside_none(tiny_checkpoint):
         cfg = compose("eval", ["eval.tokens=256", "eval.lengths=[32,128]", "device=cpu", "eval.log_scaling=true"])
     for kinds, want in (("all", ["none", "log", "linear", "ntk", "dynamic_ntk", "yarn"]), ("ntk", ["log", "ntk"])):
         cfg.eval.rope_scaling = kinds
-        rows = entry.evaluate_lengths(tiny_checkpoint, cfg, rt)["results"]
+        rows = length.evaluate_lengths(tiny_checkpoint, cfg, rt)["results"]
         assert list(dict.fromkeys(r["variant"] for r in rows)) == want
     ppl = {(r["variant"], r["length"], r["mode"]): r["ppl"] for r in rows}
-    plain = entry.evaluate_lengths(tiny_checkpoint, unscaled(cfg), rt)["results"]
+    plain = length.evaluate_lengths(tiny_checkpoint, unscaled(cfg), rt)["results"]
     for r in plain:  # scored after: the model is as it was (no log factor, no NTK frequencies left)
         assert r["variant"] == "none"
         if r["length"] == 32:
@@ -204,13 +205,13 @@ def test_eval_rerope_adds_both_rerope_rows_equal_to_asking_for_each_by_name(tiny
     with initialize_config_dir(config_dir=str(entry.Path(entry.__file__).parent / "configs"), version_base="1.3"):
         cfg = compose("eval", ["eval.tokens=256", "eval.lengths=[32,128]", "device=cpu", "eval.rope_scaling=all"])
     cfg.eval.rerope = True
-    rows = entry.evaluate_lengths(tiny_checkpoint, cfg, rt)["results"]
+    rows = length.evaluate_lengths(tiny_checkpoint, cfg, rt)["results"]
     want = ["none", "linear", "ntk", "dynamic_ntk", "yarn", "rerope", "leaky_rerope"]
     assert list(dict.fromkeys(r["variant"] for r in rows)) == want
     ppl = {(r["variant"], r["length"], r["mode"]): r["ppl"] for r in rows}
     for kind in ("rerope", "leaky_rerope"):
         alone = unscaled(cfg)
         alone.eval.rope_scaling, alone.eval.rerope = kind, False
-        for r in entry.evaluate_lengths(tiny_checkpoint, alone, rt)["results"]:
+        for r in length.evaluate_lengths(tiny_checkpoint, alone, rt)["results"]:
             assert ppl[kind, r["length"], r["mode"]] == r["ppl"]
     assert ppl["rerope", 128, "nonoverlap"] != ppl["none", 128, "nonoverlap"]  # past L the far rotation acts

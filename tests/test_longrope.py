@@ -15,9 +15,9 @@ from conftest import ROOT, random_model
 from hydra import compose, initialize_config_dir
 
 import eval as eval_py
-from evaluation import longrope
+from evaluation import length, longrope, variants
 from evaluation import longrope_search as ls
-from evaluation.length import Piece
+from evaluation.pieces import Piece
 from model.variant import Variant
 from positional import rope_scaling
 from positional.rope_scaling import Scaling
@@ -160,7 +160,7 @@ EVAL = ["eval.tokens=256", "eval.lengths=[32,64]", "logger.wandb=false", "device
 
 def length_rows(ckpt, kind: str = "longrope") -> dict:
     cfg = compose_cfg("eval", f"checkpoint={ckpt}", *EVAL, f"eval.rope_scaling={kind}")
-    rows = eval_py.evaluate_lengths(ckpt, cfg, runtime.setup("cpu", "auto", 0))["results"]
+    rows = length.evaluate_lengths(ckpt, cfg, runtime.setup("cpu", "auto", 0))["results"]
     return {(r["variant"], r["length"], r["mode"]): r["ppl"] for r in rows}
 
 
@@ -206,7 +206,7 @@ def test_saved_file_round_trips_and_eval_loads_it(tiny_checkpoint, tmp_path, cap
     rows = rows | length_rows(ckpt)  # the new longrope rows replace the old
     assert all(rows["longrope", 64, m] == rows["none", 64, m] for m in ("nonoverlap", "sliding"))
     w = record["windows"][0]  # a table whose piece starts inside a search window (the note eval.py makes for it):
-    eval_py.note_search_overlap({("longrope", 64): record}, [Piece(w["work"], 0, w["start"] + 64, 64)], 64)
+    variants.note_search_overlap({("longrope", 64): record}, [Piece(w["work"], 0, w["start"] + 64, 64)], 64)
     assert "65 tokens of its search windows are read here too"  # all 64 + 1 in capsys.readouterr().out
 
 
@@ -246,8 +246,8 @@ def test_all_adds_longrope_only_where_every_factor_has_been_searched(tmp_path):
     closed = ["none", "linear", "ntk", "dynamic_ntk", "yarn"]
     factors = [0.5, 1.0, 2.0, 4.0]
     (tmp_path / longrope.file_name(2.0)).write_text("{}")
-    assert eval_py.with_searched(closed, "all", tmp_path, factors) == closed  # x4 not searched yet
+    assert variants.with_searched(closed, "all", tmp_path, factors) == closed  # x4 not searched yet
     (tmp_path / longrope.file_name(4.0)).write_text("{}")
-    assert eval_py.with_searched(closed, "all", tmp_path, factors) == [*closed, "longrope"]
-    assert eval_py.with_searched(["none"], "all", tmp_path, factors) == ["none"]  # no rotation, or a scaling built in
-    assert eval_py.with_searched(["yarn"], "yarn", tmp_path, factors) == ["yarn"]  # asked by name: only that
+    assert variants.with_searched(closed, "all", tmp_path, factors) == [*closed, "longrope"]
+    assert variants.with_searched(["none"], "all", tmp_path, factors) == ["none"]  # no rotation, or a scaling built in
+    assert variants.with_searched(["yarn"], "yarn", tmp_path, factors) == ["yarn"]  # asked by name: only that

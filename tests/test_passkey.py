@@ -14,7 +14,9 @@ from data import tokenizer
 from data.loader import RowSampler, TokenSplit
 from data.passkey import Template, filler_stream
 from data.prepare import prepare
-from evaluation.passkey import score, wilson
+from evaluation.bootstrap import wilson
+from evaluation.passkey import score
+from evaluation.report import model_label
 from positional.rope_scaling import Scaling
 from utils import runtime
 
@@ -231,4 +233,4 @@ def test_passkey_eval_scores_each_extension_with_the_model_set_up_for_it(tiny_ch
         assert (tiny_checkpoint / "eval" / passkey.file_stem(v)).with_suffix(".png").stat().st_size > 0
     rerope = json.loads((tiny_checkpoint / "eval" / "passkey-rerope.json").read_text())
     assert all(r["window"] == 16 and r["leak"] is None for r in rerope["results"])
-    assert passkey.model_label(rerope) == "rope + rerope (w 16)"
+    assert model_label(rerope) == "rope + rerope (w 16)"

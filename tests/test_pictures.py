@@ -14,8 +14,8 @@ from conftest import ROOT, SCHEMES, random_model, run, scheme_spec
 from hydra import compose, initialize_config_dir
 
 import positional
-from evaluation import gallery
-from evaluation.pictures import (
+from gallery import draw as gallery
+from gallery.numbers import (
     bias_by_distance,
     content_bias_by_distance,
     mean_query_key,

@@ -11,10 +11,9 @@ import pytest
 
 matplotlib.use("Agg")
 
-from bench import sink_trend  # noqa: E402
-from evaluation import report  # noqa: E402
-from evaluation.passkey import plot_passkey  # noqa: E402
-from evaluation.stream import plot_stream  # noqa: E402
+from analyses import sink_trend  # noqa: E402
+from evaluation import plots  # noqa: E402
+from evaluation.plots import plot_passkey, plot_stream  # noqa: E402
 
 SCHEMES = ["alibi", "fire", "fox", "rope/PPPN", "kerple", "pope", "prope", "rope", "shaw", "xpos", "t5"]
 
@@ -57,7 +56,7 @@ def assert_log_axes_say_so(fig):
 
 
 def test_a_comparison_of_twelve_series_gives_each_its_own_colour_line_style_and_marker(figures, tmp_path):
-    report.plot_compare(compare_rows(3), 256, tmp_path / "compare.png")
+    plots.plot_compare(compare_rows(3), 256, tmp_path / "compare.png")
     (fig,) = figures
     for ax in fig.axes:
         lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]  # the series, not the guides
@@ -68,9 +67,9 @@ def test_a_comparison_of_twelve_series_gives_each_its_own_colour_line_style_and_
 
 
 def test_log_axes_say_so_in_their_label(figures, tmp_path):
-    report.plot_compare(compare_rows(1), 256, tmp_path / "compare.png")
+    plots.plot_compare(compare_rows(1), 256, tmp_path / "compare.png")
     rows = [r for r in compare_rows(1) if r["run_label"] == "rope"]
-    report.plot(rows, 256, tmp_path / "length.png", "rope", {"256": [(0, 5.0), (10, 4.5), (100, 4.2)]})
+    plots.plot(rows, 256, tmp_path / "length.png", "rope", {"256": [(0, 5.0), (10, 4.5), (100, 4.2)]})
     block = [[4.0, 4.2]] * 3
     methods = {"dense": {"nll": [1.5] * 3, "ci": [[3.0, 6.0]] * 3}, "window 0+32": {"nll": [1.4] * 3, "ci": block}}
     plot_stream({"methods": methods, "block": 16, "train_length": 32, "scheme": "rope"}, tmp_path / "stream.png")
@@ -80,8 +79,8 @@ def test_log_axes_say_so_in_their_label(figures, tmp_path):
 
 
 def test_sd_over_seeds_is_named_only_where_a_series_has_several_seeds(figures, tmp_path):
-    report.plot_compare(compare_rows(3), 256, tmp_path / "seeds.png")
-    report.plot_compare(compare_rows(1), 256, tmp_path / "one.png")
+    plots.plot_compare(compare_rows(3), 256, tmp_path / "seeds.png")
+    plots.plot_compare(compare_rows(1), 256, tmp_path / "one.png")
     several, one = (texts(fig) for fig in figures)
     assert "sd over 3 seeds" in several and "sd" not in one and "95% intervals" in one
 

@@ -13,6 +13,7 @@ from conftest import assert_decoding_equals_full_forward, random_model
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from evaluation import length, variants
 from model.gpt import norm
 from model.kv_cache import SinkCache
 from model.variant import Variant
@@ -176,12 +177,11 @@ def test_cuda_flex_agrees_in_bf16(kind):
 def test_bad_settings_name_their_key():
     """A non-rotary scheme, w < 1 and k < 1 are refused with the key that set them (the config keys' own checks, one
     line and exit 2 from every entry point: tests/test_errors.py)."""
-    import eval as entry
     import sample
 
     alibi = random_model("alibi")
     with pytest.raises(UserError, match="eval.rope_scaling=rerope"):
-        entry.resolve_variants("rerope", alibi.pe)
+        variants.resolve_variants("rerope", alibi.pe)
     cfg = OmegaConf.create({"rope_scaling": "leaky_rerope", "rerope_leak": "auto", "rerope_window": None})
     ckpt = {"seq_len": TRAIN, "model_config": {"positional": {"name": "alibi"}}}
     with pytest.raises(UserError, match="rope_scaling=leaky_rerope"):
@@ -204,7 +204,7 @@ def test_eval_scores_rerope_rows(tiny_checkpoint):
     rows = {}
     for kind in ("none", "rerope", "leaky_rerope"):
         cfg.eval.rope_scaling = kind
-        for r in entry.evaluate_lengths(tiny_checkpoint, cfg, rt)["results"]:
+        for r in length.evaluate_lengths(tiny_checkpoint, cfg, rt)["results"]:
             rows[r["variant"], r["length"], r["mode"]] = r
     leaky, clamped = rows["leaky_rerope", 32, "nonoverlap"], rows["rerope", 32, "nonoverlap"]
     assert leaky["window"] == clamped["window"] == 16 and leaky["leak"] == 1.0 and clamped["leak"] is None

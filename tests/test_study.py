@@ -148,7 +148,7 @@ def test_the_report_shows_each_passkey_run_as_its_table_and_heatmap(tmp_path):
     from test_compare import fake_run
 
     import evaluation.study as study_module
-    from evaluation.passkey import wilson
+    from evaluation.bootstrap import wilson
 
     study = tmp_path / "study"
     (study / "rope" / "eval").mkdir(parents=True)

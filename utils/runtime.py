@@ -6,6 +6,7 @@ device=auto picks CUDA when present; dtype=auto is bf16 autocast on CUDA and fp3
 
 import ctypes
 import os
+import resource
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -128,3 +129,10 @@ def any_rank(flag: bool, device) -> bool:
 def barrier():
     if dist.is_initialized():
         dist.barrier()
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """The peak memory so far, MiB: the GPU's allocated peak on CUDA, else the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB

@@ -1,4 +1,4 @@
-"""Drawing the pictures of a positional scheme (evaluation/pictures.py computes their numbers), and their index.
+"""Drawing the pictures of a positional scheme (gallery/numbers.py computes their numbers), and their index.
 
 python viz.py positional=rope            -> pictures/rope_decay.png ... and pictures/index.md
 python viz.py viz.all=true               -> every scheme's pictures in one folder, listed in pictures/index.md
@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from evaluation.attention_map import plot_attention_maps  # noqa: E402
-from evaluation.pictures import (  # noqa: E402
+from gallery.numbers import (  # noqa: E402
     bias_by_distance,
     content_bias_by_distance,
     mean_query_key,

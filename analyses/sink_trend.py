@@ -1,8 +1,8 @@
 """The attention sink's trend over training, and the scale at which it would reach a collapse.
 
 python train.py experiment=sinks out_dir=out/sinks          (train.sink_metric logs the sink at every eval)
-python bench/sink_trend.py out/sinks [more runs] [--plot sink_trend.png]
-python bench/sink_trend.py out/sinks="learned sink token" out/sinks-rope=BOS --plot sink_trend.png --no-record
+python analyses/sink_trend.py out/sinks [more runs] [--plot sink_trend.png]
+python analyses/sink_trend.py out/sinks="learned sink token" out/sinks-rope=BOS --plot sink_trend.png --json t.json
 Reads each run's metrics.jsonl. Per eval: training tokens, val loss, the largest head's mean attention on the first
 token (the learned sink token with positional=sink) per layer against a uniform share, the share of sink heads
 (> 0.3, Gu et al. 2024), and with model.sink_logit=true the nothing slot's largest share per layer and what taking
@@ -10,7 +10,7 @@ it away costs (evaluation/sink_mass.nothing_cost: the loss a model pays when a s
 is evicted). Then a power-law fit, y = a * tokens^b over the second half of the evals, says at how many tokens the
 trend reaches a collapse: a sink head (first-token share 0.3) and a doubled perplexity without the nothing slot
 (cost ln 2). The fit is an extrapolation through a decaying learning rate, so it is a scale to aim at, not a
-forecast. Appends the table to bench/RESULTS.md (--no-record skips).
+forecast. Prints both tables; --json keeps them.
 The plot labels each run's first-token line by what that token was: metrics.jsonl does not record it (the learned
 sink token with positional=sink; the BOS only where the logged rows opened with it: train.sink_metric reads
 BOS-first rows for a data.bos_aligned run), so RUN=WHAT names it. Where the run folder holds the final model's
@@ -21,15 +21,10 @@ with the stream's BOS (or the learned sink token), is drawn as a star at the las
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.table import publish  # noqa: E402
-from evaluation.sink_mass import SINK_THRESHOLD  # noqa: E402
+from evaluation.report import show_table
+from evaluation.sink_mass import SINK_THRESHOLD
 
 COLLAPSE_COST = math.log(2)  # nats per token: twice the perplexity, the collapse that evicting a sink would be
 
@@ -192,7 +187,9 @@ def main():
         help="run folders trained with train.sink_metric=true, each RUN or RUN=what its first token was",
     )
     ap.add_argument("--plot", type=Path, help="also write the trend as a PNG here")
-    ap.add_argument("--no-record", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    ap.add_argument(
+        "--json", type=Path, help="also write the tables (and this command) to this JSON file (two: -trend, -fit)"
+    )
     args = ap.parse_args()
     runs, table, summaries = [run for run, _ in args.runs], [], []
     for run in runs:
@@ -206,16 +203,10 @@ def main():
     details = (
         "each run's own evals (train.sink_metric: 16 held-out rows of its training length, BOS first if trained so)"
     )
-    record = not args.no_record
-    publish(table, str, "Attention sink over training", details, torch.device("cpu"), record)
-    publish(
-        summaries,
-        str,
-        "Attention sink: where the trend reaches a collapse",
-        "power law over each run's second half of evals",
-        torch.device("cpu"),
-        record,
-    )
+    fit = "power law over each run's second half of evals"
+    json_of = (lambda part: args.json.with_name(f"{args.json.stem}-{part}.json")) if args.json else (lambda part: None)
+    show_table(table, "Attention sink over training", details, json_of("trend"))
+    show_table(summaries, "Attention sink: where the trend reaches a collapse", fit, json_of("fit"))
     if args.plot:
         plot(runs, args.plot, {run.name: what for run, what in args.runs if what})
         print(f"written {args.plot}")

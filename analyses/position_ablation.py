@@ -1,26 +1,21 @@
 """How much a trained model uses its positions: held-out loss with the true ids, with every token at position 0,
 and with the ids of each row shuffled.
 
-python bench/position_ablation.py study/learned-s1 study/sinusoidal-s1 study/nope-s1 study/rope-s1
+python analyses/position_ablation.py study/learned-s1 study/sinusoidal-s1 study/nope-s1 study/rope-s1
 Scores the first --batches x 32 rows of the checkpoint's own validation split at its training length (the rows
 train.py evaluates). The causal mask reads the token order, not the ids, so "all at 0" leaves a model what NoPE has:
-a scheme whose loss barely moves has learned nothing from its positions. Appends the table to bench/RESULTS.md
-(--no-record skips).
+a scheme whose loss barely moves has learned nothing from its positions. Prints the table; --json keeps it.
 """
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.table import publish  # noqa: E402
-from data.loader import RowSampler, TokenSplit  # noqa: E402
-from evaluation.heldout import held_out_folder  # noqa: E402
-from evaluation.report import scheme_label  # noqa: E402
-from utils.checkpoint import load_model  # noqa: E402
+from data.loader import RowSampler, TokenSplit
+from evaluation.heldout import held_out_folder
+from evaluation.report import scheme_label, show_table
+from utils.checkpoint import load_model
 
 ROWS = 32  # rows per batch, as train.py's default validation batches
 
@@ -56,18 +51,11 @@ def main():
     ap.add_argument("runs", nargs="+", help="run folders or checkpoint files")
     ap.add_argument("--batches", type=int, default=8, help="validation batches of 32 rows (train.py's default)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the shuffles")
-    ap.add_argument("--no-record", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    ap.add_argument("--json", type=Path, help="also write the table (and this command) to this JSON file")
     args = ap.parse_args()
     rows = [ablate(run, args.batches, args.seed) for run in args.runs]
     details = f"{args.batches} x {ROWS} validation rows at each run's training length, shuffle seed {args.seed}"
-    publish(
-        rows,
-        str,
-        "Position ablation: held-out loss without the positions",
-        details,
-        torch.device("cpu"),
-        not args.no_record,
-    )
+    show_table(rows, "Position ablation: held-out loss without the positions", details, args.json)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,25 @@
 """How sharp a model's attention heads are: per layer, the largest mean top weight and previous-token share.
 
-python bench/head_focus.py study/rope-s1 study/alibi-s1 study/rope-qkl-s1 out/sinks-rope [--windows 8] [--no-record]
+python analyses/head_focus.py study/rope-s1 study/alibi-s1 study/rope-qkl-s1 out/sinks-rope [--windows 8] [--json F]
 Over windows of each run's training length cut evenly from its held-out works (the length evaluation's text), it
 reads every query with at least 64 keys visible and reports, per layer, the head whose mean largest weight (the share
 of a query's attention its top key takes) is highest, and the head with the highest mean share on the previous
 token. A head that copies (the previous-token half of an induction head, a passkey retrieval) puts most of a query's
 weight on one key. Under gain-free QK-norm (model.qk_norm=rms) no logit passes sqrt(head dim); ALiBi's bias and a
 causal mask's count of keys act outside that cap, but a RoPE head can aim at a relative offset only through the
-few pairs that turn fast enough, within it (README, "Passkey retrieval"). Appends the table to bench/RESULTS.md.
+few pairs that turn fast enough, within it (dev/LOG.md, the QK-norm cap). Prints the table; --json keeps it.
 """
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.table import publish  # noqa: E402
-from evaluation.heldout import held_out_works  # noqa: E402
-from evaluation.report import scheme_label  # noqa: E402
-from evaluation.sink_mass import attention_probs  # noqa: E402
-from utils import checkpoint  # noqa: E402
+from evaluation.heldout import held_out_works
+from evaluation.report import scheme_label, show_table
+from evaluation.sink_mass import attention_probs
+from utils import checkpoint
 
 MIN_KEYS = 64  # queries with fewer keys visible concentrate by having few: left out
 
@@ -51,7 +47,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="run folders or checkpoint files")
     ap.add_argument("--windows", type=int, default=8, help="windows of the training length per run")
-    ap.add_argument("--no-record", dest="record", action="store_false", help="print only")
+    ap.add_argument("--json", type=Path, help="also write the table (and this command) to this JSON file")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     table = []
@@ -68,7 +64,7 @@ def main(argv=None):
     table = [{k: row.get(k, "-") for k in columns} for row in table]
     details = "CPU fp32; per layer: the largest head's mean top weight / the largest head's mean previous-token share"
     details += f", over queries with >= {MIN_KEYS} keys in {args.windows} held-out windows of the training length"
-    publish(table, str, "Head focus: how sharp each layer's heads are", details, torch.device("cpu"), args.record)
+    show_table(table, "Head focus: how sharp each layer's heads are", details, args.json)
 
 
 if __name__ == "__main__":

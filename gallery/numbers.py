@@ -1,6 +1,6 @@
 """The numbers behind the pictures of a positional scheme: small functions that return tensors, no plotting.
 
-python viz.py positional=alibi          (evaluation/gallery.py draws these; viz.py is the entry point)
+python viz.py positional=alibi          (gallery/draw.py draws these; viz.py is the entry point)
 Each reads the scheme through its interface (positional/base.py), never by its name, so a test can hold every
 picture against the scheme's own formula:
   position_vectors          the vector a scheme adds to the token embeddings at each position, or None

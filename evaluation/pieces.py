@@ -1,0 +1,96 @@
+"""The held-out text a length table scores: pieces of the longest eval length, spread over the held-out works.
+
+python eval.py checkpoint=out/rope eval.tokens=65536      (evaluation/length.py scores them at every length)
+Scored text: `pieces` of the longest length M, an equal number from each distinct held-out work (one document of
+each, evaluation/heldout.py), spread over the document (its beginning, middle and end rather than its opening
+only), at least `tokens` in all (eval.tokens is rounded up to whole pieces, at least one from each of four works,
+and an equal count per work). Every length and mode scores exactly these tokens, so lengths and schemes are
+comparable, and the NLL of each piece is kept for the bootstrap intervals (evaluation/bootstrap.py). A piece's
+region holds up to M tokens of its document before it: the context sliding windows read. The LongRoPE search
+(evaluation/longrope.py) keeps its own windows clear of these spans.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Targets doc[start + 1 .. start + size] of held-out work `work` (document index `doc`)."""
+
+    work: str
+    doc: int
+    start: int
+    size: int
+
+
+@dataclass
+class Region:
+    """The tokens one piece needs: up to M tokens of context before it, then the piece (targets from `first`)."""
+
+    tokens: np.ndarray
+    first: int
+
+
+def equal_shares(total: int, caps: list[int]) -> list[int]:
+    """Split `total` as evenly as the capacities allow (water-filling): min(total, sum(caps)) in all."""
+    take, left = [0] * len(caps), min(total, sum(caps))
+    order = sorted(range(len(caps)), key=lambda i: caps[i])
+    for k, i in enumerate(order):
+        take[i] = min(caps[i], -(-left // (len(order) - k)))  # a ceiling share: the remainder goes first
+        left -= take[i]
+    return take
+
+
+def spread(slots: int, k: int) -> list[int]:
+    """k distinct slots of 0..slots-1, evenly spaced from first to last; slot 0 (the opening, which has no text
+    before it for sliding windows) only when the others are too few."""
+    cands = list(range(1, slots)) if slots - 1 >= k else list(range(slots))
+    if k == 1:
+        return [cands[len(cands) // 2]]
+    return [cands[round(i * (len(cands) - 1) / (k - 1))] for i in range(k)]
+
+
+DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)  # eval.lengths=null: these multiples of the training length
+
+
+def default_lengths(train_length: int) -> list[int]:
+    return [max(1, int(m * train_length)) for m in DEFAULT_MULTIPLES]
+
+
+MIN_WORKS = 4  # a budget smaller than this many pieces is raised: one work's text says little about another's
+
+
+def scoring_pieces(works: list[tuple[str, np.ndarray]], max_len: int, budget: int) -> list[Piece]:
+    """Pieces of max_len targets, aligned to multiples of max_len in their documents: ceil(budget / max_len), at
+    least one from each of MIN_WORKS works (where that many are long enough), rounded up to an equal count per
+    work (water-filled where a work is short), spread over each document. With more works than pieces, one
+    piece from each of an evenly spaced selection of the works."""
+    slots = [(len(doc) - 1) // max_len for _, doc in works]
+    usable = [i for i, s in enumerate(slots) if s > 0]
+    if not usable:
+        return []
+    wanted = max(math.ceil(budget / max_len), min(len(usable), MIN_WORKS))
+    if len(usable) > wanted:
+        usable = [usable[round(j * (len(usable) - 1) / max(1, wanted - 1))] for j in range(wanted)]
+    wanted = math.ceil(wanted / len(usable)) * len(usable)
+    pieces = []
+    for i, k in zip(usable, equal_shares(wanted, [slots[i] for i in usable]), strict=True):
+        pieces += [Piece(works[i][0], i, s * max_len, max_len) for s in spread(slots[i], k)]
+    return pieces
+
+
+def read_span(p: Piece, max_len: int) -> tuple[int, int]:
+    """[lo, hi): the tokens of its document a piece's region holds: max_len of context before it, then its own."""
+    return max(0, p.start - max_len), p.start + p.size + 1
+
+
+def regions(works: list[tuple[str, np.ndarray]], pieces: list[Piece], max_len: int) -> list[Region]:
+    """Each piece's tokens with the max_len tokens before it (where the document has them) as context."""
+    out = []
+    for p in pieces:
+        lo, hi = read_span(p, max_len)
+        out.append(Region(works[p.doc][1][lo:hi], p.start - lo))
+    return out

@@ -1,0 +1,263 @@
+"""The figures of evaluation results: perplexity by length (one run or a comparison), streams, passkey heatmaps.
+
+python eval.py checkpoint=out/rope                      -> out/rope/eval/length.png
+python eval.py sweep_dir=multirun/2026-11-22_10-00-00   -> <sweep_dir>/eval/compare.png
+python eval.py checkpoint=out/sink eval.mode=stream     -> out/sink/eval/stream.png (and passkey.png, passkey mode)
+Every series has its own colour, marker and (a RoPE extension) line style; a 95% interval is a band, or a thin bar
+where more than eight lines share a panel; log axes say so. The tables and labels are evaluation/report.py's.
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+from evaluation.report import label, model_label
+
+VARIANT_STYLE = {  # a line style per RoPE extension, so a variant reads the same in every figure
+    "none": "-",
+    "linear": ":",
+    "ntk": "--",
+    "dynamic_ntk": (0, (1, 3)),
+    "yarn": "-.",
+    "log": (0, (5, 1, 1, 1)),
+    "longrope": (0, (8, 2)),
+    "rerope": (0, (3, 1, 1, 1, 1, 1)),
+    "leaky_rerope": (0, (1, 1)),
+}
+
+
+MODES = ("nonoverlap", "sliding")  # a panel each
+
+
+COLOURS = [f"C{i}" for i in range(10)] + ["black", "darkgoldenrod", "lightskyblue", "lime"]
+
+
+MARKERS = "osD^vP*Xh<>"  # 11 markers against 14 colours: no two of the first 154 series alike
+
+
+BAND_LIMIT = 8  # more series than this in a panel: their 95% intervals as thin bars, not bands that merge
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def legend_name(name: str) -> str:
+    """A series as the README names it: configs/positional/irope.yaml is rope with NoPE layers (PPPN)."""
+    return name.replace("rope/PPPN", "irope")
+
+
+def series_styles(rows: list[dict]) -> dict[str, dict]:
+    """A (colour, line style, marker) per series (scheme + variant), no two alike: colour and marker by series,
+    line style by RoPE extension (VARIANT_STYLE); and a small shift along x (dodge) that sets interval bars of
+    close series apart. Ordered highest first at the longest length, so the legend reads as the lines end."""
+    last = {
+        label(r): r["ppl"] for r in sorted(rows, key=lambda r: r["length"]) if r["ppl"] and r["mode"] == rows[0]["mode"]
+    }
+    names = sorted(dict.fromkeys(label(r) for r in rows), key=lambda n: -last.get(n, 0.0))
+    variant = {label(r): r.get("variant", "none") for r in rows}
+    return {
+        n: {
+            "color": COLOURS[i % len(COLOURS)],
+            "marker": MARKERS[i % len(MARKERS)],
+            "ls": VARIANT_STYLE.get(variant[n], "-"),
+            "dodge": 2 ** (0.2 * (i / max(1, len(names) - 1) - 0.5)),
+        }
+        for i, n in enumerate(names)
+    }
+
+
+def seed_note(rows: list[dict]) -> str:
+    """What the error bars are: ±sd over seeds where a line has several, and nothing where none has."""
+    counts = sorted({r.get("runs", 1) for r in rows if r.get("ppl_sd") is not None})
+    if not counts:
+        return ""
+    n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"; capped bars: ±sd over {n} seeds"
+
+
+def _minor_label(value: float, _pos) -> str:
+    """Label only the 2s and 5s of each decade, so a log axis over several decades stays legible."""
+    lead = value / 10 ** int(f"{value:e}".split("e")[1])
+    return f"{value:g}" if round(lead) in (2, 5) else ""
+
+
+def _length_axes(ax, rows: list[dict], train_length: int, title: str):
+    import matplotlib.ticker
+
+    ax.axvline(train_length, color="gray", ls=":", lw=1)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="evaluation length in tokens (log scale)",
+        ylabel="perplexity (log scale)",
+        title=title,
+    )
+    lengths = sorted({r["length"] for r in rows})
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label))
+    values = [v for r in rows if r["ppl"] for v in [r["ppl"], *r.get("ci", [])]]
+    if values and max(values) < 5 * min(values):  # a log axis over so short a span has too few ticks: add round ones
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(12, steps=[1, 2, 2.5, 5, 10]))
+        ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.grid(alpha=0.3, which="both")
+
+
+def _series(rows: list[dict], name: str, mode: str) -> list[dict]:
+    return sorted((r for r in rows if label(r) == name and r["mode"] == mode and r["ppl"]), key=lambda r: r["length"])
+
+
+def _line(ax, rows: list[dict], name: str, mode: str, band: bool = True, dodge: float = 1.0, **style):
+    """ppl against length with its 95% interval (a band, or bars where bands would merge), and ±sd over seeds as
+    error bars for a seed group; with bars, each series drawn at length x dodge, so its bars stand apart."""
+    series = _series(rows, name, mode)
+    if not series:
+        return
+    xs, ys = [r["length"] * (1 if band else dodge) for r in series], [r["ppl"] for r in series]
+    ax.plot(xs, ys, ms=5, **style)
+    if all(r.get("ci") for r in series):
+        lo, hi = [r["ci"][0] for r in series], [r["ci"][1] for r in series]
+        if band:
+            ax.fill_between(xs, lo, hi, color=style["color"], alpha=0.12, lw=0)
+        else:
+            err = [[y - a for y, a in zip(ys, lo, strict=True)], [b - y for y, b in zip(ys, hi, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=style["color"], elinewidth=0.6, alpha=0.5)
+    if any(r.get("ppl_sd") for r in series):
+        sd = [r.get("ppl_sd") or 0 for r in series]
+        ax.errorbar(xs, ys, yerr=sd, fmt="none", ecolor=style["color"], elinewidth=1.2, capsize=2)
+
+
+def _length_panels(axes, rows: list[dict], train_length: int) -> str:
+    """A panel per mode, each series in its own style (series_styles); returns how its intervals are drawn."""
+    styles = series_styles(rows)
+    band = len(styles) <= BAND_LIMIT
+    for ax, mode in zip(axes, [m for m in MODES if any(r["mode"] == m for r in rows)], strict=True):
+        for name, style in styles.items():
+            _line(ax, rows, name, mode, band=band, label=legend_name(name), **style)
+        _length_axes(ax, rows, train_length, f"{mode} windows (trained at {train_length}, dotted)")
+    return ("bands" if band else "thin bars") + ": 95% intervals" + seed_note(rows)
+
+
+def _legend(fig, ax):
+    """One legend for the figure, under its panels, so it covers no line."""
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=8, frameon=False)
+
+
+def plot(rows: list[dict], train_length: int, path: Path, title: str, by_position: dict | None = None):
+    """One checkpoint: ppl against eval length, a panel per mode, a line per variant; NLL by position beside."""
+    plt = _pyplot()
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    panels = len(modes) + bool(by_position)
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 5), squeeze=False, layout="constrained")
+    axes = axes[0]
+    for ax in axes[1 : len(modes)]:
+        ax.sharey(axes[0])
+    intervals = _length_panels(axes[: len(modes)], rows, train_length)
+    _legend(fig, axes[0])
+    fig.suptitle(f"{legend_name(title)}: perplexity against evaluation length ({intervals})")
+    if by_position:
+        ax = axes[-1]
+        for i, (length, values) in enumerate(sorted(by_position.items(), key=lambda kv: int(kv[0]))):
+            ax.plot([p + 1 for p, _ in values], [v for _, v in values], color=f"C{i}", label=f"window {length}")
+        ax.axvline(train_length, color="gray", ls=":")
+        ax.set(
+            xscale="log",
+            xlabel="position within the window, 1 = first (log scale)",
+            ylabel="mean NLL (nats)",
+            title="NLL by position (nonoverlap)",
+        )
+        ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_compare(rows: list[dict], train_length: int, path: Path):
+    """Many runs: a panel per mode sharing the y axis; every series its own colour, marker and (for a RoPE
+    extension) line style."""
+    plt = _pyplot()
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    fig, axes = plt.subplots(
+        1, len(modes), figsize=(7 * len(modes), 5.5), squeeze=False, sharey=True, layout="constrained"
+    )
+    intervals = _length_panels(axes[0], rows, train_length)
+    _legend(fig, axes[0, 0])
+    fig.suptitle(f"train short, test long: held-out perplexity against evaluation length ({intervals})")
+    _save(fig, path)
+
+
+def _save(fig, path: Path):
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_stream(result: dict, path):
+    """NLL per block against tokens seen, a line per method, each in its own colour and line style: methods that
+    score alike (window, sinks, recompute) lie on one another, and the styles show each one is there."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    styles = ["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 3)), (0, (8, 2))]
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    for i, (name, m) in enumerate(result["methods"].items()):
+        if m["nll"]:
+            xs = [(b + 1) * result["block"] for b in range(len(m["nll"]))]
+            ax.plot(xs, m["nll"], color=f"C{i % 10}", ls=styles[i % len(styles)], label=name)
+            if m.get("ci"):  # the 95% interval of each block, as a band
+                lo, hi = zip(*(np.log(ci) for ci in m["ci"]), strict=True)
+                ax.fill_between(xs, lo, hi, color=f"C{i % 10}", alpha=0.12, lw=0)
+    ax.axvline(result["train_length"], color="gray", ls=":", label=f"training length {result['train_length']}")
+    ax.set(
+        xscale="log",
+        xlabel="tokens seen (log scale)",
+        ylabel=f"mean NLL per {result['block']}-token block (nats)",
+        title=f"{legend_name(result['scheme'])}: streaming past the training length (bands: 95% intervals)",
+    )
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_passkey(result: dict, path):
+    """A heatmap: a column per length, a row per depth, coloured by accuracy, each cell with its interval."""
+    plt = _pyplot()
+    lengths, depths = result["lengths"], result["depths"]
+    acc = np.full((len(depths), len(lengths)), np.nan)
+    cells = {(r["length"], r["depth"]): r for r in result["results"]}
+    fig, ax = plt.subplots(figsize=(1.3 * len(lengths) + 2, 0.6 * len(depths) + 1.8))
+    for i, d in enumerate(depths):
+        for j, n in enumerate(lengths):
+            r = cells[(n, d)]
+            text = "n/a"
+            if r["accuracy"] is not None:
+                acc[i, j] = r["accuracy"]
+                text = f"{r['accuracy']:.2f}\n[{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7)
+    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgray")
+    image = ax.imshow(np.ma.masked_invalid(acc), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(lengths)), [f"{n}\n({n / result['train_length']:g}x)" for n in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set(
+        xlabel="sample length in tokens (x the training length)",
+        ylabel="needle depth in the filler\n(0: right after BOS, 1: right before the question)",
+    )
+    ax.set_title(
+        f"{model_label(result)} (trained at {result['train_length']}): passkey accuracy\n"
+        f"{result['trials']} trials per cell, [95% Wilson interval]",
+        fontsize=10,
+    )
+    fig.colorbar(image, ax=ax, label="accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

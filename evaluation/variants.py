@@ -1,0 +1,146 @@
+"""Which evaluation variants a checkpoint is scored under, each a value (model/variant.py) for every cell.
+
+python eval.py checkpoint=out/rope eval.rope_scaling=all eval.rerope=true eval.log_scaling=true
+python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.rope_scaling=rerope
+eval.rope_scaling picks RoPE extensions (positional/rope_scaling.py: one kind, or `all` closed-form kinds, and a
+searched kind where its search files exist), eval.rerope adds ReRoPE's two rows, eval.log_scaling a `log` row
+(model/log_scaling.py). The length table (evaluation/length.py) and passkey mode (evaluation/passkey.py) score the
+same list: plan_variants gives it, and at(variant, length) the Variant a cell passes into the forward.
+"""
+
+import torch
+
+from evaluation import longrope, report
+from evaluation.pieces import read_span
+from model.variant import AS_TRAINED, Variant
+from positional import rerope
+from positional.rope_scaling import KINDS, SEARCHED, Scaling, refusal
+from utils import checkpoint
+from utils.errors import UserError
+from utils.progress import say
+
+LOG = "log"  # the variant row of eval.log_scaling
+
+
+VARIANTS = KINDS + SEARCHED + rerope.KINDS  # eval.rope_scaling's choices besides all
+
+
+ALL = KINDS  # what eval.rope_scaling=all scores
+
+
+def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str]:
+    """The eval-time RoPE extensions to score. A model that was fine-tuned with positional.scaling has its
+    frequencies built in: another scaling would replace them, not add to them, so it is refused, and `all` (as in a
+    sweep) scores that model as it is."""
+    if requested not in VARIANTS and requested != "all":
+        raise UserError(f"eval.rope_scaling={requested} is not one of {', '.join(VARIANTS)}, all")
+    if requested == "all":  # the closed-form kinds; with_searched adds a SEARCHED one where its search has been run
+        if trained:
+            say(f"note: trained with positional.scaling={trained}: scored as it is, with no eval-time scaling")
+            return ["none"]
+        return list(ALL) if pe.rotary else ["none"]
+    if why := refusal("eval.rope_scaling", requested, pe, trained):
+        raise UserError(why)
+    return [requested]
+
+
+def with_log_scaling(variants: list[str], requested: bool, ckpt: dict) -> list[str]:
+    """The variants plus `log` (model/log_scaling.py: unscaled RoPE, logits x max(1, ln n / ln L)) when asked for:
+    first, or right after `none`, before any RoPE variant, whose frequencies would otherwise linger into it. A model
+    trained with model.ssmax already scales its logits by ln n: a second log factor is not scored."""
+    if not requested:
+        return variants
+    if ckpt["model_config"].get("ssmax"):
+        say("note: trained with model.ssmax=true (logits x s ln n): eval.log_scaling adds no row")
+        return variants
+    at = 1 if variants[0] == "none" else 0
+    return [*variants[:at], LOG, *variants[at:]]
+
+
+def with_searched(variants: list[str], requested: str, path, factors: list[float]) -> list[str]:
+    """`all` also scores each SEARCHED kind whose search has been run for every factor past 1 here (its files are
+    beside the checkpoint); one not searched yet is left out with a note, as it is for a scheme with no rotation."""
+    if requested != "all" or "linear" not in variants:  # not rotary, or a fine-tune's scaling is built in
+        return variants
+    run_dir, past = checkpoint.checkpoint_path(path).parent, [f for f in factors if f > 1]
+    missing = [f for f in past if not (run_dir / longrope.file_name(f)).exists()]
+    if missing:
+        say(f"note: eval.rope_scaling=all leaves out {', '.join(SEARCHED)}: not searched for x{missing[0]:g} here")
+        return variants
+    return variants + list(SEARCHED)
+
+
+def with_rerope(variants: list[str], requested: bool, pe, trained: str | None) -> list[str]:
+    """The variants plus rerope and leaky_rerope when asked for (eval.rerope=true): `all` leaves them out for their
+    cost, and this puts a rotary model's whole training-free table in one run. A model they cannot apply to (no
+    rotation, or a scaling built in by a fine-tune) gets a note and no rows, as `all` gives it no scaling rows."""
+    if not requested:
+        return variants
+    if trained or not pe.rotary:
+        why = f"trained with positional.scaling={trained}" if trained else f"{pe.name} has no rotation"
+        say(f"note: eval.rerope=true adds no rows: {why}")
+        return variants
+    return variants + [k for k in rerope.KINDS if k not in variants]
+
+
+def searched_scalings(path, pe, variants, lengths, factor_of, train_length: int) -> dict:
+    """{(variant, length): its search record} for the SEARCHED variants past the training length, read from the
+    files their search wrote beside the checkpoint (evaluation/longrope.py), all before any scoring: a missing or
+    mismatched file stops the run at once, with the command that makes it."""
+    run_dir, out = checkpoint.checkpoint_path(path).parent, {}
+    for variant in (v for v in variants if v in SEARCHED):
+        for length in (n for n in lengths if factor_of(n) > 1):
+            record = longrope.load(run_dir, factor_of(length), train_length)
+            try:
+                pe.rotation(torch.zeros(1, dtype=torch.long), longrope.scaling(record))  # its factors fit this model
+            except ValueError as e:
+                raise UserError(f"{run_dir / longrope.file_name(factor_of(length))}: {e}") from None
+            out[variant, length] = record
+    return out
+
+
+def note_search_overlap(searched: dict, pieces, max_len: int):
+    """Say so when the text a search scored its candidates on is part of what this table reads (another
+    eval.lengths or eval.tokens than the search kept clear of): those cells are then not independent of it."""
+    spans = {}
+    for p in pieces:
+        spans.setdefault(p.work, []).append(read_span(p, max_len))
+    for (variant, length), record in searched.items():
+        if n := longrope.overlap(record.get("windows", []), spans):
+            say(
+                f"note: {variant} at {length}: {n:,} tokens of its search windows are read here too; search again "
+                f"with this eval.lengths and eval.tokens for a table the search never saw"
+            )
+
+
+def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
+    """The variants to score (eval.rope_scaling, eval.log_scaling, eval.rerope), the SEARCHED ones' records, and
+    at(variant, length) -> (the Variant value a cell passes into the forward, what its row records of it: ReRoPE's
+    w and k). A fine-tuned model's built-in scaling is what `none` scores; resolve_variants allows no other."""
+    pe, train_length = model.pe, ckpt["seq_len"]
+    trained = report.trained_scaling(ckpt["model_config"])
+    variants = with_log_scaling(resolve_variants(ev.rope_scaling, pe, trained), ev.log_scaling, ckpt)
+
+    def factor_of(length: int) -> float:
+        return length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
+
+    variants = with_searched(variants, ev.rope_scaling, path, [factor_of(n) for n in lengths])
+    variants = with_rerope(variants, ev.rerope, pe, trained)
+    searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
+    leak = None if ev.rerope_leak == "auto" else ev.rerope_leak
+
+    def at(variant: str, length: int) -> tuple[Variant, dict]:
+        if variant == "none":
+            return AS_TRAINED, {}
+        if variant == LOG:
+            return Variant(log_length=train_length), {}
+        if (variant, length) in searched:
+            return Variant(longrope.scaling(searched[variant, length])), {}
+        far = {"window": ev.rerope_window, "leak": leak} if variant in rerope.KINDS else {}
+        scaling = Scaling(variant, factor_of(length), train_length, **far)
+        row = {}
+        if scaling.far:  # this cell's w and k (positional/rerope.py); rerope's k = inf is recorded as null
+            row = {"window": scaling.window, "leak": None if variant == "rerope" else round(scaling.leak, 4)}
+        return Variant(scaling), row
+
+    return variants, searched, at
