@@ -7,11 +7,15 @@ torchrun --nproc_per_node=8 train.py model=d12 train.total_batch_size=524288
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4
     (a fine-tune from out/rope's weights, fresh optimizer and step: utils/finetune.py)
 Leaves out_dir/ckpt.pt (atomic, resumable with train.resume=true) and out_dir/metrics.jsonl.
+Read top to bottom: setup (data, model, optimizer, resume), then train(): one step, evaluate (with the probes of
+evaluation/probes.py), log, save; the loop's progress is a TrainState that each function takes and returns.
 """
 
 import math
 import signal
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hydra
@@ -23,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from data import grids, tokenizer
 from data.loader import RowSampler, TokenSplit
 from data.prepare import load_meta, prepare
-from evaluation.sink_mass import nothing_cost, rows_first_token_attention
+from evaluation import probes as probing
 from model.generate import generate
 from model.kv_cache import DenseCache
 from utils import checkpoint, finetune, optim, parallel, runtime, schema
@@ -34,6 +38,43 @@ from utils.logger import Logger, start_wandb
 MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "bos_aligned", "optimizer_format")  # a resume shares these
 # options added after checkpoints were written: an older checkpoint was trained with their defaults
 OLDER = {"bos_aligned": False, "model_config": {"qk_norm": "rms", "sink_logit": False, "ssmax": False}}
+
+
+@dataclass
+class TrainState:
+    """Where the run is: what a checkpoint saves beside the weights, and what the last step measured."""
+
+    step: int = 0
+    rows: int = 0  # training rows read over every rank: the data position a resume continues from
+    train_loss: float = math.nan
+    grad_norm: float = math.nan  # before clipping
+    lr: float = math.nan  # of the first parameter group
+    val_loss: float | None = None  # at the last evaluation
+    wandb_id: str | None = None  # a resumed run logs on into the same wandb run
+    init_from: dict | None = None  # where a fine-tune's weights came from (None: a run from scratch)
+
+
+@dataclass
+class Setup:
+    """What a run builds once: its config, data, model and optimizer, and where it writes."""
+
+    cfg: DictConfig
+    rt: runtime.Runtime
+    out_dir: Path
+    resolved: dict  # the config with every value resolved, as the checkpoint keeps it
+    match: dict  # what a resumed run must match (MATCH_KEYS)
+    data_dir: Path
+    model: torch.nn.Module  # the raw model: its weights are saved, probes read it
+    runner: torch.nn.Module  # what a step calls: the model wrapped for DDP or FSDP, and compiled
+    opts: list
+    scaler: torch.amp.GradScaler
+    train_rows: RowSampler
+    val_rows: RowSampler
+    accum: int  # micro-batches per step and process
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.accum * self.rt.world * self.cfg.train.batch_size
 
 
 class StopFlag:
@@ -93,74 +134,6 @@ def check_resume(ckpt: dict, run: dict, path):
         )
 
 
-@torch.no_grad()
-def evaluate(model, sampler: RowSampler, n_batches: int, batch_size: int, rt) -> float:
-    """Mean loss over n_batches fixed validation batches shared out over the ranks. Every rank runs the same
-    number of forwards (FSDP all-gathers in each one); a rank short of batches repeats one with no weight."""
-    model.eval()
-    total = torch.zeros((), device=rt.device)
-    for i in range(-(-n_batches // rt.world)):
-        j = i * rt.world + rt.rank
-        first = (j % n_batches) * batch_size
-        x, y = sampler.batch(first, batch_size, rt.device)
-        with rt.autocast():
-            loss = model(x, y, pos=sampler.positions(first, batch_size, rt.device)).float()
-        total += loss if j < n_batches else 0.0
-    model.train()
-    return (runtime.all_reduce_mean(total) * rt.world / n_batches).item()
-
-
-@torch.no_grad()
-def sink_metrics(model, sampler: RowSampler, rt, n_rows: int = 16) -> dict:
-    """train.sink_metric: the attention the queries of n_rows held-out rows put on their first token (the learned
-    sink token with positional=sink), per layer's largest head, and the share of sink heads (evaluation/sink_mass.py);
-    with model.sink_logit=true also the nothing slot's share, per layer's largest head, and what taking it away costs
-    (sink_mass.nothing_cost). The raw model, eager and fp32: hooks read each layer's input. Every rank runs it (FSDP
-    gathers in the forward)."""
-    x, y = sampler.batch(0, n_rows, rt.device)
-    model.eval()
-    sink = rows_first_token_attention(model, x)
-    cost = nothing_cost(model, x, y) if model.cfg.sink_logit else None
-    model.train()
-    metrics = {
-        "sink_share": sink["sink_share_all"],
-        "first_token_max": sink["max_head"],
-        "first_token_uniform": sink["uniform"],
-    }
-    if cost is not None:
-        metrics.update(nothing_max=sink["nothing_max_head"], nothing_share=sink["nothing_share_all"])
-        metrics["nothing_cost"] = round(cost, 5)  # nats per token the model loses without its nothing slot
-    return metrics
-
-
-def print_sample(model, tok_spec, n_tokens: int, rt):
-    enc = tokenizer.load(tok_spec)
-    bos = tokenizer.bos_id(tok_spec, enc)
-    limit = model.pe.max_positions or n_tokens + 1
-    n = min(n_tokens, limit - 1)
-    cache = DenseCache(model, 1, n + model.pe.n_prefix, dtype=torch.float32)  # BOS + n - 1 fed back, sinks first
-    g = torch.Generator(device=rt.device).manual_seed(0)
-    prompt = torch.tensor([[bos]], device=rt.device)
-    ids = [t.item() for t in generate(model, prompt, cache, n, temperature=0.8, top_k=50, generator=g)]
-    print("--- sample ---\n" + enc.decode(ids) + "\n--------------", flush=True)
-
-
-def train(cfg: DictConfig, out_dir, group: str | None = None) -> dict:
-    """Train as cfg says into out_dir; return a summary (step, losses, wall time)."""
-    cfg.out_dir = str(out_dir)
-    init = finetune.read_init(cfg)  # init_from's checkpoint, mapped; it gives positional.original_length its value
-    schema.check_train(cfg)  # every range and choice, before any data is read
-    if cfg.data.source == "grids":  # its options, and train.seq_len against its grid size
-        grids.check_run(OmegaConf.to_container(cfg.data, resolve=True), cfg.train.seq_len)
-    rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
-    stop = StopFlag()
-    try:
-        return _train(cfg, Path(out_dir), rt, group, stop, init)
-    finally:
-        stop.restore()
-        runtime.teardown()
-
-
 def prepare_data(resolved: dict, rt, say) -> tuple[Path, dict, int]:
     """Rank 0 prepares the dataset (once per dataset and tokenizer); the others wait, then find it ready."""
     if rt.master:
@@ -170,13 +143,79 @@ def prepare_data(resolved: dict, rt, say) -> tuple[Path, dict, int]:
     return data_dir, tokenizer.read_spec(data_dir), load_meta(data_dir)["vocab_size"]
 
 
-def grad_scaler(rt, state: dict | None = None) -> torch.amp.GradScaler:
+def grad_scaler(rt) -> torch.amp.GradScaler:
     """Under fp16 autocast the loss is scaled up before backward, or small gradients flush to zero in fp16;
     steps whose gradients overflow are skipped and the scale lowered. Disabled (a pass-through) otherwise."""
-    scaler = torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
-    if state:
-        scaler.load_state_dict(state)
-    return scaler
+    return torch.amp.GradScaler(rt.device.type, enabled=rt.dtype == torch.float16)
+
+
+def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]:
+    """Data, model and optimizer, and the state to start from: step 0 (from init_from's weights in a fine-tune) or
+    out_dir's checkpoint under train.resume."""
+    tr, say = cfg.train, (print if rt.master else (lambda *a, **k: None))
+    check_out_dir(out_dir, tr)
+    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    data_dir, tok_spec, vocab_size = prepare_data(resolved, rt, say)
+    bos_aligned = bool(resolved["data"].get("bos_aligned", False))  # absent from configs older than the option
+    match = {
+        "model_config": schema.model_config(resolved, vocab_size),
+        "tokenizer": tok_spec,
+        "seq_len": tr.seq_len,
+        "bos_aligned": bos_aligned,  # another row order: another run
+        "optimizer_format": parallel.optimizer_format(rt, tr.parallel),
+    }
+    model = checkpoint.build_model(match["model_config"])
+    model.pe.check_length(tr.seq_len)
+    state = TrainState()
+    if init is not None and not tr.resume:  # weights only, before any wrapping: every rank loads the same
+        state.init_from = finetune.load_weights(model, init, match, cfg.init_from, OLDER)
+        say(
+            f"starting from the weights of {state.init_from['path']} (step {init['step']}, seq_len "
+            f"{init['seq_len']}); fresh optimizer, step 0"
+        )
+    model.to(rt.device)
+    runner = parallel.wrap(model, rt, tr.parallel, resolved["optim"]["name"])
+    fused = rt.device.type == "cuda" and match["optimizer_format"] == "plain"
+    opts = optim.build(model, resolved["optim"], fused=fused)
+    scaler = grad_scaler(rt)
+    if tr.resume:
+        state = resume(out_dir, match, model, opts, scaler, tr.parallel, say)
+    if should_compile(cfg.compile, rt.device, say):
+        runner = torch.compile(runner)
+    axes = model.pe.axes  # the position axes the scheme reads from a dataset that has them (data=grids)
+    train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed, bos_aligned, axes)
+    val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0, axes=axes)
+    accum = grad_accum_steps(tr, rt.world)
+    s = Setup(cfg, rt, out_dir, resolved, match, data_dir, model, runner, opts, scaler, train_rows, val_rows, accum)
+    say(
+        f"{model.pe.name}: {model.num_params() / 1e6:.2f}M parameters, {train_rows.n_rows:,} training rows of "
+        f"{tr.seq_len}, {accum} x {tr.batch_size} x {rt.world} sequences per step, {rt.device} {rt.dtype}"
+    )
+    return s, state
+
+
+def resume(out_dir: Path, match: dict, model, opts, scaler, parallel_mode: str, say) -> TrainState:
+    """Weights, optimizer moments, loss scale and data position from out_dir's checkpoint, which must match the run."""
+    ckpt = checkpoint.load(out_dir)
+    check_resume(ckpt, match, out_dir / checkpoint.NAME)
+    parallel.load_state(model, opts, ckpt["model"], ckpt["optimizer"], parallel_mode)
+    if ckpt.get("scaler"):  # empty where the run had no fp16 loss scaling
+        scaler.load_state_dict(ckpt["scaler"])
+    say(f"resuming {out_dir} at step {ckpt['step']}")
+    return TrainState(ckpt["step"], ckpt["rows"], wandb_id=ckpt.get("wandb_id"), init_from=ckpt.get("init_from"))
+
+
+def start_logger(s: Setup, state: TrainState, group: str | None) -> tuple[Logger | None, TrainState]:
+    """Rank 0's metrics.jsonl and wandb run (a resumed run continues both); None on the other ranks."""
+    if not s.rt.master:
+        return None, state
+    s.out_dir.mkdir(parents=True, exist_ok=True)
+    wandb_run, lg = None, s.cfg.logger
+    if lg.wandb:
+        name = f"{s.model.pe.name}-{s.out_dir.name}"
+        wandb_run = start_wandb(lg.project, s.out_dir, s.resolved, lg.mode, group, name, state.wandb_id)
+    logger = Logger(s.out_dir, wandb_run, resume_step=state.step if s.cfg.train.resume else None)
+    return logger, replace(state, wandb_id=wandb_run.id if wandb_run else None)
 
 
 def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, tr, rt, scaler) -> tuple[float, float]:
@@ -204,6 +243,88 @@ def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, 
     return loss, norm
 
 
+def step(s: Setup, state: TrainState) -> TrainState:
+    """One step at the schedule's learning rate; a loss that is not finite stops the run (its checkpoint kept)."""
+    tr = s.cfg.train
+    factor = optim.lr_factor(state.step, tr.max_steps, tr.warmup_steps, tr.min_lr_ratio, tr.schedule)
+    optim.set_lr(s.opts, factor)
+    loss, norm = train_step(s.runner, s.model, s.opts, s.train_rows, state.rows, s.accum, tr, s.rt, s.scaler)
+    if not math.isfinite(loss):
+        raise diverged(f"loss became {loss}", state.step + 1, s.out_dir)
+    lr, rows = factor * s.opts[0].param_groups[0]["base_lr"], state.rows + s.rows_per_step
+    return replace(state, step=state.step + 1, rows=rows, train_loss=loss, grad_norm=norm, lr=lr)
+
+
+@torch.no_grad()
+def evaluate(model, sampler: RowSampler, n_batches: int, batch_size: int, rt) -> float:
+    """Mean loss over n_batches fixed validation batches shared out over the ranks. Every rank runs the same
+    number of forwards (FSDP all-gathers in each one); a rank short of batches repeats one with no weight."""
+    model.eval()
+    total = torch.zeros((), device=rt.device)
+    for i in range(-(-n_batches // rt.world)):
+        j = i * rt.world + rt.rank
+        first = (j % n_batches) * batch_size
+        x, y = sampler.batch(first, batch_size, rt.device)
+        with rt.autocast():
+            loss = model(x, y, pos=sampler.positions(first, batch_size, rt.device)).float()
+        total += loss if j < n_batches else 0.0
+    model.train()
+    return (runtime.all_reduce_mean(total) * rt.world / n_batches).item()
+
+
+class Meter:
+    """Training speed between logs: tokens/s with evaluation time left out, model FLOP/s, and MFU against the
+    datasheet bf16 peak of every GPU (null where none is known, as on a CPU)."""
+
+    def __init__(self, s: Setup, step: int):
+        self.tokens_per_step = s.rows_per_step * s.cfg.train.seq_len
+        self.flops_per_token = s.model.flops_per_token(s.cfg.train.seq_len)
+        self.peak = (runtime.datasheet_peak(s.rt.device) or 0) * s.rt.world
+        self.start, self.step = time.time(), step
+
+    @contextmanager
+    def paused(self):
+        t = time.time()
+        yield
+        self.start += time.time() - t
+
+    def read(self, step: int) -> dict:
+        """The speed since the last read (or the start), up to step."""
+        tokens_per_sec = round((step - self.step) * self.tokens_per_step / (time.time() - self.start), 1)
+        flops = tokens_per_sec * self.flops_per_token  # model FLOPs done per second, over all processes
+        self.start, self.step = time.time(), step
+        mfu = round(flops / self.peak, 4) if self.peak else None
+        return {"tokens_per_sec": tokens_per_sec, "tflops_per_sec": float(f"{flops / 1e12:.4g}"), "mfu": mfu}
+
+
+def metrics(state: TrainState, meter: Meter, elapsed: float, measured: dict | None) -> dict:
+    """A logged step's metrics, and at an evaluation the validation loss and the probes' too (log rounds them)."""
+    m = {
+        "step": state.step,
+        "train_loss": state.train_loss,
+        "lr": state.lr,
+        "grad_norm": state.grad_norm,
+        **meter.read(state.step),
+        "tokens": state.step * meter.tokens_per_step,
+        "elapsed_s": round(elapsed, 2),
+    }
+    if measured is not None:
+        m.update(val_loss=state.val_loss, **measured)
+    return m
+
+
+DIGITS = {"train_loss": 5, "val_loss": 5, "grad_norm": 4}  # as metrics.jsonl keeps them; printed from the full value
+
+
+def log(logger: Logger, m: dict, max_steps: int, probed: str = ""):
+    """m into metrics.jsonl (and wandb), and the progress line printed from it (probed: what the probes show)."""
+    logger.log({k: round(v, DIGITS[k]) if k in DIGITS else v for k, v in m.items()})
+    val = f" val {m['val_loss']:.4f}" if "val_loss" in m else ""
+    probed = f" {probed}" if probed else ""
+    speed = f"lr {m['lr']:.2e} gnorm {m['grad_norm']:.3f} {m['tokens_per_sec']:.0f} tok/s"
+    print(f"step {m['step']}/{max_steps} loss {m['train_loss']:.4f}{val}{probed} {speed}")
+
+
 def diverged(what: str, step: int, out_dir) -> UserError:
     return UserError(
         f"{what} at step {step}; the last good checkpoint is kept in {out_dir}. "
@@ -211,173 +332,104 @@ def diverged(what: str, step: int, out_dir) -> UserError:
     )
 
 
-def _train(cfg, out_dir: Path, rt, group, stop, init=None) -> dict:
-    tr = cfg.train
-    say = print if rt.master else (lambda *a, **k: None)
-    check_out_dir(out_dir, tr)
-    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    data_dir, tok_spec, vocab_size = prepare_data(resolved, rt, say)
-    model_config = schema.model_config(resolved, vocab_size)
-    run = {
-        "model_config": model_config,
-        "tokenizer": tok_spec,
-        "seq_len": tr.seq_len,
-        "bos_aligned": bool(resolved["data"].get("bos_aligned", False)),  # another row order: another run
-        "optimizer_format": parallel.optimizer_format(rt, tr.parallel),
-    }  # what a resumed run must match
-
-    model = checkpoint.build_model(model_config)
-    model.pe.check_length(tr.seq_len)
-    init_info = None
-    if init is not None and not tr.resume:  # weights only, before any wrapping: every rank loads the same
-        init_info = finetune.load_weights(model, init, run, cfg.init_from, OLDER)
-        say(
-            f"starting from the weights of {init_info['path']} (step {init['step']}, seq_len {init['seq_len']}); "
-            f"fresh optimizer, step 0"
+def save(s: Setup, state: TrainState):
+    """Every rank takes part (FSDP gathers the shards); rank 0 writes, and only finite weights."""
+    model_state, opt_states = parallel.full_state(s.model, s.opts, s.cfg.train.parallel)
+    if runtime.any_rank(s.rt.master and not all(t.isfinite().all() for t in model_state.values()), s.rt.device):
+        raise diverged("weights became non-finite", state.step, s.out_dir)
+    if s.rt.master:
+        checkpoint.save(
+            s.out_dir / checkpoint.NAME,
+            {
+                **s.match,
+                "model": model_state,
+                "optimizer": opt_states,
+                "scaler": s.scaler.state_dict(),
+                "config": s.resolved,
+                "data_dir": str(s.data_dir),
+                "step": state.step,
+                "rows": state.rows,
+                "val_loss": state.val_loss,
+                "wandb_id": state.wandb_id,
+                "init_from": state.init_from,
+            },
         )
-    model.to(rt.device)
-    runner = parallel.wrap(model, rt, tr.parallel, resolved["optim"]["name"])
-    opts = optim.build(model, resolved["optim"], fused=rt.device.type == "cuda" and run["optimizer_format"] == "plain")
-    step, rows, wandb_id = 0, 0, None
-    if tr.resume:
-        ckpt = checkpoint.load(out_dir)
-        check_resume(ckpt, run, out_dir / checkpoint.NAME)
-        parallel.load_state(model, opts, ckpt["model"], ckpt["optimizer"], tr.parallel)
-        step, rows, wandb_id = ckpt["step"], ckpt["rows"], ckpt.get("wandb_id")
-        init_info = ckpt.get("init_from")
-        say(f"resuming {out_dir} at step {step}")
-    if should_compile(cfg.compile, rt.device, say):
-        runner = torch.compile(runner)
+    runtime.barrier()
 
-    accum = grad_accum_steps(tr, rt.world)
-    bos_aligned = resolved["data"].get("bos_aligned", False)  # absent from configs older than the option
-    axes = model.pe.axes  # the position axes the scheme reads from a dataset that has them (data=grids)
-    train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed, bos_aligned, axes)
-    val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0, axes=axes)
-    # the sink metric reads held-out rows that start as the training rows do (BOS first under data.bos_aligned),
-    # since a sink forms on the token that opens every row the model trained on
-    sink_rows = RowSampler(val_rows.split, tr.seq_len, 0, bos_aligned, axes) if tr.sink_metric else None
-    scaler = grad_scaler(rt, ckpt.get("scaler") if tr.resume else None)
-    say(
-        f"{model.pe.name}: {model.num_params() / 1e6:.2f}M parameters, {train_rows.n_rows:,} training rows of "
-        f"{tr.seq_len}, {accum} x {tr.batch_size} x {rt.world} sequences per step, {rt.device} {rt.dtype}"
-    )
-    logger = wandb_run = None
-    if rt.master:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.logger.wandb:
-            name = f"{model.pe.name}-{out_dir.name}"
-            wandb_run = start_wandb(cfg.logger.project, out_dir, resolved, cfg.logger.mode, group, name, wandb_id)
-        logger = Logger(out_dir, wandb_run, resume_step=step if tr.resume else None)
 
-    last_saved = {}
+def print_sample(model, tok_spec, n_tokens: int, rt):
+    enc = tokenizer.load(tok_spec)
+    bos = tokenizer.bos_id(tok_spec, enc)
+    limit = model.pe.max_positions or n_tokens + 1
+    n = min(n_tokens, limit - 1)
+    cache = DenseCache(model, 1, n + model.pe.n_prefix, dtype=torch.float32)  # BOS + n - 1 fed back, sinks first
+    g = torch.Generator(device=rt.device).manual_seed(0)
+    prompt = torch.tensor([[bos]], device=rt.device)
+    ids = [t.item() for t in generate(model, prompt, cache, n, temperature=0.8, top_k=50, generator=g)]
+    print("--- sample ---\n" + enc.decode(ids) + "\n--------------", flush=True)
 
-    def save():
-        """Every rank takes part (FSDP gathers the shards); rank 0 writes, and only finite weights."""
-        model_state, opt_states = parallel.full_state(model, opts, tr.parallel)
-        if runtime.any_rank(rt.master and not all(t.isfinite().all() for t in model_state.values()), rt.device):
-            raise diverged("weights became non-finite", step, out_dir)
-        if rt.master:
-            checkpoint.save(
-                out_dir / checkpoint.NAME,
-                {
-                    **run,
-                    "model": model_state,
-                    "optimizer": opt_states,
-                    "scaler": scaler.state_dict(),
-                    "config": resolved,
-                    "data_dir": str(data_dir),
-                    "step": step,
-                    "rows": rows,
-                    "val_loss": val_loss,
-                    "wandb_id": wandb_run.id if wandb_run else None,
-                    "init_from": init_info,  # where a fine-tune's weights came from (None: a run from scratch)
-                },
-            )
-            last_saved["model"] = model_state
-        runtime.barrier()
 
-    tokens_per_step = accum * tr.batch_size * tr.seq_len * rt.world
-    flops_per_token, peak = model.flops_per_token(tr.seq_len), runtime.datasheet_peak(rt.device)
-    val_loss, train_loss, t_start = None, float("nan"), time.time()
-    t_log, tokens_since = time.time(), 0
-    while step < tr.max_steps:
-        lr = optim.lr_factor(step, tr.max_steps, tr.warmup_steps, tr.min_lr_ratio, tr.schedule)
-        optim.set_lr(opts, lr)
-        train_loss, grad_norm = train_step(runner, model, opts, train_rows, rows, accum, tr, rt, scaler)
-        step, rows, tokens_since = step + 1, rows + accum * rt.world * tr.batch_size, tokens_since + tokens_per_step
-        if not math.isfinite(train_loss):
-            raise diverged(f"loss became {train_loss}", step, out_dir)
-        last_step = step == tr.max_steps
-        measure = step % tr.eval_interval == 0 or last_step
-        if measure:
-            t_eval = time.time()
-            val_loss = evaluate(runner, val_rows, tr.eval_batches, tr.batch_size, rt)
-            sink = sink_metrics(model, sink_rows, rt) if tr.sink_metric else {}
-            t_log += time.time() - t_eval  # tokens/s counts training time only
-        if step % tr.log_interval == 0 or measure:
-            metrics = {
-                "step": step,
-                "train_loss": round(train_loss, 5),
-                "lr": lr * opts[0].param_groups[0]["base_lr"],
-                "grad_norm": round(grad_norm, 4),
-                "tokens_per_sec": round(tokens_since / (time.time() - t_log), 1),
-                "tflops_per_sec": None,  # model FLOPs done per second, over all processes
-                "mfu": None,  # against the datasheet bf16 peak of every GPU (null where none is known)
-                "tokens": step * tokens_per_step,
-                "elapsed_s": round(time.time() - t_start, 2),
-            }
-            flops = metrics["tokens_per_sec"] * flops_per_token
-            metrics["tflops_per_sec"] = float(f"{flops / 1e12:.4g}")
-            if peak:
-                metrics["mfu"] = round(flops / (peak * rt.world), 4)
-            if measure:
-                metrics["val_loss"] = round(val_loss, 5)
-                metrics.update(sink)
-            if logger:
-                logger.log(metrics)
-            say(
-                f"step {step}/{tr.max_steps} loss {train_loss:.4f}"
-                + (f" val {val_loss:.4f}" if measure else "")
-                + (
-                    f" sink heads {sink['sink_share']:.2f} first-token max {max(sink['first_token_max']):.3f}"
-                    + (
-                        f" nothing max {max(sink['nothing_max']):.3f} cost {sink['nothing_cost']:.4f}"
-                        if "nothing_max" in sink
-                        else ""
-                    )
-                    if measure and sink
-                    else ""
-                )
-                + f" lr {metrics['lr']:.2e} gnorm {grad_norm:.3f} {metrics['tokens_per_sec']:.0f} tok/s"
-            )
-            t_log, tokens_since = time.time(), 0
-        out_of_time = tr.time_limit_min is not None and time.time() - t_start > 60 * tr.time_limit_min
-        stopping = runtime.any_rank(stop.requested or out_of_time, rt.device)
-        if step % tr.ckpt_interval == 0 or last_step or stopping:
-            save()
-        if stopping:
-            break
+def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None):
+    """Once the ranks agree on the weights (DDP): rank 0's closing line and, for text, the sample of the saved model."""
+    parallel.check_ranks_agree(s.model, s.rt, s.cfg.train.parallel)
+    if not s.rt.master:
+        return
+    tr = s.cfg.train
+    if state.val_loss is not None:
+        print(
+            f"val loss {state.val_loss:.4f} (ppl {math.exp(state.val_loss):.1f}) at step {state.step}, {wall:.0f} s, "
+            f"checkpoint {s.out_dir / checkpoint.NAME}"
+        )
+    if tr.sample_tokens > 0 and state.step == tr.max_steps and not s.train_rows.split.position_axes:  # text only
+        # from the checkpoint the last step wrote: a whole model under DDP and FSDP alike (shards cannot decode
+        # alone), and the sample sample.py gives from it
+        model, ckpt = checkpoint.load_model(s.out_dir, s.rt.device)
+        print_sample(model, ckpt["tokenizer"], tr.sample_tokens, s.rt)
+    logger.close()
 
-    wall = time.time() - t_start
-    parallel.check_ranks_agree(model, rt, tr.parallel)
-    if rt.master:
-        if val_loss is not None:
-            say(
-                f"val loss {val_loss:.4f} (ppl {math.exp(val_loss):.1f}) at step {step}, {wall:.0f} s, "
-                f"checkpoint {out_dir / checkpoint.NAME}"
-            )
-        if tr.sample_tokens > 0 and step == tr.max_steps and not train_rows.split.position_axes:  # text only
-            sampler = model
-            if run["optimizer_format"] == "fsdp":  # shards cannot decode alone: a whole copy from the checkpoint
-                sampler = checkpoint.build_model(model_config).to(rt.device)
-                sampler.load_state_dict(last_saved["model"])
-            print_sample(sampler, tok_spec, tr.sample_tokens, rt)
-        logger.close()
+
+def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | None = None) -> dict:
+    """Train as cfg says into out_dir; return a summary (step, losses, wall time). probes: measured at each
+    evaluation and logged beside the validation loss (evaluation/probes.py); train.sink_metric adds SinkProbe."""
+    cfg.out_dir, out_dir, tr = str(out_dir), Path(out_dir), cfg.train
+    init = finetune.read_init(cfg)  # init_from's checkpoint, mapped; it gives positional.original_length its value
+    schema.check_train(cfg)  # every range and choice, before any data is read
+    if cfg.data.source == "grids":  # its options, and train.seq_len against its grid size
+        grids.check_run(OmegaConf.to_container(cfg.data, resolve=True), tr.seq_len)
+    probes = [*(probes or []), *([probing.SinkProbe()] if tr.sink_metric else [])]
+    rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
+    stop = StopFlag()
+    try:
+        s, state = setup(cfg, out_dir, rt, init)
+        logger, state = start_logger(s, state, group)
+        # held-out rows that open as the training rows do (BOS first under data.bos_aligned): what probes read
+        held_out = RowSampler(s.val_rows.split, tr.seq_len, 0, s.match["bos_aligned"], s.model.pe.axes)
+        meter, t_start = Meter(s, state.step), time.time()
+        while state.step < tr.max_steps:
+            state = step(s, state)
+            last = state.step == tr.max_steps
+            measured, probed = None, ""
+            if state.step % tr.eval_interval == 0 or last:
+                with meter.paused():  # tokens/s counts training time only
+                    state = replace(state, val_loss=evaluate(s.runner, s.val_rows, tr.eval_batches, tr.batch_size, rt))
+                    measured, probed = probing.measure(probes, s.model, held_out, rt)
+            if logger and (state.step % tr.log_interval == 0 or measured is not None):
+                log(logger, metrics(state, meter, time.time() - t_start, measured), tr.max_steps, probed)
+            out_of_time = tr.time_limit_min is not None and time.time() - t_start > 60 * tr.time_limit_min
+            stopping = runtime.any_rank(stop.requested or out_of_time, rt.device)
+            if state.step % tr.ckpt_interval == 0 or last or stopping:
+                save(s, state)
+            if stopping:
+                break
+        wall = time.time() - t_start
+        finish(s, state, wall, logger)
+    finally:
+        stop.restore()
+        runtime.teardown()
     return {
-        "step": step,
-        "train_loss": train_loss,
-        "val_loss": val_loss,
+        "step": state.step,
+        "train_loss": state.train_loss,
+        "val_loss": state.val_loss,
         "wall_s": round(wall, 1),
         "out_dir": str(out_dir),
     }

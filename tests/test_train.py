@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -321,7 +322,6 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 def test_eval_and_sample_read_only_the_weights(tmp_path):
     """checkpoint.load_model (eval.py, sample.py) maps the file: the optimizer state is never read from disk.
     Bytes read through system calls (rchar) show it; a full load, for contrast, reads them all."""
-    import re
     from pathlib import Path
 
     from conftest import scheme_spec
@@ -540,7 +540,7 @@ def test_sink_preset_logs_the_saved_models_first_token_attention(tmp_path, shake
     assert "nothing_max" not in logged  # no nothing slot in this model
 
 
-def test_sink_metric_logs_the_nothing_slots_share(tmp_path, shakespeare_dir):
+def test_sink_metric_logs_the_nothing_slots_share(tmp_path, shakespeare_dir, capsys):
     """With model.sink_logit=true, train.sink_metric also logs each layer's largest share of attention spent on
     nothing, from the same rows as the first-token share."""
     from data.loader import RowSampler, TokenSplit
@@ -563,3 +563,57 @@ def test_sink_metric_logs_the_nothing_slots_share(tmp_path, shakespeare_dir):
     assert logged["nothing_max"] == want["nothing_max_head"] and logged["nothing_share"] == want["nothing_share_all"]
     assert logged["nothing_cost"] == round(nothing_cost(model, x, y), 5)
     assert all(0 < m < 1 for m in logged["nothing_max"])
+    summary = (  # what the progress line shows of them, between the losses and the learning rate
+        f"sink heads {logged['sink_share']:.2f} first-token max {max(logged['first_token_max']):.3f} "
+        f"nothing max {max(logged['nothing_max']):.3f} cost {logged['nothing_cost']:.4f} lr "
+    )
+    assert re.search(rf"\nstep 3/3 loss [\d.]+ val [\d.]+ {re.escape(summary)}", capsys.readouterr().out)
+
+
+def test_a_probe_attached_from_outside_logs_at_each_evaluation(tmp_path, shakespeare_dir, capsys):
+    """train(probes=[...]): a probe gets the model and held-out rows at each evaluation, and what it returns goes
+    into metrics.jsonl beside the validation loss and onto the progress line."""
+    from data.loader import RowSampler, TokenSplit
+
+    @torch.no_grad()
+    def held_out_loss(model, rows, rt):
+        x, y = rows.batch(0, 4, rt.device)
+        return {"probe_loss": round(model(x, y).item(), 5)}
+
+    cfg = config(*TINY, "train.max_steps=4", "train.eval_interval=2", "train.warmup_steps=1")
+    train(cfg, tmp_path, probes=[held_out_loss])
+    logged = metrics(tmp_path)
+    assert [m["step"] for m in logged] == [1, 2, 3, 4]
+    assert [m["step"] for m in logged if "probe_loss" in m] == [m["step"] for m in logged if "val_loss" in m] == [2, 4]
+    model, _ = checkpoint.load_model(tmp_path)  # the model as saved at step 4, on the same held-out rows
+    x, y = RowSampler(TokenSplit(shakespeare_dir, "val"), 32, 0).batch(0, 4)
+    assert logged[-1]["probe_loss"] == pytest.approx(model(x, y).item(), abs=1e-5)
+    assert re.search(rf" val [\d.]+ probe_loss {logged[-1]['probe_loss']:.4g} lr ", capsys.readouterr().out)
+
+
+def test_the_final_sample_is_decoded_from_the_last_saved_weights(tmp_path, shakespeare_dir, capsys):
+    """The checkpoint holds the weights of the last step, and the sample printed at the end is theirs, not an
+    earlier save's: a probe records the model at every evaluation, and the last two steps' weights sample apart."""
+    from train import print_sample
+
+    seen = []
+
+    def record(model, rows, rt):
+        seen.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return {}
+
+    opts = ["train.max_steps=3", "train.eval_interval=1", "train.ckpt_interval=2", "train.warmup_steps=1"]
+    opts += ["train.sample_tokens=24"]  # a save at step 2, then the last one at step 3
+    train(config(*TINY, *opts), tmp_path, probes=[record])
+    printed = capsys.readouterr().out.split("--- sample ---\n")[1]
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == len(seen) == 3 and ckpt["model"].keys() == seen[-1].keys()
+    assert all(torch.equal(ckpt["model"][k], w) for k, w in seen[-1].items())
+
+    def sample(state) -> str:
+        model = checkpoint.build_model(ckpt["model_config"])
+        model.load_state_dict(state)
+        print_sample(model.eval(), ckpt["tokenizer"], 24, runtime.Runtime(torch.device("cpu"), torch.float32))
+        return capsys.readouterr().out.split("--- sample ---\n")[1]
+
+    assert printed == sample(seen[-1]) != sample(seen[-2])

@@ -1,0 +1,65 @@
+"""Probes: what a training run measures at each evaluation beside the validation loss.
+
+python train.py experiment=sinks                        (train.sink_metric=true attaches SinkProbe)
+python train.py train.sink_metric=true model.sink_logit=true
+train(cfg, out_dir, probes=[my_probe])                  (any other probe, attached from outside the loop)
+A probe is a function or an object called as probe(model, rows, rt): the raw model (not wrapped, not compiled; every
+rank calls it, since FSDP gathers the weights in the forward), a RowSampler of held-out rows that open as the
+training rows do, and the runtime. It returns a dict of metrics, which train.py merges into that step's line of
+metrics.jsonl. An object with a describe(metrics) method says what the progress line shows of them; otherwise the
+line shows its numbers as they are.
+"""
+
+import torch
+
+from evaluation.sink_mass import nothing_cost, rows_first_token_attention
+
+
+class SinkProbe:
+    """train.sink_metric: the attention the queries of n_rows held-out rows put on their first token (the learned
+    sink token with positional=sink), per layer's largest head, and the share of sink heads (evaluation/sink_mass.py);
+    with model.sink_logit=true also the nothing slot's share, per layer's largest head, and what taking it away costs
+    (sink_mass.nothing_cost). Eager and fp32: hooks read each layer's input. The rows open as the training rows do
+    (BOS first under data.bos_aligned), since a sink forms on the token that opens every row the model trained on."""
+
+    def __init__(self, n_rows: int = 16):
+        self.n_rows = n_rows
+
+    @torch.no_grad()
+    def __call__(self, model, rows, rt) -> dict:
+        x, y = rows.batch(0, self.n_rows, rt.device)
+        model.eval()
+        sink = rows_first_token_attention(model, x)
+        cost = nothing_cost(model, x, y) if model.cfg.sink_logit else None
+        model.train()
+        metrics = {
+            "sink_share": sink["sink_share_all"],
+            "first_token_max": sink["max_head"],
+            "first_token_uniform": sink["uniform"],
+        }
+        if cost is not None:
+            metrics.update(nothing_max=sink["nothing_max_head"], nothing_share=sink["nothing_share_all"])
+            metrics["nothing_cost"] = round(cost, 5)  # nats per token the model loses without its nothing slot
+        return metrics
+
+    @staticmethod
+    def describe(m: dict) -> str:
+        text = f"sink heads {m['sink_share']:.2f} first-token max {max(m['first_token_max']):.3f}"
+        if "nothing_max" in m:
+            text += f" nothing max {max(m['nothing_max']):.3f} cost {m['nothing_cost']:.4f}"
+        return text
+
+
+def describe(metrics: dict) -> str:
+    """A probe's numbers as the progress line shows them when the probe does not say: 'name value' each."""
+    return " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, int | float))
+
+
+def measure(probes: list, model, rows, rt) -> tuple[dict, str]:
+    """Every probe's metrics merged into one dict, and the text the progress line shows of them."""
+    merged, text = {}, []
+    for probe in probes:
+        got = probe(model, rows, rt)
+        merged.update(got)
+        text.append(probe.describe(got) if hasattr(probe, "describe") else describe(got))
+    return merged, " ".join(t for t in text if t)
