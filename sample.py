@@ -12,7 +12,6 @@ model without training; leaky_rerope's automatic k is the one for the cache's ca
 """
 
 import codecs
-import resource
 import sys
 import time
 from pathlib import Path
@@ -38,12 +37,6 @@ def read_prompt(prompt: str) -> str:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read the prompt file {path} ({type(e).__name__}); give a UTF-8 text file") from None
-
-
-def peak_memory(rt) -> str:
-    if rt.device.type == "cuda":
-        return f"{torch.cuda.max_memory_allocated(rt.device) / 2**20:.0f} MiB GPU"
-    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB RSS"
 
 
 def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.stdout) -> tuple[int, str | None]:
@@ -114,10 +107,11 @@ def sample(cfg: DictConfig):
             print(f"[stopped after {n} tokens: {stopped}]", file=sys.stderr, flush=True)
             if stopped == "interrupted":
                 break
-    dt = time.time() - t0
+    dt, peak = time.time() - t0, runtime.peak_memory_mb(rt.device)
     print(
         f"{total} tokens in {dt:.1f} s: {total / dt:.1f} tokens/s (prefill included), cache={cfg.cache.kind} "
-        f"holding {cache.capacity} tokens ({cache.nbytes() / 2**20:.1f} MiB), peak memory {peak_memory(rt)}"
+        f"holding {cache.capacity} tokens ({cache.nbytes() / 2**20:.1f} MiB), peak memory {peak:.0f} MiB "
+        f"{'GPU' if rt.device.type == 'cuda' else 'RSS'}"
     )
 
 

@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from data import grids, tokenizer
 from data.loader import RowSampler, TokenSplit
-from data.prepare import load_meta, prepare
+from data.prepare import prepare
+from data.shards import load_meta
 from evaluation import probes as probing
 from model.generate import generate
 from model.kv_cache import DenseCache

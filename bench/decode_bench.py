@@ -10,7 +10,6 @@ Appends the table, with the device and this command, to bench/RESULTS.md (--no-r
 """
 
 import argparse
-import resource
 import time
 from functools import partial
 
@@ -22,18 +21,12 @@ from model.gpt import GPT, GPTConfig
 from model.kv_cache import DenseCache, SinkCache
 from model.static_decode import StaticDecoder
 from utils import checkpoint
-from utils.runtime import keep_freed_memory
+from utils.runtime import keep_freed_memory, peak_memory_mb
 
 
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def memory_mb(device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @torch.no_grad()
@@ -143,14 +136,14 @@ def main():
                         "tok/s": speed,
                         "vs first block": speed / first,
                         "cache MiB": cache_mb,
-                        "memory MiB": memory_mb(device),
+                        "memory MiB": peak_memory_mb(device),
                     }
                 )
                 print(
                     "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()),
                     flush=True,
                 )
-    mem = "allocated GPU memory" if device.type == "cuda" else "process peak RSS"
+    mem = "peak allocated GPU memory" if device.type == "cuda" else "process peak RSS"
     details = f"{what}, {dtype}; tok/s of the {args.block}-token block ending at each mark; memory = {mem}"
     publish(rows, fmt, details, device, args.record)
 

@@ -21,10 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 from data import sources, tokenizer
 from data.grids import write_grids
 from data.passkey import write_passkey
-from data.shards import SPLITS, load_meta, write_token_split
+from data.shards import SPLITS, write_token_split
 from utils.errors import UserError, cli
 
-__all__ = ["SPLITS", "data_dir", "load_meta", "prepare", "write_token_split"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

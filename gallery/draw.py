@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from evaluation.attention_map import plot_attention_maps  # noqa: E402
+from evaluation.sink_mass import first_token_attention  # noqa: E402
 from gallery.numbers import (  # noqa: E402
     bias_by_distance,
     content_bias_by_distance,
@@ -28,7 +29,6 @@ from gallery.numbers import (  # noqa: E402
     rotary_logits,
     similarity_by_offset,
 )
-from evaluation.sink_mass import first_token_attention  # noqa: E402
 
 DPI = 100  # small files: a README shows a few of them
 ATTENTION_DPI = 80  # attention maps are noise to PNG's compression: at 110 dpi four 256 x 256 maps took 450 KB

@@ -28,3 +28,18 @@ def test_plain_block_has_the_same_matmul_flops():
     assert cpu_bench.flops_per_token(cfg, 64, 97) == ours.flops_per_token(64)
     loss = plain(*torch.randint(0, 97, (2, 2, 64)))
     assert torch.isfinite(loss)
+
+
+def test_a_recorded_run_replaces_its_latest_table_and_adds_a_history_row():
+    """bench/RESULTS.md keeps one current table per benchmark: recording twice leaves one block (the newest table),
+    the prose around it, no new heading, and a history row per run; a benchmark with no block yet gets one."""
+    from bench.table import HISTORY_END, recorded
+
+    text = "### cpu\n<!-- latest: cpu_bench -->\nold table\n<!-- /latest -->\nprose\n\n| date |\n|---|\n" + HISTORY_END
+    once = recorded(text, "cpu_bench", "note 1", "| a |\n|---|\n| 1 |", "rope 1.01")
+    twice = recorded(once, "cpu_bench", "note 2", "| a |\n|---|\n| 2 |", "rope 1.02")
+    assert "old table" not in twice and "note 1" not in twice and "| 2 |" in twice and "prose" in twice
+    assert twice.count("<!-- latest: cpu_bench -->") == 1 and twice.count("###") == 1
+    assert twice.index("rope 1.01") < twice.index("rope 1.02") < twice.index(HISTORY_END)
+    other = recorded(twice, "decode_bench", "note 3", "| b |", "sink 400")
+    assert other.count("### decode_bench") == 1 and "<!-- latest: decode_bench -->\nnote 3" in other
