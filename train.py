@@ -149,9 +149,10 @@ def train(cfg: DictConfig, out_dir, group: str | None = None) -> dict:
     """Train as cfg says into out_dir; return a summary (step, losses, wall time)."""
     cfg.out_dir = str(out_dir)
     init = finetune.read_init(cfg)  # init_from's checkpoint, mapped; it gives positional.original_length its value
-    schema.check_train(cfg)  # every range and choice, before any data is read
+    schema.check(cfg)  # every range and rule, before any data is read
+    schema.check_model(cfg)
     if cfg.data.source == "grids":  # its options, and train.seq_len against its grid size
-        grids.check_run(OmegaConf.to_container(cfg.data, resolve=True), cfg.train.seq_len)
+        grids.check_run(schema.plain(cfg.data), cfg.train.seq_len)
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     stop = StopFlag()
     try:
@@ -215,7 +216,7 @@ def _train(cfg, out_dir: Path, rt, group, stop, init=None) -> dict:
     tr = cfg.train
     say = print if rt.master else (lambda *a, **k: None)
     check_out_dir(out_dir, tr)
-    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    resolved = schema.plain(cfg, throw_on_missing=True)
     data_dir, tok_spec, vocab_size = prepare_data(resolved, rt, say)
     model_config = schema.model_config(resolved, vocab_size)
     run = {

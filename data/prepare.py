@@ -16,9 +16,10 @@ from pathlib import Path
 
 import hydra
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data import sources, tokenizer
+from utils import schema  # registers the types of data= and tokenizer= (configs/data/*.yaml name them)
 from utils.errors import UserError, cli
 
 SPLITS = ("train", "val")
@@ -166,11 +167,11 @@ def load_meta(folder: Path) -> dict:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="prepare")
 def main(cfg: DictConfig):
-    cli(
-        lambda: print(
-            prepare(OmegaConf.to_container(cfg.data, resolve=True), OmegaConf.to_container(cfg.tokenizer, resolve=True))
-        )
-    )
+    def run():
+        schema.check(cfg)
+        print(prepare(schema.plain(cfg.data), schema.plain(cfg.tokenizer)))
+
+    cli(run)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,10 @@ from evaluation.report import _pyplot, scheme_label
 from utils import checkpoint
 from utils.errors import UserError
 from utils.progress import progress, say
+from utils.schema import PasskeyData
 
 Z95 = 1.959963984540054  # the standard normal's 97.5th percentile
-DEFAULT_DIGITS = 5  # configs/data/passkey.yaml's key_digits
+DEFAULT_DIGITS = PasskeyData.key_digits  # a checkpoint trained on other data: data=passkey's default
 
 
 def wilson(correct: int, n: int, z: float = Z95) -> list[float]:

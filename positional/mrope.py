@@ -16,8 +16,14 @@ by its sections; here the round-robin runs over every pair). Sections as above l
 slowest frequencies: at head dim 32 its fastest pair turns 0.003 rad per column, 1/300 of RoPE's fastest.
 """
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
+from utils.settings import Rule, setting
+
+from .base import PositionalOptions
 from .rope import RoPE
 
 QWEN2_VL_SECTIONS = (16, 24, 24)
@@ -30,8 +36,27 @@ def default_sections(pairs: int) -> list[int]:
     return [t, h, pairs - t - h]
 
 
+@dataclass
+class MRoPEOptions(PositionalOptions):
+    name: str = "mrope"
+    base: float = setting(10000.0, "pass a positive rotary base", gt=0)
+    # pairs per (temporal, height, width) section, summing to head dim / 2 (checked at build, which knows the head);
+    # null: Qwen2-VL's 16:24:24 for this head (tiny, 16 pairs: [4, 6, 6])
+    sections: list[int] | None = None
+    interleaved: bool = False  # true: pair i turns with axis i mod 3 (Qwen3-VL's interleaved MRoPE)
+
+    RULES: ClassVar = (
+        Rule(
+            ("sections", "interleaved"),
+            lambda sections, interleaved: sections is None or not interleaved,
+            "{0} cuts the pairs into blocks, {1} deals them round-robin: drop one",
+        ),
+    )
+
+
 class MRoPE(RoPE):
     name = "mrope"
+    Options = MRoPEOptions
     axes = 3
 
     def __init__(
@@ -39,11 +64,6 @@ class MRoPE(RoPE):
     ):
         super().__init__(n_head, head_dim, d_model, base, scaling=scaling)
         pairs = head_dim // 2
-        if interleaved and sections is not None:
-            raise ValueError(
-                f"positional.sections={sections} cuts the pairs into blocks, positional.interleaved=true deals them "
-                f"round-robin: drop one"
-            )
         self.interleaved = bool(interleaved)
         if interleaved:  # pair i turns with axis i mod 3; sections are then just the counts
             axis_of_pair = [i % 3 for i in range(pairs)]
