@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from data import sources, tokenizer
 from utils import schema  # registers the types of data= and tokenizer= (configs/data/*.yaml name them)
-from utils.errors import UserError, cli
+from utils.errors import UserError, cli, hydra_cli
 
 SPLITS = ("train", "val")
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,4 +175,4 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

@@ -22,7 +22,6 @@ the log of its position (model/log_scaling.py), in every layer, N layers include
 """
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import ClassVar
 
 import torch
@@ -32,7 +31,7 @@ from torch import nn
 import positional
 from positional import PositionAxesError
 from utils import settings
-from utils.settings import Rule, setting
+from utils.settings import Rule, choices, setting
 
 from .attention import BACKENDS, add_window, attend, make_plan
 from .fused import relu_square, rms_norm
@@ -40,14 +39,9 @@ from .head import head_loss, softcapped_logits
 from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
 from .variant import AS_TRAINED
 
-
-class QKNorm(StrEnum):
-    rms = "rms"  # gain-free QK-norm: logits within +-sqrt(head dim)
-    learned = "learned"  # a gain per head and dim, 1 at init
-    none = "none"
-
-
-Backend = StrEnum("Backend", {b: b for b in BACKENDS})  # model/attention.py: auto picks per device
+# rms: gain-free QK-norm, logits within +-sqrt(head dim) | learned: a gain per head and dim, 1 at init | none
+QKNorm = choices("QKNorm", "rms", "learned", "none")
+Backend = choices("Backend", *BACKENDS)  # model/attention.py: auto picks per device
 
 
 @dataclass

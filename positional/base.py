@@ -32,27 +32,20 @@ as schema/positional/<name>: configs/positional/<name>.yaml names it, so a missp
 """
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import ClassVar
 
 import torch
 from omegaconf import MISSING
 from torch import nn
 
-from utils.settings import Rule, setting
+from utils.settings import Rule, choices, setting
 
 LAYERS = r"[PN]+"  # positional.layers: P a layer of the scheme, N a layer with no positions (NoPE), tiled
 
 
-class Trained(StrEnum):
-    """positional.scaling: a RoPE extension fixed for training (positional/rope_scaling.py). dynamic_ntk moves with
-    the length, so a fine-tune at one length would not fix the frequencies it is evaluated with: ntk is its fixed
-    form."""
-
-    none = "none"
-    linear = "linear"
-    ntk = "ntk"
-    yarn = "yarn"
+# positional.scaling: a RoPE extension fixed for training (positional/rope_scaling.py). dynamic_ntk moves with the
+# length, so a fine-tune at one length would not fix the frequencies it is evaluated with: ntk is its fixed form
+Trained = choices("Trained", "none", "linear", "ntk", "yarn")
 
 
 def rotates(name: str) -> bool:
@@ -71,7 +64,7 @@ class PositionalOptions:
     name: str = MISSING  # the scheme (positional/__init__.py SCHEMES); each subclass gives its own
     # a RoPE extension trained into the model (rotary schemes): kept in its saved config, so eval.py and sample.py
     # build it the same
-    scaling: Trained = Trained.none
+    scaling: Trained = "none"
     scaling_factor: float = setting(1.0, "pass s >= 1, the new length over the original (4 for 256 -> 1024)", ge=1)
     original_length: int | None = setting(  # the length the unscaled frequencies were trained at
         None, "pass the length the model was trained at, or null for init_from's", ge=1

@@ -13,7 +13,6 @@ the meta device, so a bad value stops the run with one line before any data is r
 """
 
 from dataclasses import dataclass, field, fields
-from enum import StrEnum
 from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
@@ -24,76 +23,23 @@ from model.gpt import ModelConfig
 from positional import rerope
 from positional.rope_scaling import KINDS, SEARCHED
 from utils.errors import UserError
-from utils.settings import Rule, number, problem, setting
+from utils.settings import Rule, choices, number, problem, setting
 
-
-class DType(StrEnum):
-    auto = "auto"  # bf16 autocast on CUDA, fp32 on the CPU
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class Schedule(StrEnum):
-    cosine = "cosine"
-    linear = "linear"
-    constant = "constant"
-
-
-class Parallel(StrEnum):  # under torchrun
-    ddp = "ddp"
-    fsdp = "fsdp"
-
-
-class WandbMode(StrEnum):
-    auto = "auto"  # online with an API key, else offline
-    online = "online"
-    offline = "offline"
-    disabled = "disabled"
-
-
-class OptimName(StrEnum):
-    adamw = "adamw"
-    muon = "muon"
-
-
-class AdjustLR(StrEnum):  # torch.optim.Muon's adjust_lr_fn; null: original
-    original = "original"  # sqrt(max(1, rows/cols))
-    match_rms_adamw = "match_rms_adamw"
-
-
-class CacheKind(StrEnum):
-    dense = "dense"
-    sink = "sink"
-
-
-class Source(StrEnum):
-    shakespeare = "shakespeare"
-    text = "text"
-    hf = "hf"
-    passkey = "passkey"
-    grids = "grids"
-
-
-class TokenizerKind(StrEnum):
-    bpe = "bpe"
-    tiktoken = "tiktoken"
-
-
-class Mode(StrEnum):
-    length = "length"  # perplexity by evaluation length
-    stream = "stream"  # perplexity over one long stream, through each cache
-    passkey = "passkey"  # retrieval accuracy by length and depth (evaluation/passkey.py)
-    grids = "grids"  # data=grids models: loss on larger grids (evaluation/grids.py)
-
-
-def choices(name: str, values) -> type[StrEnum]:
-    return StrEnum(name, {v: v for v in values})
-
-
+DType = choices("DType", "auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
+Schedule = choices("Schedule", "cosine", "linear", "constant")
+Parallel = choices("Parallel", "ddp", "fsdp")  # under torchrun
+WandbMode = choices("WandbMode", "auto", "online", "offline", "disabled")  # auto: online with an API key, else offline
+OptimName = choices("OptimName", "adamw", "muon")
+AdjustLR = choices("AdjustLR", "original", "match_rms_adamw")  # torch.optim.Muon's; null: original
+CacheKind = choices("CacheKind", "dense", "sink")
+Source = choices("Source", "shakespeare", "text", "hf", "passkey", "grids")
+TokenizerKind = choices("TokenizerKind", "bpe", "tiktoken")
+# length: ppl by evaluation length | stream: ppl over one long stream, through each cache | passkey: retrieval
+# accuracy by length and depth (evaluation/passkey.py) | grids: data=grids models on larger grids (evaluation/grids.py)
+Mode = choices("Mode", "length", "stream", "passkey", "grids")
 # eval.py: the closed-form kinds, the searched ones (longrope: searched first), rerope's, and all of the closed-form
-RopeScaling = choices("RopeScaling", (*KINDS, *SEARCHED, *rerope.KINDS, "all"))
-SampleScaling = choices("SampleScaling", ("none", *rerope.KINDS))  # sample.py: training-free decoding past L
+RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *rerope.KINDS, "all")
+SampleScaling = choices("SampleScaling", "none", *rerope.KINDS)  # sample.py: training-free decoding past L
 
 
 def device():
@@ -174,8 +120,8 @@ class ModelSize(ModelConfig):
 ODD_HEAD = Rule(  # train.py and viz.py build a model of model and positional
     ("model.d_model", "model.n_head", "positional"),
     lambda d_model, n_head, spec: d_model % n_head or d_model // n_head % 2 == 0 or not positional.rotary(spec),
-    "{0} / {1} gives an odd head dim, and rotary positions rotate pairs of dims; pick a model.d_model that is a "
-    "multiple of 2 x model.n_head",
+    "{0} / {1} gives an odd head dim, and rotary positions rotate pairs of dims; pick a width that is a multiple of "
+    "twice the head count",
 )
 
 
@@ -454,7 +400,11 @@ class Search:  # LongRoPE's evolutionary search (evaluation/longrope_search.py);
     seed: int = seed()
 
     RULES: ClassVar = (
-        Rule(("parents", "population"), lambda parents, population: parents <= population, "{0} must be <= {1}"),
+        Rule(
+            ("parents", "population"),
+            lambda parents, population: parents <= population,
+            "{0} must be <= {1}; keep fewer",
+        ),
     )
 
 

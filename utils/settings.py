@@ -27,6 +27,12 @@ BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", oper
 CHECKS = {*BOUNDS, "length", "nonempty", "match", "choices", "test", "must"}
 
 
+def choices(name: str, *values: str) -> type[enum.StrEnum]:
+    """The type of a field that takes one of these strings (OmegaConf checks it as Hydra composes; a member equals,
+    hashes and formats as its string)."""
+    return enum.StrEnum(name, {v: v for v in values})
+
+
 def setting(default, hint: str, **check):
     """A dataclass field whose value is checked by problem(): ge, gt, le, lt (a number, or every number of a list),
     length (a list's exact length), nonempty (a list), match (a regular expression the whole string matches),
@@ -80,9 +86,10 @@ def unknown(cls, key: str) -> str:
     """The one line for key, which is not a field of cls (a misspelled option, or one added with +)."""
     node, _, name = key.rpartition(".")
     names = option_names(cls)
-    group = getattr(cls, "name", None)  # the option's name (optim=muon), where its class gives one
-    label = f"{node}={group}" if node and isinstance(group, str) and group != "???" else node or "this config"
-    near = difflib.get_close_matches(name, names, n=1)
+    option = [getattr(cls, k, None) for k in ("name", "kind")]  # optim=muon, cache=dense, where the class says
+    option = next((o for o in option if isinstance(o, str) and o != "???"), None)
+    label = f"{node}={option}" if node and option else node or "this config"
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.7)
     fix = f" ({node + '.' if node else ''}{near[0]}?)" if near else ""
     return f"{key} is not an option of {label} (its options: {', '.join(names)}); check the spelling{fix}"
 
@@ -106,7 +113,9 @@ def wanted(kind, example) -> tuple[str, str]:
         return f"is not one of {', '.join(m.value for m in kind)}", "pick one"
     if typing.get_origin(kind) is list or kind is list:
         return "must be a list", f"e.g. {show(example) if example else '[1,2]'}"
-    words = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+    if kind is bool:
+        return "must be true or false", "pick one"
+    words = {int: "a whole number", float: "a number", str: "a string"}
     return f"must be {words.get(kind, 'a value of type ' + getattr(kind, '__name__', str(kind)))}", "pass one"
 
 
