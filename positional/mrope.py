@@ -42,7 +42,7 @@ class MRoPEOptions(PositionalOptions):
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
     # pairs per (temporal, height, width) section, summing to head dim / 2 (checked at build, which knows the head);
     # null: Qwen2-VL's 16:24:24 for this head (tiny, 16 pairs: [4, 6, 6])
-    sections: list[int] | None = None
+    sections: list[int] | None = setting(None, "e.g. positional.sections=[4,6,6]", ge=1, length=3)
     interleaved: bool = False  # true: pair i turns with axis i mod 3 (Qwen3-VL's interleaved MRoPE)
 
     RULES: ClassVar = (
@@ -69,10 +69,10 @@ class MRoPE(RoPE):
             axis_of_pair = [i % 3 for i in range(pairs)]
             sections = [axis_of_pair.count(axis) for axis in range(3)]
         sections = default_sections(pairs) if sections is None else [int(s) for s in sections]
-        if len(sections) != 3 or sum(sections) != pairs or min(sections) < 1:
+        if sum(sections) != pairs:  # three positive counts: MRoPEOptions
             raise ValueError(
-                f"positional.sections={sections} must be three positive pair counts (temporal, height, width) summing "
-                f"to the head's {pairs} rotary pairs; e.g. positional.sections={default_sections(pairs)}"
+                f"positional.sections={sections} must sum to the head's {pairs} rotary pairs (temporal, height, "
+                f"width); e.g. positional.sections={default_sections(pairs)}"
             )
         self.sections = sections
         if not interleaved:  # contiguous blocks: temporal, then height, then width

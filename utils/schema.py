@@ -12,6 +12,7 @@ the composed config against every declared range and rule (utils/settings.py), a
 the meta device, so a bad value stops the run with one line before any data is read.
 """
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -40,6 +41,14 @@ Mode = choices("Mode", "length", "stream", "passkey", "grids")
 # eval.py: the closed-form kinds, the searched ones (longrope: searched first), rerope's, and all of the closed-form
 RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *rerope.KINDS, "all")
 SampleScaling = choices("SampleScaling", "none", *rerope.KINDS)  # sample.py: training-free decoding past L
+
+
+def regex(text: str) -> bool:
+    try:
+        re.compile(text)
+    except re.error:
+        return False
+    return True
 
 
 def device():
@@ -207,7 +216,9 @@ class TextData(Corpus):
     name: str = "text"
     source: Source = "text"
     path: str = MISSING
-    doc_separator: str | None = None  # a regex that cuts files into documents (null: one document per file)
+    doc_separator: str | None = setting(  # a regex that cuts files into documents (null: one document per file)
+        None, "write it as Python's re module reads it, e.g. '\\n\\n\\n'", test=regex, must="be a regular expression"
+    )
     # documents held out (one document: its last tenth)
     val_fraction: float = setting(0.1, "pass a fraction between 0 and 1", gt=0, lt=1)
     seed: int = seed()
