@@ -16,11 +16,12 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 import positional
-from model.gpt import ModelConfig
+from model.gpt import GPT, GPTConfig, ModelConfig
 from positional import rerope
 from positional.rope_scaling import KINDS, SEARCHED
 from utils.errors import UserError
@@ -38,7 +39,7 @@ TokenizerKind = choices("TokenizerKind", "bpe", "tiktoken")
 # length: ppl by evaluation length | stream: ppl over one long stream, through each cache | passkey: retrieval
 # accuracy by length and depth (evaluation/passkey.py) | grids: data=grids models on larger grids (evaluation/grids.py)
 Mode = choices("Mode", "length", "stream", "passkey", "grids")
-# eval.py: the closed-form kinds, the searched ones (longrope: searched first), rerope's, and all of the closed-form
+# eval.py: the closed-form kinds, the searched ones (longrope: searched first), rerope's, and all (the closed-form)
 RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *rerope.KINDS, "all")
 SampleScaling = choices("SampleScaling", "none", *rerope.KINDS)  # sample.py: training-free decoding past L
 
@@ -599,10 +600,6 @@ def check_model(cfg):
     """Build the model on the meta device (no memory, no time), so that every constraint its code derives (a
     scheme's options against its class, the layer pattern, a table covering train.seq_len) fails before data is
     read."""
-    import torch
-
-    from model.gpt import GPT, GPTConfig
-
     try:
         with torch.device("meta"):
             model = GPT(GPTConfig(**model_config(plain(cfg), vocab_size=512)))
