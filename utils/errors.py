@@ -64,7 +64,7 @@ def compose_message(e) -> str:
 
     from utils import settings
 
-    text, cause = str(e), e.__cause__
+    cause = e.__cause__
     declared = getattr(cause, "object_type", None)
     declared = declared if isinstance(declared, type) and is_dataclass(declared) else None
     if isinstance(cause, ValidationError) and cause.full_key:
@@ -81,4 +81,4 @@ def compose_message(e) -> str:
             f"{e.override} cannot be parsed ({e.message.splitlines()[0]}); write overrides as key=value or "
             f"group=option, and quote a value that holds brackets, braces or quotes"
         )
-    return "; ".join(ln.strip() for ln in text.split("Config search path")[0].splitlines() if ln.strip())
+    return "; ".join(ln.strip() for ln in str(e).split("Config search path")[0].splitlines() if ln.strip())
