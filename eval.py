@@ -25,7 +25,7 @@ import hydra
 import torch._dynamo
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from evaluation import compare, grids, length, passkey, stream
 from utils import checkpoint, runtime, schema
@@ -49,7 +49,7 @@ def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict
     run = start_wandb(
         ckpt_config["logger"]["project"],
         out_dir,
-        {"eval": OmegaConf.to_container(cfg.eval), "train": ckpt_config},
+        {"eval": schema.plain(cfg.eval), "train": ckpt_config},
         cfg.logger.mode,
         name=f"eval-{kind}-{run_dir.name}",
         job_type="eval",
@@ -79,8 +79,6 @@ def evaluate_one(path, cfg, rt) -> dict:
             f"eval.mode={cfg.eval.mode} does not fit {run_dir}, trained on data.source={source}: "
             f"eval.mode=grids scores the data=grids models, and they take no other mode"
         )
-    if cfg.eval.mode not in MODES:
-        raise UserError(f"eval.mode={cfg.eval.mode} is not one of {', '.join(MODES)}")
     result = MODES[cfg.eval.mode](path, cfg, rt, out_dir)
     if cfg.eval.mode == "length":
         ckpt_config = checkpoint.load(path, mmap=True)["config"]
@@ -89,7 +87,7 @@ def evaluate_one(path, cfg, rt) -> dict:
 
 
 def run(cfg: DictConfig, job_dir: Path | None = None):
-    schema.check_eval(cfg)
+    schema.check(cfg)
     rt = runtime.setup(cfg.device, cfg.dtype, 0)
     if cfg.sweep_dir:
         found = sorted(Path(cfg.sweep_dir).glob("*/" + checkpoint.NAME))

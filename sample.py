@@ -72,11 +72,9 @@ def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
 
 
 def sample(cfg: DictConfig):
-    schema.check_sample(cfg)
+    schema.check(cfg)
     if not cfg.checkpoint:
         raise UserError("pass checkpoint=<run folder or ckpt.pt>")
-    if cfg.max_new_tokens < 0 and cfg.cache.kind != "sink":
-        raise UserError("max_new_tokens=-1 streams without end, which only a constant-size cache can: use cache=sink")
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     model, ckpt = checkpoint.load_model(cfg.checkpoint, rt.device)
     if model.pe.axes > 1 and ckpt["config"]["data"].get("source") == "grids":  # text positions would be wrong ids

@@ -155,7 +155,7 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
     out_dir's checkpoint under train.resume."""
     tr, say = cfg.train, (print if rt.master else (lambda *a, **k: None))
     check_out_dir(out_dir, tr)
-    resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    resolved = schema.plain(cfg, throw_on_missing=True)
     data_dir, tok_spec, vocab_size = prepare_data(resolved, rt, say)
     bos_aligned = bool(resolved["data"].get("bos_aligned", False))  # absent from configs older than the option
     match = {
@@ -394,9 +394,10 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
     evaluation and logged beside the validation loss (evaluation/probes.py); train.sink_metric adds SinkProbe."""
     cfg.out_dir, out_dir, tr = str(out_dir), Path(out_dir), cfg.train
     init = finetune.read_init(cfg)  # init_from's checkpoint, mapped; it gives positional.original_length its value
-    schema.check_train(cfg)  # every range and choice, before any data is read
+    schema.check(cfg)  # every range and rule, before any data is read
+    schema.check_model(cfg)
     if cfg.data.source == "grids":  # its options, and train.seq_len against its grid size
-        grids.check_run(OmegaConf.to_container(cfg.data, resolve=True), tr.seq_len)
+        grids.check_run(schema.plain(cfg.data), tr.seq_len)
     probes = [*(probes or []), *([probing.SinkProbe()] if tr.sink_metric else [])]
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     stop = StopFlag()

@@ -21,18 +21,21 @@ from omegaconf import DictConfig, OmegaConf
 from utils import schema
 from utils.errors import UserError, cli, hydra_cli
 
-# torch, matplotlib and the model are imported where they are used: a config that does not compose fails in a
-# second, not after the seconds their imports take on a small CPU
+# matplotlib and the drawing code are imported where they are used (torch comes with utils.schema: each scheme's
+# options sit beside its class), so a config that does not compose fails before their imports' seconds
 
 ROOT = Path(__file__).resolve().parent
 TEXT_TOKENS = 4096  # held-out tokens a trained model is pictured on (16 windows of 256 for the attention maps)
 
 
 def scheme_spec(name: str, cfg) -> dict:
-    """configs/positional/<name>.yaml resolved against this config's train.seq_len (learned's table, FIRE's L)."""
-    node = OmegaConf.create({"train": OmegaConf.to_container(cfg.train)})
-    node.positional = OmegaConf.load(ROOT / "configs" / "positional" / f"{name}.yaml")
-    return OmegaConf.to_container(node, resolve=True)["positional"]
+    """positional=<name>'s options at their defaults, resolved against this config's train.seq_len (learned's table,
+    FIRE's L), as a model saves them."""
+    import positional
+
+    node = OmegaConf.create({"train": schema.plain(cfg.train)})
+    node.positional = OmegaConf.structured(positional.SCHEMES[name].Options)
+    return positional.spec_of(node.positional)
 
 
 def init_subject(spec: dict, cfg):
@@ -103,13 +106,15 @@ def subjects_and_folder(cfg):
         return [trained_subject(cfg.checkpoint, cfg)], Path(out or run_dir / "pictures")
     if cfg.viz.all:
         return (init_subject(scheme_spec(name, cfg), cfg) for name in positional.SCHEMES), Path(out or "pictures")
-    return [init_subject(OmegaConf.to_container(cfg.positional, resolve=True), cfg)], Path(out or "pictures")
+    return [init_subject(positional.spec_of(cfg.positional), cfg)], Path(out or "pictures")
 
 
 def run(cfg: DictConfig, command: str = "python viz.py") -> Path:
     from gallery.draw import Options, draw, write_index
 
-    schema.check_viz(cfg)
+    schema.check(cfg)
+    if not (cfg.checkpoint or cfg.sweep_dir):  # a scheme at init, of cfg.model's heads and widths
+        schema.check_model(cfg)
     heads = None if cfg.viz.heads is None else [list(pair) for pair in cfg.viz.heads]
     options = Options(cfg.viz.factor, cfg.viz.samples, heads, cfg.viz.seed)
     subjects, out = subjects_and_folder(cfg)

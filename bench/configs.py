@@ -1,4 +1,4 @@
-"""Model sizes and scheme specs for the benchmarks, read from configs/ (the one source of truth) with Hydra.
+"""Model sizes and scheme specs for the benchmarks, composed by Hydra as a run's are (utils/schema.py, configs/).
 
 python bench/train_bench.py --model d12      python bench/decode_bench.py --model tiny --positional alibi
 """
@@ -6,7 +6,6 @@ python bench/train_bench.py --model d12      python bench/decode_bench.py --mode
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 import utils.schema  # noqa: F401  (registers the config schemas the yaml files name)
 
@@ -19,7 +18,7 @@ def run_config(scheme: str, overrides: list[str]) -> dict:
     """The resolved training config of `python train.py positional=<scheme> <overrides>`."""
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=[f"positional={scheme}", *overrides])
-    return OmegaConf.to_container(cfg, resolve=True)
+    return utils.schema.plain(cfg)
 
 
 def gpt_keywords(run: dict, vocab: int | None = None) -> dict:

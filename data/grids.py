@@ -1,6 +1,6 @@
 """Grids: elementary cellular automata written as token grids, with row and column position ids (offline, seeded).
 
-python train.py data=grids positional=rope2d         (configs/data/grids.yaml: 16 rows of 14 cells, 256 tokens)
+python train.py data=grids positional=rope2d         (utils/schema.py GridsData: 16 rows of 14 cells, 256 tokens)
 python eval.py checkpoint=out/rope2d eval.mode=grids  (held-out grids at the training size, taller, wider, both)
 A grid is one document: BOS, then `height` rows, each a left wall `|`, `width` cells (`.` dead, `#` alive) and a right
 wall (a newline, so decoding a document prints the grid). Row 0 is random (each cell alive with probability
@@ -73,29 +73,9 @@ def cells_of(doc: np.ndarray, height: int, width: int) -> np.ndarray:
     return doc[1:].reshape(height, width + 2)[:, 1:-1]
 
 
-def check(data: dict):
-    """The grid options, each against its range (one line naming the key)."""
-    rules = [
-        ("height", 2, "pass at least 2 rows: row 0 is random, the rest follow the rule"),
-        ("width", 1, "pass at least 1 cell per row"),
-        ("train_docs", 1, "pass how many training grids to generate"),
-        ("val_docs", 1, "pass how many held-out grids to generate"),
-    ]
-    for key, low, hint in rules:
-        value = data.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise UserError(f"data.{key}={value} must be a whole number >= {low}; {hint}")
-    rule = data.get("rule")
-    if not isinstance(rule, int) or isinstance(rule, bool) or not 0 <= rule <= 255:
-        raise UserError(f"data.rule={rule} must be an elementary automaton's number in 0..255 (e.g. 30, 90, 110)")
-    density = data.get("density")
-    if not isinstance(density, int | float) or isinstance(density, bool) or not 0 < density < 1:
-        raise UserError(f"data.density={density} must be a probability in (0, 1), e.g. 0.5")
-
-
 def check_run(data: dict, seq_len: int):
-    """The options, and a training row that holds exactly one grid (train.py, before any work)."""
-    check(data)
+    """A training row holds exactly one grid (train.py, before any work; each option's range: utils/schema.py
+    GridsData)."""
     tokens = data["height"] * (data["width"] + 2)
     if seq_len != tokens:
         raise UserError(
@@ -106,7 +86,6 @@ def check_run(data: dict, seq_len: int):
 
 def write_grids(tmp: Path, data: dict, log):
     """data=grids into tmp: data.train_docs and data.val_docs grids, from generators seeded by (data.seed, split)."""
-    check(data)
     height, width, rule = data["height"], data["width"], data["rule"]
     (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_spec()))
     meta = {"vocab_size": len(CHARS) + 1, "bos": len(CHARS), "dtype": "uint8", "position_axes": AXES, "splits": {}}

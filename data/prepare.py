@@ -16,13 +16,14 @@ from pathlib import Path
 
 import hydra
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data import sources, tokenizer
 from data.grids import write_grids
 from data.passkey import write_passkey
 from data.shards import SPLITS, write_token_split
-from utils.errors import UserError, cli
+from utils import schema  # registers the types of data= and tokenizer= (configs/data/*.yaml name them)
+from utils.errors import UserError, cli, hydra_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,12 +121,12 @@ def _batched(it, n):
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="prepare")
 def main(cfg: DictConfig):
-    cli(
-        lambda: print(
-            prepare(OmegaConf.to_container(cfg.data, resolve=True), OmegaConf.to_container(cfg.tokenizer, resolve=True))
-        )
-    )
+    def run():
+        schema.check(cfg)
+        print(prepare(schema.plain(cfg.data), schema.plain(cfg.tokenizer)))
+
+    cli(run)
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

@@ -25,8 +25,6 @@ BOS = "<|bos|>"
 def train_bpe(texts, vocab_size: int, max_chars: int) -> dict:
     import rustbpe
 
-    if vocab_size < 256 + 1:
-        raise UserError(f"tokenizer.vocab_size={vocab_size} must be at least 257 (256 bytes + BOS)")
     tok = rustbpe.Tokenizer()
     tok.train_from_iterator(_limit(texts, max_chars), vocab_size - 1)  # one id left for BOS
     ranks = {bytes(piece): rank for piece, rank in tok.get_mergeable_ranks()}

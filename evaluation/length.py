@@ -123,10 +123,7 @@ def score(model, regions: list[Region], length: int, mode: str, stride: int, bat
 def resolve_lengths(lengths, train_length: int) -> list[int]:
     if lengths is None:
         return default_lengths(train_length)
-    lengths = sorted({int(n) for n in lengths})
-    if not lengths or lengths[0] < 1:
-        raise UserError(f"eval.lengths must be positive token counts, got {lengths}")
-    return lengths
+    return sorted({int(n) for n in lengths})  # positive and not empty: utils/schema.py Scoring
 
 
 def resolve_strides(stride: int | None, lengths: list[int]) -> dict[int, int]:

@@ -220,7 +220,7 @@ def search(cfg: DictConfig, rt) -> dict:
 
 
 def run(cfg: DictConfig) -> Path:
-    schema.check_longrope(cfg)
+    schema.check(cfg)
     if not cfg.checkpoint:
         raise UserError("pass checkpoint=<run folder or ckpt.pt> and target_length=<tokens>")
     rt = runtime.setup(cfg.device, cfg.dtype, 0)

@@ -37,8 +37,9 @@ from evaluation.variants import plan_variants
 from utils import checkpoint
 from utils.errors import UserError
 from utils.progress import progress, say
+from utils.schema import PasskeyData
 
-DEFAULT_DIGITS = 5  # configs/data/passkey.yaml's key_digits
+DEFAULT_DIGITS = PasskeyData.key_digits  # a checkpoint trained on other data: data=passkey's default
 
 
 def key_digits(ckpt: dict, requested: int | None) -> int:

@@ -21,9 +21,9 @@ model.ssmax, and eval.py's training-free eval.log_scaling (Variant.log_length), 
 the log of its position (model/log_scaling.py), in every layer, N layers included.
 """
 
-import re
 from dataclasses import dataclass, field
 from functools import partial
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,8 @@ from torch import nn
 
 import positional
 from positional import PositionAxesError
+from utils import settings
+from utils.settings import Rule, choices, setting
 
 from .attention import BACKENDS, add_window, attend, make_plan
 from .fused import relu_square, rms_norm
@@ -39,44 +41,57 @@ from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
 from .rerope_attention import Far
 from .variant import AS_TRAINED
 
-QK_NORMS = ("rms", "learned", "none")
+# rms: gain-free QK-norm, logits within +-sqrt(head dim) | learned: a gain per head and dim, 1 at init | none
+QKNorm = choices("QKNorm", "rms", "learned", "none")
+Backend = choices("Backend", *BACKENDS)  # model/attention.py: auto picks per device
 
 
 @dataclass
-class GPTConfig:
-    vocab_size: int
-    n_layer: int = 4
-    n_head: int = 4
-    n_kv_head: int = 4
-    d_model: int = 128
-    mlp_ratio: int = 4
-    softcap: float = 15.0
-    positional: dict = field(default_factory=lambda: {"name": "rope"})
-    attn_backend: str = "auto"
-    qk_norm: str = "rms"
-    sink_logit: bool = False
-    window: int | None = None
-    window_pattern: str = "S"
-    ssmax: bool = False
+class ModelConfig:
+    """The network: the `model` node of train.py's and viz.py's configs. Its defaults are model=tiny, the CPU default
+    (~1.8M parameters, a few thousand tokens/s on 2 cores); configs/model/*.yaml are the other sizes."""
+
+    n_layer: int = setting(4, "pass a positive layer count", ge=1)
+    n_head: int = setting(4, "pass a positive head count", ge=1)
+    n_kv_head: int = setting(2, "pass a positive head count", ge=1)  # key/value heads (grouped-query attention)
+    d_model: int = setting(128, "pass a positive width, a multiple of model.n_head", ge=1)
+    mlp_ratio: int = setting(4, "pass a positive ratio", ge=1)
+    softcap: float = setting(15.0, "pass a positive logit cap", gt=0)
+    # defaults as plain strings (OmegaConf makes them members as it composes): a GPTConfig built in code stays
+    # picklable with weights_only=True, as a checkpoint must be
+    attn_backend: Backend = "auto"
+    qk_norm: QKNorm = "rms"
+    sink_logit: bool = False  # true: a learned per-head logit for attending to nothing (gpt-oss), in every backend
+    window: int | None = setting(  # W: sliding-window attention over the W most recent keys in the S layers
+        None, "pass a positive window in tokens, or null for full attention", ge=1
+    )
+    window_pattern: str = setting(  # tiled over the layers: S window, L full (SSSL: three windowed, as nanochat)
+        "S", "e.g. SSSL", match=r"[SL]+", must="hold only S (sliding window) and L (full)"
+    )
+    ssmax: bool = False  # true: Scalable-Softmax, logits x s_h ln n with s_h learned per head (model/log_scaling.py)
+
+    RULES: ClassVar = (
+        Rule(("d_model", "n_head"), lambda d, h: d % h == 0, "{1} does not divide {0}; pick a width it divides"),
+        Rule(
+            ("n_head", "n_kv_head"),
+            lambda h, kv: h % kv == 0,
+            "{1} does not divide {0}: each key/value head serves a group of query heads (GQA); pick a divisor",
+        ),
+    )
+
+
+@dataclass
+class GPTConfig(ModelConfig):
+    """ModelConfig with what a run fills in (schema.model_config): the tokenizer's vocabulary, and the positional
+    scheme's options (a plain dict: its options class is the scheme's own, positional/)."""
+
+    vocab_size: int = field(kw_only=True)
+    positional: dict = field(default_factory=lambda: {"name": "rope"}, kw_only=True)
 
     def __post_init__(self):
-        if self.window is not None and self.window < 1:
-            raise ValueError(f"model.window={self.window} must be >= 1, or null for full attention in every layer")
-        if not re.fullmatch(r"[SL]+", self.window_pattern):
-            raise ValueError(
-                f"model.window_pattern={self.window_pattern} may hold only S (sliding window) and L (full) letters"
-            )
-        if self.d_model % self.n_head:
-            raise ValueError(f"model.n_head={self.n_head} does not divide model.d_model={self.d_model}")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(
-                f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head} (GQA groups)"
-            )
-        if self.attn_backend not in BACKENDS:
-            raise ValueError(f"model.attn_backend={self.attn_backend} is not one of {', '.join(BACKENDS)}")
-        if self.qk_norm not in QK_NORMS:
-            raise ValueError(f"model.qk_norm={self.qk_norm} is not one of {', '.join(QK_NORMS)}")
-        positional.layer_pattern(self.positional)
+        if message := settings.problem(self, "model."):
+            raise ValueError(message)
+        positional.options(self.positional)
 
     @property
     def head_dim(self) -> int:

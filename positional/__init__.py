@@ -1,10 +1,11 @@
 """Positional schemes by name: `positional=<name>` in any entry point picks one.
 
-Adding a scheme: one file here with a Positional subclass, one line in SCHEMES, one configs/positional/*.yaml.
+Adding a scheme: one file here with a Positional subclass and its options (a PositionalOptions subclass, its Options),
+one line in SCHEMES, one configs/positional/<name>.yaml naming schema/positional/<name> in its defaults list.
 
 Per-layer schemes (iRoPE, Llama 4):
 python train.py positional=irope                                 (rope, positional.layers=PPPN: NoPE in every 4th layer)
-python train.py positional=alibi +positional.layers=PPN          (any scheme that acts in attention)
+python train.py positional=alibi positional.layers=PPN           (any scheme that acts in attention)
 positional.layers is a pattern tiled over the layers, as model.window_pattern is: P a layer of the scheme, N a layer
 with no positions (NoPE), whose query temperature positional.attn_scale and positional.floor_scale set (nope.py).
 build_layers makes the two schemes; the model gives each layer its own and the attention plan one plan per scheme.
@@ -12,12 +13,20 @@ build_layers makes the two schemes; the model gives each layer its own and the a
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4
 A spec may carry a RoPE extension made part of the model (SCALING_KEYS): build() gives it to the scheme, so
 every model built from a saved config (train, eval, sample) rotates at the same scaled frequencies.
+A spec (a composed config node, or a dict: a checkpoint's, a test's) is checked against its scheme's Options class by
+options(); an option it leaves out takes the constructor's default, what the scheme did before the option existed
+(sinusoidal.py's scale), so an older checkpoint builds as it was trained. A run's config holds every option.
 """
 
-import re
+from dataclasses import asdict, fields, is_dataclass
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
+
+from utils import settings
 
 from .alibi import ALiBi
-from .base import Positional, PositionAxesError, PositionLimitError
+from .base import Positional, PositionalOptions, PositionAxesError, PositionLimitError
 from .fire import FIRE
 from .fox import FoX
 from .kerple import KERPLE
@@ -52,52 +61,85 @@ __all__ = [
     "build",
     "build_layers",
     "layer_pattern",
+    "options",
+    "spec_of",
 ]
 NOPE_OPTIONS = ("attn_scale", "floor_scale")  # with positional.layers: the N layers' query temperature (nope.py)
 # positional.scaling (a rope_scaling kind), .scaling_factor (s) and .original_length (the length the unscaled
 # frequencies were trained at): options of the spec that no scheme's constructor takes
 SCALING_KEYS = ("scaling", "scaling_factor", "original_length")
+SHARED = tuple(f.name for f in fields(PositionalOptions))  # the options every scheme has (base.py)
 
 
-def build(spec: dict, n_head: int, head_dim: int, d_model: int) -> Positional:
-    """Make a scheme from its config dict ({'name': 'rope', 'base': 10000, ...})."""
-    spec = dict(spec)
+def spec_of(opts) -> dict:
+    """A spec as a plain dict (of a composed node, a dataclass or a dict), less the shared options that are off: the
+    scaling keys at scaling none, and the N layers' options where they are null. What a model saves: its config holds
+    only what it uses, as it did before these options existed (so older checkpoints still resume)."""
+    if isinstance(opts, DictConfig):
+        opts = OmegaConf.to_container(opts, resolve=True, enum_to_str=True)
+    spec = asdict(opts) if is_dataclass(opts) else dict(opts)
+    if spec.get("scaling", "none") == "none":
+        spec = {k: v for k, v in spec.items() if k not in SCALING_KEYS}
+    return {k: v for k, v in spec.items() if not (k in ("layers", *NOPE_OPTIONS) and v is None)}
+
+
+def options(spec, key: str = "positional") -> dict:
+    """spec (a dict) checked against its scheme's Options class: each option it gives is one the scheme has, of its
+    type, in its range, and the class's rules hold. Returns the given options, as plain values; a ValueError (one line
+    naming key.<option>) otherwise."""
+    name = spec.get("name")
+    if name not in SCHEMES:
+        raise ValueError(f"{key}.name={settings.show(name)} is not one of {', '.join(SCHEMES)}; pick one")
+    cls = SCHEMES[name].Options
+    node = OmegaConf.structured(cls)
+    for option, value in spec.items():
+        if option not in node:
+            raise ValueError(settings.unknown(cls, f"{key}.{option}"))
+        try:
+            node[option] = value
+        except ValidationError as e:
+            raise ValueError(settings.invalid(e, f"{key}.{option}")) from None
+    if message := settings.problem(node, f"{key}.", only=spec):
+        raise ValueError(message)
+    return {k: v for k, v in OmegaConf.to_container(node, enum_to_str=True).items() if k in spec}
+
+
+def rotary(spec: dict) -> bool:
+    """Whether the spec's scheme rotates queries and keys (a sink: its inner scheme's)."""
+    return rotary(spec.get("inner", {"name": "rope"})) if spec["name"] == "sink" else SCHEMES[spec["name"]].rotary
+
+
+def build(spec, n_head: int, head_dim: int, d_model: int, key: str = "positional") -> Positional:
+    """Make a scheme from its options (a composed node or a dict: {'name': 'rope', 'base': 10000, ...})."""
+    spec = options(spec_of(spec), key)
     scaling = {k: spec.pop(k) for k in SCALING_KEYS if k in spec}
     name = spec.pop("name")
-    if name not in SCHEMES:
-        raise ValueError(f"unknown positional scheme '{name}'; choose one of: {', '.join(SCHEMES)}")
     kind = scaling.get("scaling", "none")
-    if name == "sink":  # a wrapper: its inner scheme is built from the same keys, and takes the scaling
-        spec["inner"] = build({**spec.pop("inner", {"name": "rope"}), **scaling}, n_head, head_dim, d_model)
+    # the options its constructor takes: its own, and for nope its query temperature (the N layers' elsewhere)
+    own = {k: v for k, v in spec.items() if k not in SHARED or name == "nope" and k in NOPE_OPTIONS}
+    if name == "sink":  # a wrapper: its inner scheme is built from its own options, and takes the scaling
+        own["inner"] = build(
+            {**spec.get("inner", {"name": "rope"}), **scaling}, n_head, head_dim, d_model, key + ".inner"
+        )
     elif kind != "none":
-        if not SCHEMES[name].rotary:
-            raise ValueError(f"positional.scaling={kind} rescales rotary frequencies, and positional={name} has none")
-        if scaling.get("original_length") is None:
-            raise ValueError(f"positional.scaling={kind} needs positional.original_length (the unscaled length)")
-        spec["scaling"] = Scaling(kind, scaling.get("scaling_factor", 1.0), scaling["original_length"])
+        own["scaling"] = Scaling(kind, scaling.get("scaling_factor", 1.0), scaling["original_length"])
     try:
-        return SCHEMES[name](n_head, head_dim, d_model, **spec)
-    except TypeError as e:
-        raise ValueError(f"positional={name}: bad option ({e})") from None
+        return SCHEMES[name](n_head, head_dim, d_model, **own)
+    except TypeError as e:  # an option with no default left out of a spec built in code (learned's max_positions)
+        raise ValueError(f"{key}={name} lacks an option it needs ({e}); pass it") from None
 
 
 def layer_pattern(spec: dict) -> str:
-    """positional.layers: P (the scheme) and N (NoPE) letters tiled over the layers; P, the scheme everywhere, if
-    not given."""
-    pattern = spec.get("layers", "P")
-    if not isinstance(pattern, str) or not re.fullmatch(r"[PN]+", pattern):
-        raise ValueError(
-            f"positional.layers={pattern} may hold only P (the scheme) and N (NoPE) letters, tiled over the layers; "
-            f"e.g. PPPN (iRoPE: NoPE in every 4th layer)"
-        )
-    return pattern
+    """positional.layers: P (the scheme) and N (NoPE) letters tiled over the layers (checked by options()); P, the
+    scheme everywhere, if not given."""
+    return spec.get("layers") or "P"
 
 
-def build_layers(spec: dict, n_head: int, head_dim: int, d_model: int) -> tuple[Positional, Positional | None]:
+def build_layers(spec, n_head: int, head_dim: int, d_model: int) -> tuple[Positional, Positional | None]:
     """The scheme, and the NoPE scheme of the N layers of positional.layers (None when the pattern has no N).
 
     With positional.layers given, attn_scale and floor_scale are the N layers' options, not the scheme's."""
-    spec = dict(spec)
+    spec = options(spec_of(spec))
     pattern = layer_pattern(spec)
     layered = "layers" in spec and spec["name"] != "nope"  # positional=nope's own temperature stays its own
     nope_spec = {k: spec.pop(k) for k in NOPE_OPTIONS if layered and k in spec}

@@ -27,10 +27,74 @@ rule for text), so every scheme reads a text sequence. A scheme also states what
                  them (FIRE: also through the query's own position, which its normaliser reads; see fire.py)
   max_positions  None for unbounded, N for a table of N positions
   n_prefix       learned tokens prepended to every sequence (attention sinks); prefix() returns them
+Its options are a dataclass beside it (RoPEOptions next to RoPE), a subclass of PositionalOptions below, registered
+as schema/positional/<name>: configs/positional/<name>.yaml names it, so a misspelled option fails as Hydra composes.
 """
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
+from omegaconf import MISSING
 from torch import nn
+
+from utils.settings import Rule, choices, setting
+
+LAYERS = r"[PN]+"  # positional.layers: P a layer of the scheme, N a layer with no positions (NoPE), tiled
+
+
+# positional.scaling: a RoPE extension fixed for training (positional/rope_scaling.py). dynamic_ntk moves with the
+# length, so a fine-tune at one length would not fix the frequencies it is evaluated with: ntk is its fixed form
+Trained = choices("Trained", "none", "linear", "ntk", "yarn")
+
+
+def rotates(name: str) -> bool:
+    """Whether the scheme of this name rotates queries and keys (a sink: as its inner scheme, which build() checks
+    with the scaling it passes down; an unknown name: options() says so)."""
+    from positional import SCHEMES  # the registry, which imports this module first
+
+    return name == "sink" or name not in SCHEMES or SCHEMES[name].rotary
+
+
+@dataclass
+class PositionalOptions:
+    """The options every scheme shares. A scaling and the N layers' options are kept in a model's saved config only
+    where they are on (positional.spec_of), so a model without them has the config it had before they existed."""
+
+    name: str = MISSING  # the scheme (positional/__init__.py SCHEMES); each subclass gives its own
+    # a RoPE extension trained into the model (rotary schemes): kept in its saved config, so eval.py and sample.py
+    # build it the same
+    scaling: Trained = "none"
+    scaling_factor: float = setting(1.0, "pass s >= 1, the new length over the original (4 for 256 -> 1024)", ge=1)
+    original_length: int | None = setting(  # the length the unscaled frequencies were trained at
+        None, "pass the length the model was trained at, or null for init_from's", ge=1
+    )
+    layers: str | None = setting(  # tiled over the layers; null: the scheme in every layer (P)
+        None, "e.g. PPPN (iRoPE: NoPE in every 4th layer)", match=LAYERS, must="hold only P (the scheme) and N (NoPE)"
+    )
+    # the N layers' query temperature 1 + attn_scale ln(1 + floor((i + 1) / floor_scale)) (nope.py); null: none
+    attn_scale: float | None = setting(None, "pass the temperature's slope, 0 for none (Llama 4: 0.1)", ge=0)
+    floor_scale: float | None = setting(None, "pass the positions after which the query temperature grows", gt=0)
+
+    RULES: ClassVar = (
+        Rule(
+            ("scaling", "name"),
+            lambda scaling, name: scaling == "none" or rotates(name),
+            "{0} rescales rotary frequencies and {1} has none; drop it (init_from alone fine-tunes any scheme at a "
+            "new train.seq_len)",
+        ),
+        Rule(
+            ("scaling", "scaling_factor"),
+            lambda scaling, factor: scaling == "none" or factor != 1,
+            "{0} at {1} changes nothing; pass the factor (e.g. 4)",
+        ),
+        Rule(
+            ("scaling", "original_length"),
+            lambda scaling, length: scaling == "none" or length is not None,
+            "{0} scales the frequencies of a model trained at a shorter length, and {1} does not say which: pass "
+            "init_from=<its run folder>, or the length it was trained at",
+        ),
+    )
 
 
 class PositionLimitError(ValueError):

@@ -5,7 +5,7 @@ bias(h, i, j) = f_h(psi(i - j) / psi(max(i, L))), psi(x) = log(c x + 1): f_h a s
 1, ReLU), c > 0 and the threshold L > 0 learned (as exp of a parameter, so positive by construction). Dividing by
 psi(max(i, L)) maps every query's context into [0, 1], which is how FIRE interpolates past the training length;
 a query before L divides by psi(L), a constant, so there the bias depends on i - j alone. L starts at the
-training length (configs/positional/fire.yaml), c at 0.1, and f at 0 (the model starts as NoPE, as T5's table).
+training length (FIREOptions below), c at 0.1, and f at 0 (the model starts as NoPE, as T5's table).
 
 Relative in distance, not in position: moving every position past L changes the normaliser, so FIRE is translation
 invariant only while all queries sit before L. A sink cache re-indexes positions inside the cache (DESIGN.md), so
@@ -16,21 +16,33 @@ towards distance 0 and blur it; tests/test_stream.py holds the cache to a fresh 
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .base import Positional
+from utils.settings import setting
+
+from .base import Positional, PositionalOptions
+
+
+@dataclass
+class FIREOptions(PositionalOptions):
+    name: str = "fire"
+    hidden: int = setting(32, "pass how many hidden units each head's MLP has", ge=1)
+    # L's start (learned): queries before L normalise by L, so the bias is relative there (a spec built in code
+    # without it, as a sink's inner scheme, starts at the constructor's 512)
+    threshold: float = setting("${train.seq_len}", "pass FIRE's starting threshold L in positions", gt=0)
+    init_c: float = setting(0.1, "pass FIRE's starting c, a positive number", gt=0)  # in psi(x) = log(c x + 1)
 
 
 class FIRE(Positional):
     name = "fire"
+    Options = FIREOptions
     relative = True
 
     def __init__(self, n_head, head_dim, d_model, hidden: int = 32, threshold: float = 512.0, init_c: float = 0.1):
         super().__init__(n_head, head_dim, d_model)
-        if hidden < 1 or threshold <= 0 or init_c <= 0:
-            raise ValueError(f"fire needs hidden >= 1, threshold > 0, init_c > 0, not {hidden, threshold, init_c}")
         self.hidden = int(hidden)
         self.log_c = nn.Parameter(torch.tensor(math.log(init_c)))
         self.log_threshold = nn.Parameter(torch.tensor(math.log(threshold)))

@@ -11,14 +11,26 @@ no step of the optimizer can leave the range. Both start at ALiBi's slopes m_h: 
 logarithmic far from it.
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .alibi import alibi_slopes
-from .base import Positional
+from utils.settings import choices, setting
 
-VARIANTS = ("log", "power")
+from .alibi import alibi_slopes
+from .base import Positional, PositionalOptions
+
+Variant = choices("Variant", "log", "power")  # log: -r1 log(1 + r2 |i-j|), the paper's better one; power: -r1 |i-j|^r2
+
+
+@dataclass
+class KERPLEOptions(PositionalOptions):
+    name: str = "kerple"
+    variant: Variant = "log"
+    # power variant: 0 < r2 <= r2_max <= 2 (conditionally positive definite up to 2)
+    r2_max: float = setting(2.0, "pass the power variant's largest exponent, in (0, 2]", gt=0, le=2)
 
 
 def softplus_inverse(x: torch.Tensor) -> torch.Tensor:
@@ -27,14 +39,11 @@ def softplus_inverse(x: torch.Tensor) -> torch.Tensor:
 
 class KERPLE(Positional):
     name = "kerple"
+    Options = KERPLEOptions
     relative = True
 
     def __init__(self, n_head, head_dim, d_model, variant: str = "log", r2_max: float = 2.0):
         super().__init__(n_head, head_dim, d_model)
-        if variant not in VARIANTS:
-            raise ValueError(f"positional.variant={variant} is not one of {', '.join(VARIANTS)}")
-        if not 0 < r2_max <= 2:
-            raise ValueError(f"positional.r2_max={r2_max} must be in (0, 2]")
         self.variant, self.r2_max = variant, float(r2_max)
         slopes = torch.tensor(alibi_slopes(n_head))
         ones = torch.ones(n_head)

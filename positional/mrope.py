@@ -16,8 +16,14 @@ by its sections; here the round-robin runs over every pair). Sections as above l
 slowest frequencies: at head dim 32 its fastest pair turns 0.003 rad per column, 1/300 of RoPE's fastest.
 """
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
+from utils.settings import Rule, setting
+
+from .base import PositionalOptions
 from .rope import RoPE
 
 QWEN2_VL_SECTIONS = (16, 24, 24)
@@ -30,8 +36,27 @@ def default_sections(pairs: int) -> list[int]:
     return [t, h, pairs - t - h]
 
 
+@dataclass
+class MRoPEOptions(PositionalOptions):
+    name: str = "mrope"
+    base: float = setting(10000.0, "pass a positive rotary base", gt=0)
+    # pairs per (temporal, height, width) section, summing to head dim / 2 (checked at build, which knows the head);
+    # null: Qwen2-VL's 16:24:24 for this head (tiny, 16 pairs: [4, 6, 6])
+    sections: list[int] | None = setting(None, "e.g. positional.sections=[4,6,6]", ge=1, length=3)
+    interleaved: bool = False  # true: pair i turns with axis i mod 3 (Qwen3-VL's interleaved MRoPE)
+
+    RULES: ClassVar = (
+        Rule(
+            ("sections", "interleaved"),
+            lambda sections, interleaved: sections is None or not interleaved,
+            "{0} cuts the pairs into blocks, {1} deals them round-robin: drop one",
+        ),
+    )
+
+
 class MRoPE(RoPE):
     name = "mrope"
+    Options = MRoPEOptions
     axes = 3
 
     def __init__(
@@ -39,20 +64,15 @@ class MRoPE(RoPE):
     ):
         super().__init__(n_head, head_dim, d_model, base, scaling=scaling)
         pairs = head_dim // 2
-        if interleaved and sections is not None:
-            raise ValueError(
-                f"positional.sections={sections} cuts the pairs into blocks, positional.interleaved=true deals them "
-                f"round-robin: drop one"
-            )
         self.interleaved = bool(interleaved)
         if interleaved:  # pair i turns with axis i mod 3; sections are then just the counts
             axis_of_pair = [i % 3 for i in range(pairs)]
             sections = [axis_of_pair.count(axis) for axis in range(3)]
         sections = default_sections(pairs) if sections is None else [int(s) for s in sections]
-        if len(sections) != 3 or sum(sections) != pairs or min(sections) < 1:
+        if sum(sections) != pairs:  # three positive counts: MRoPEOptions
             raise ValueError(
-                f"positional.sections={sections} must be three positive pair counts (temporal, height, width) summing "
-                f"to the head's {pairs} rotary pairs; e.g. positional.sections={default_sections(pairs)}"
+                f"positional.sections={sections} must sum to the head's {pairs} rotary pairs (temporal, height, "
+                f"width); e.g. positional.sections={default_sections(pairs)}"
             )
         self.sections = sections
         if not interleaved:  # contiguous blocks: temporal, then height, then width

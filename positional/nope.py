@@ -15,9 +15,13 @@ plan from the explicit query positions, so a full forward, every backend and bot
 sink cache: at the query's in-cache position, as it re-indexes every relative scheme).
 """
 
+from dataclasses import dataclass
+
 import torch
 
-from .base import Positional
+from utils.settings import setting
+
+from .base import Positional, PositionalOptions
 
 
 def temperature(pos: torch.Tensor, floor_scale: float, attn_scale: float) -> torch.Tensor:
@@ -26,16 +30,22 @@ def temperature(pos: torch.Tensor, floor_scale: float, attn_scale: float) -> tor
     return 1 + attn_scale * torch.log1p(steps)
 
 
+@dataclass
+class NoPEOptions(PositionalOptions):
+    name: str = "nope"
+    # > 0: Llama 4's query temperature 1 + attn_scale ln(1 + floor((i + 1) / floor_scale)); 0: none
+    attn_scale: float = setting(0.0, "pass the temperature's slope, 0 for none (Llama 4: 0.1)", ge=0)
+    # the temperature is 1 through the training length, grows past it (a spec built in code without it: 8192)
+    floor_scale: float = setting("${train.seq_len}", "pass the positions after which the query temperature grows", gt=0)
+
+
 class NoPE(Positional):
     name = "nope"
+    Options = NoPEOptions
     relative = True  # the temperature reads the query's own position, as FIRE's normaliser (sink cache: in-cache)
 
     def __init__(self, n_head, head_dim, d_model, attn_scale: float = 0.0, floor_scale: float = 8192.0):
         super().__init__(n_head, head_dim, d_model)
-        if attn_scale < 0:
-            raise ValueError(f"positional.attn_scale={attn_scale} must be >= 0 (0: no query temperature)")
-        if floor_scale <= 0:
-            raise ValueError(f"positional.floor_scale={floor_scale} must be a positive number of positions")
         self.attn_scale, self.floor_scale = float(attn_scale), float(floor_scale)
 
     def rotation(self, pos, scaling=None):

@@ -14,17 +14,29 @@ GPT.flops_per_token); q and k are twice as wide in activation memory; a dense KV
 the sink cache stores them at Dh and expands them at read). Values and the output stay Dh wide.
 """
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from utils.settings import setting
+
+from .base import PositionalOptions
 from .rope import RoPE
 
 WIDTH_SCALE = 2**0.25  # q' . k' / sqrt(2 Dh) = sum_c |q_c||k_c| cos(...) / sqrt(Dh)
 
 
+@dataclass
+class PoPEOptions(PositionalOptions):
+    name: str = "pope"
+    base: float = setting(10000.0, "pass a positive rotary base", gt=0)
+
+
 class PoPE(RoPE):
     name = "pope"
+    Options = PoPEOptions
 
     def __init__(self, n_head, head_dim, d_model, base=10000.0, scaling=None):
         super().__init__(n_head, head_dim, d_model, base, scaling=scaling)

@@ -8,13 +8,26 @@ frequency 0 and leave their pairs unrotated. 1.0 is RoPE; towards 0 it becomes N
 f of the pairs, keeping the lowest frequencies too.
 """
 
+from dataclasses import dataclass
+
 import torch
 
-from .rope import RoPE
+from utils.settings import setting
+
+from .rope import RoPE, RoPEOptions
+
+
+@dataclass
+class PRoPEOptions(RoPEOptions):
+    name: str = "prope"
+    rotary_fraction: float = setting(  # 1.0 is RoPE; the paper compares 0.25 and 0.75
+        0.75, "pass a fraction in (0, 1] of the frequencies to keep turning", gt=0, le=1
+    )
 
 
 class PRoPE(RoPE):
     name = "prope"
+    Options = PRoPEOptions
 
     def freq_dim(self) -> int:
         return self.head_dim  # the frequencies of full RoPE over this head

@@ -9,11 +9,15 @@ frequencies of a head that many dims wide; the other pairs get frequency 0 (cos 
 unchanged), so every backend, cache and the fused rotation serve it as they are.
 """
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from utils.settings import setting
+
 from . import rope_scaling
-from .base import Positional
+from .base import Positional, PositionalOptions
 
 
 def apply_rotary(x: torch.Tensor, angles: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -74,21 +78,33 @@ class _Rotate(torch.autograd.Function):
         return _rotate_into(torch.empty_like(grad), grad, cos, -sin), None, None  # in grad's own layout: no copy
 
 
+@dataclass
+class RoPEOptions(PositionalOptions):
+    name: str = "rope"
+    base: float = setting(10000.0, "pass a positive rotary base", gt=0)
+    # < 1: partial rotary (GPT-NeoX), only the first fraction of each head's pairs turn
+    rotary_fraction: float = setting(
+        1.0, "pass a fraction in (0, 1] of each head's dimension pairs to rotate", gt=0, le=1
+    )
+
+
 class RoPE(Positional):
     name = "rope"
     relative = True
     rotary = True
+    Options = RoPEOptions
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, rotary_fraction: float = 1.0, scaling=None):
         super().__init__(n_head, head_dim, d_model)
         if head_dim % 2:
             raise ValueError(f"rope needs an even head dim, got {head_dim}")
-        if not 0 < rotary_fraction <= 1:
-            raise ValueError(f"positional.rotary_fraction={rotary_fraction} must be in (0, 1]")
         self.base, self.rotary_fraction = float(base), float(rotary_fraction)
         self.n_rotated = round(self.rotary_fraction * head_dim / 2)  # pairs that turn
         if self.n_rotated < 1:
-            raise ValueError(f"positional.rotary_fraction={rotary_fraction} rotates no pair of a {head_dim}-dim head")
+            raise ValueError(
+                f"positional.rotary_fraction={rotary_fraction} rotates no pair of a {head_dim}-dim head; pass a "
+                f"larger one"
+            )
         # the scaling built into the model (a fine-tune's positional.scaling); an eval-time one is passed to rotation
         self.scaling = rope_scaling.NONE if scaling is None else scaling
         inv_freq, self.pos_scale, self.cos_scale = self.frequencies(self.scaling)

@@ -10,13 +10,25 @@ A (T,) position is the same on both axes (a text token): the diagonal (p, p). Ro
 RoPE's (rope.py): only which position each pair reads (pair_axis) and the frequencies laid over the pairs differ.
 """
 
+from dataclasses import dataclass
+
 import torch
 
+from utils.settings import setting
+
+from .base import PositionalOptions
 from .rope import RoPE
+
+
+@dataclass
+class RoPE2DOptions(PositionalOptions):
+    name: str = "rope2d"
+    base: float = setting(10000.0, "pass a positive rotary base", gt=0)  # each axis at a head half as wide's
 
 
 class RoPE2D(RoPE):
     name = "rope2d"
+    Options = RoPE2DOptions
     axes = 2
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, scaling=None):

@@ -11,15 +11,26 @@ term enough, so only that one is here. a starts at 0: the model starts as NoPE.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .base import Positional
+from utils.settings import setting
+
+from .base import Positional, PositionalOptions
+
+
+@dataclass
+class ShawOptions(PositionalOptions):
+    name: str = "shaw"
+    # k: distances 0..k each have a vector, farther ones share a_k (the paper saw little change for k >= 2)
+    max_distance: int = setting(16, "pass a positive distance", ge=1)
 
 
 class Shaw(Positional):
     name = "shaw"
+    Options = ShawOptions
     relative = True
 
     def __init__(self, n_head, head_dim, d_model, max_distance: int = 16):

@@ -7,14 +7,29 @@ somewhere, so a cache that keeps them plus a window of recent tokens stays stabl
 scores otherwise come from the wrapped relative scheme.
 """
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 from torch import nn
 
-from .base import Positional
+from utils.settings import setting
+
+from .base import Positional, PositionalOptions
+
+
+@dataclass
+class SinkOptions(PositionalOptions):
+    name: str = "sink"
+    n_sink: int = setting(1, "pass how many learned sink tokens to prepend", ge=1)
+    # the wrapped relative scheme, with its own options (checked against its own class at build):
+    # positional.inner={name:alibi} replaces RoPE, +positional.inner.base=500000 adds an option
+    inner: Any = field(default_factory=lambda: {"name": "rope"})
 
 
 class Sink(Positional):
     name = "sink"
+    Options = SinkOptions
     relative = True
 
     def __init__(self, n_head, head_dim, d_model, inner: Positional, n_sink: int = 1):

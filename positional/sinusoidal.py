@@ -2,16 +2,20 @@
 
 python train.py positional=sinusoidal
 PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)); defined at every position; added times
-`scale` (configs/positional/sinusoidal.yaml: 0.1). Unscaled, the sinusoids hold a third of the residual stream's
+`scale` (SinusoidalOptions below: 0.1). Unscaled, the sinusoids hold a third of the residual stream's
 variance at the input (rms 0.71 against token embeddings of rms 1), all of it fixed: the layers must learn to work
 around it and the head sees it at every position, and the tiny model lagged every other scheme at the training
 length (bench/RESULTS.md). x-transformers' scaled sinusoidal embedding starts its learned scale at d^-0.5 for
 the same reason.
 """
 
+from dataclasses import dataclass
+
 import torch
 
-from .base import Positional
+from utils.settings import setting
+
+from .base import Positional, PositionalOptions
 
 
 def frequencies(dim: int, base: float) -> torch.Tensor:
@@ -25,8 +29,18 @@ def sinusoids(pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
 
 
+@dataclass
+class SinusoidalOptions(PositionalOptions):
+    name: str = "sinusoidal"
+    base: float = setting(10000.0, "pass a positive sinusoid base", gt=0)
+    # times the unit sinusoids: at 1.0 they lagged far behind at the training length
+    # (val loss at 150 steps: 1.0 6.17, 0.3 5.31, 0.1 5.27, 0.03 5.27; bench/RESULTS.md)
+    scale: float = setting(0.1, "pass a positive scale for the sinusoids", gt=0)
+
+
 class Sinusoidal(Positional):
     name = "sinusoidal"
+    Options = SinusoidalOptions
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, scale: float = 1.0):
         super().__init__(n_head, head_dim, d_model)

@@ -9,10 +9,12 @@ sinusoidal.py says why). Absolute, like 1D sinusoids: a grid larger than trained
 model never saw. A (T,) position sits at (p, p): the same id on every axis. sinusoidal3d.py: three axes.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from .base import Positional
-from .sinusoidal import frequencies, sinusoids
+from .sinusoidal import SinusoidalOptions, frequencies, sinusoids
 
 
 def axis_widths(d_model: int, axes: int) -> list[int]:
@@ -21,8 +23,14 @@ def axis_widths(d_model: int, axes: int) -> list[int]:
     return [2 * (pairs + (a < extra)) for a in range(axes)]
 
 
+@dataclass
+class Sinusoidal2DOptions(SinusoidalOptions):
+    name: str = "sinusoidal2d"  # base and scale as sinusoidal's (sinusoidal.py)
+
+
 class Sinusoidal2D(Positional):
     name = "sinusoidal2d"
+    Options = Sinusoidal2DOptions
     axes = 2
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, scale: float = 1.0):

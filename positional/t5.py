@@ -6,11 +6,14 @@ max_distance, capped at the last bucket.
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .base import Positional
+from utils.settings import setting
+
+from .base import Positional, PositionalOptions
 
 
 def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
@@ -21,8 +24,16 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int =
     return torch.where(n < exact, n, far)
 
 
+@dataclass
+class T5Options(PositionalOptions):
+    name: str = "t5"
+    num_buckets: int = setting(32, "pass at least 2 buckets", ge=2)
+    max_distance: int = setting(128, "pass a positive distance", ge=1)
+
+
 class T5(Positional):
     name = "t5"
+    Options = T5Options
     relative = True
 
     def __init__(self, n_head, head_dim, d_model, num_buckets: int = 32, max_distance: int = 128):

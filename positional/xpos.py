@@ -14,15 +14,28 @@ its capacity (positions are re-indexed within it), but a dense cache or a full f
 rope scaling (eval.rope_scaling) rescales the rotation only; the decay stays at the raw positions.
 """
 
+from dataclasses import dataclass
+
 import torch
 
-from .rope import RoPE, rotate_by
+from utils.settings import setting
+
+from .rope import RoPE, RoPEOptions, rotate_by
 
 MAX_EXPONENT = 80.0  # exp(80) ~ 5.5e34: a query times a key still fits fp32/bf16 (3.4e38)
 
 
+@dataclass
+class XPosOptions(RoPEOptions):
+    name: str = "xpos"
+    gamma: float = setting(0.4, "pass a positive xPos gamma", gt=0)  # zeta_i = (2i/Dh + gamma) / (1 + gamma)
+    # positions must stay below ~36k at 512 (fp32/bf16 overflow, above)
+    scale_base: float = setting(512.0, "pass a positive xPos decay length", gt=0)
+
+
 class XPos(RoPE):
     name = "xpos"
+    Options = XPosOptions
 
     def __init__(
         self, n_head, head_dim, d_model, base=10000.0, gamma=0.4, scale_base=512.0, rotary_fraction=1.0, scaling=None

@@ -1,15 +1,22 @@
-"""Every config group composes into a model and a run; the SLURM launcher preset too."""
+"""Every config group composes into a model and a run; the SLURM launcher preset too. Every setting has one home:
+a rule names only keys that exist, and configs/ restates no default."""
 
+import enum
+import io
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, fields, is_dataclass
+from typing import ClassVar
 
 import pytest
+import torch
 from conftest import ROOT, SCHEMES, config
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from utils import checkpoint, schema
+import positional
+from utils import checkpoint, schema, settings
 
 
 # the learned-bias schemes at the tiny size only: they add no constraint between sizes and positions (no
@@ -105,3 +112,117 @@ def test_each_model_size_carries_its_own_lr(size, lr, muon_lr):
     resolved = OmegaConf.to_container(cfg, resolve=True)
     model = schema.model_config(resolved, vocab_size=4096)
     assert "lr" not in model and "muon_lr" not in model  # run settings, not part of the network
+
+
+def options_of(group: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / "configs" / group).glob("*.yaml"))
+
+
+COMPOSED = {  # every option of every group, in the entry points that have the group
+    "train": [[]]
+    + [
+        [f"{group}={option}"]
+        for group in ("positional", "model", "data", "tokenizer", "optim")
+        for option in options_of(group)
+    ]
+    + [["experiment=sinks"]],
+    "eval": [[]],
+    "sample": [[f"cache={option}"] for option in options_of("cache")],
+    "viz": [[]] + [[f"positional={option}"] for option in options_of("positional")],
+    "longrope": [["target_length=512"]],
+}
+
+
+def composed_configs():
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        for name, variants in COMPOSED.items():
+            for overrides in variants:
+                yield name, overrides, compose(name, overrides=overrides)
+
+
+def classes_under(cls, found=None) -> set:
+    """cls and every dataclass its fields are typed by."""
+    found = set() if found is None else found
+    found.add(cls)
+    for f in fields(cls):
+        kind = settings.value_type(cls, f.name)
+        if is_dataclass(kind) and kind not in found:
+            classes_under(kind, found)
+    return found
+
+
+def test_every_rule_names_keys_of_the_config_it_checks():
+    """A rule names its keys as strings (the fields it relates): each must exist in every composed config that holds
+    its class, or renaming a field would switch the rule off. Every class that declares rules is reached here."""
+    absent, seen = object(), set()
+    for name, overrides, cfg in composed_configs():
+        for prefix, node, cls in settings.walk(cfg):
+            seen.add(cls)
+            for rule in settings.rules(cls):
+                for key in rule.keys:
+                    where = f"{cls.__name__}'s rule names {prefix}{key}, which {name} {overrides} lacks"
+                    assert OmegaConf.select(node, key, default=absent) is not absent, where
+            assert settings.problem(node) is None, (name, overrides)  # the defaults pass every rule
+    declared = set().union(*map(classes_under, schema.ENTRY_POINTS.values()))
+    declared |= {cls for options in schema.GROUPS.values() for cls in options.values()}
+    assert {cls for cls in declared if settings.rules(cls)} <= seen
+
+
+def test_a_rule_naming_a_missing_key_fails_rather_than_skipping():
+    @dataclass
+    class Stale:
+        seq_len: int = 256
+        RULES: ClassVar = (settings.Rule(("seq_lenn",), lambda n: n > 0, "{0} must be positive"),)
+
+    with pytest.raises(KeyError, match="seq_lenn"):
+        settings.problem(OmegaConf.structured(Stale))
+
+
+def schema_of(path) -> type:
+    """The class a configs/<group>/<option>.yaml is typed by: the schema its defaults list names (a model size is
+    typed by the model node itself)."""
+    group = path.parent.name
+    if group == "model":
+        return schema.ModelSize
+    named = [d for d in OmegaConf.load(path).get("defaults", []) if str(d).startswith("/schema/")]
+    assert len(named) == 1, f"{path} names no schema/{group}/<class> in its defaults list"
+    kind, name = str(named[0]).removeprefix("/schema/").removesuffix("@_here_").split("/")
+    return schema.GROUPS[kind][name]
+
+
+@pytest.mark.parametrize("group", ["positional", "model", "data", "tokenizer", "optim", "cache"])
+def test_configs_hold_presets_not_defaults(group):
+    """A default lives in its dataclass: a YAML group option sets only values that differ from it (a preset)."""
+    for path in sorted((ROOT / "configs" / group).glob("*.yaml")):
+        defaults = OmegaConf.to_container(OmegaConf.structured(schema_of(path)))
+        for key, value in OmegaConf.to_container(OmegaConf.load(path)).items():
+            assert key == "defaults" or value != defaults[key], f"{path.name} restates {group}.{key}={value}"
+
+
+def test_each_scheme_declares_its_options_beside_it():
+    for name, cls in positional.SCHEMES.items():
+        assert cls.Options.name == name and cls.Options.__module__ == cls.__module__, name
+        assert schema_of(ROOT / "configs" / "positional" / f"{name}.yaml") is cls.Options
+
+
+def test_build_takes_an_options_object_or_a_dict():
+    node = config("positional=rope", "positional.base=500").positional
+    for spec in (node, positional.rope.RoPEOptions(base=500.0), {"name": "rope", "base": 500}):
+        assert positional.build(spec, 4, 8, 32).base == 500.0
+
+
+def test_a_saved_config_holds_plain_strings():
+    """Choices are enums while composing, strings once saved: torch.load(weights_only=True) reads them back."""
+
+    def walk(value):
+        assert not isinstance(value, enum.Enum), value
+        for v in value.values() if isinstance(value, dict) else value if isinstance(value, list) else ():
+            walk(v)
+
+    resolved = schema.plain(config("optim=muon", "positional=kerple", "data=passkey", "out_dir=x"))
+    walk(resolved)
+    saved = {"model_config": schema.model_config(resolved, 4096), "config": resolved}
+    buffer = io.BytesIO()
+    torch.save(saved, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True) == saved

@@ -28,13 +28,28 @@ from utils import schema
 from utils.errors import UserError
 
 DOCS = doc_tables.docs()
+
+
+def check_train(cfg):
+    """train.py's checks before any work: every range and rule, then the model built on the meta device."""
+    schema.check(cfg)
+    schema.check_model(cfg)
+
+
+def check_viz(cfg):
+    """viz.py's: the model of a scheme drawn at init is built too."""
+    schema.check(cfg)
+    if not (cfg.checkpoint or cfg.sweep_dir):
+        schema.check_model(cfg)
+
+
 ENTRY = {  # script or module -> (config name, its checks before any work)
-    "train.py": ("train", schema.check_train),
-    "eval.py": ("eval", schema.check_eval),
-    "sample.py": ("sample", schema.check_sample),
-    "viz.py": ("viz", schema.check_viz),
-    "data.prepare": ("prepare", None),
-    "evaluation.longrope_search": ("longrope", schema.check_longrope),
+    "train.py": ("train", check_train),
+    "eval.py": ("eval", schema.check),
+    "sample.py": ("sample", schema.check),
+    "viz.py": ("viz", check_viz),
+    "data.prepare": ("prepare", schema.check),
+    "evaluation.longrope_search": ("longrope", schema.check),
 }
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 CODE = re.compile(r"`([^`\n]+)`")
@@ -123,10 +138,10 @@ def check_command(words: list[str]) -> int:
         n = 0
         for key in ("EVAL_ARGS", "STREAM_ARGS", "PASSKEY_ARGS"):
             if key in env:
-                n += compose_all("eval", ["checkpoint=out/rope", *shlex.split(env[key])], schema.check_eval)
+                n += compose_all("eval", ["checkpoint=out/rope", *shlex.split(env[key])], schema.check)
         if args[0] == "runs/study.sh":  # its trailing words are train.py overrides for every run
             scheme = env.get("SCHEMES", "rope").split()[0]
-            n += compose_all("train", [f"positional={scheme}", "seed=1", *args[1:]], schema.check_train)
+            n += compose_all("train", [f"positional={scheme}", "seed=1", *args[1:]], check_train)
         return n
     return 0  # pip, and the like
 

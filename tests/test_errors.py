@@ -1,16 +1,18 @@
 """Every bad input is one line on stderr, 'error: ...' naming the key, and exit status 2, before any work.
 
 The subprocess cases run an entry point the way a user types it; those that need no checkpoint must fail before
-anything is printed (no data prepared, no model built, no checkpoint read). The in-process cases check the
-remaining ranges and choices of utils/schema.py on composed configs, which is quicker than a process each.
+anything is printed (no data prepared, no model built, no checkpoint read). The in-process cases make the same checks
+an entry point makes before any work (composing, the walk of utils/settings.py, the model on the meta device) on more
+values, which is quicker than a process each.
 """
 
 import pytest
 from conftest import ROOT, SCHEMES, run
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 
 from utils import schema
-from utils.errors import UserError
+from utils.errors import UserError, compose_message
 
 TRAIN = ["train.py", "device=cpu", "logger.wandb=false"]
 EVAL = ["eval.py", "device=cpu", "logger.wandb=false"]
@@ -32,7 +34,10 @@ CASES = [  # (entry point and overrides, the key the message must name)
     (TRAIN + ["positional=xpoz"], "positional"),
     (TRAIN + ["positional=irope", "positional.layers=PPXN"], "positional.layers"),
     (TRAIN + ["train.max_stepz=3"], "train.max_stepz"),
-    (TRAIN + ["train.seq_len=["], "override"),
+    (TRAIN + ["train.seq_len=["], "train.seq_len=[ cannot be parsed"),
+    (TRAIN + ["positional.bsae=1"], "positional.bsae is not an option of positional=rope (its options: base,"),
+    (TRAIN + ["+positional.bsae=1"], "positional.bsae is not an option of positional=rope"),  # + skips Hydra's check
+    (TRAIN + ["+train.max_stepz=3"], "train.max_stepz is not an option of train"),
     (TRAIN + ["model.qk_norm=foo"], "model.qk_norm"),
     (TRAIN + ["model.sink_logit=maybe"], "model.sink_logit"),
     (TRAIN + ["data.bos_aligned=maybe"], "data.bos_aligned"),
@@ -53,6 +58,7 @@ CASES = [  # (entry point and overrides, the key the message must name)
     (SAMPLE + [NO_CKPT, "temperature=-1"], "temperature"),
     (SAMPLE + [NO_CKPT, "top_k=0"], "top_k"),
     (SAMPLE + [NO_CKPT, "max_new_tokens=0"], "max_new_tokens"),
+    (SAMPLE + [NO_CKPT, "max_new_tokens=-1"], "use cache=sink"),  # a rule between two settings
     (SAMPLE + [NO_CKPT, "static=auto"], "static"),
     (SAMPLE + [NO_CKPT, "cache.kind=ring"], "cache.kind"),
     (SAMPLE + [NO_CKPT, "cache=dense", "cache.window=5"], "cache.window"),
@@ -95,7 +101,16 @@ def composed(name: str, *overrides):
         return compose(name, overrides=[*overrides, "out_dir=x"] if name == "train" else list(overrides))
 
 
-CHECKS = {"train": schema.check_train, "eval": schema.check_eval, "sample": schema.check_sample}
+def check(name: str, *overrides):
+    """What an entry point checks before any work, in process: the config composes (its error worded as hydra_cli
+    words it), every setting passes the walk, and train.py's model builds on the meta device."""
+    try:
+        cfg = composed(name, *overrides)
+    except ConfigCompositionException as e:
+        raise UserError(compose_message(e)) from None
+    schema.check(cfg)
+    if name == "train":
+        schema.check_model(cfg)
 
 
 @pytest.mark.parametrize(
@@ -115,18 +130,22 @@ CHECKS = {"train": schema.check_train, "eval": schema.check_eval, "sample": sche
         ("train", ["optim.name=sgd"], "optim.name"),
         ("train", ["optim.betas=[0.9]"], "optim.betas"),
         ("train", ["model.qk_norm=learnt"], "model.qk_norm"),
-        ("train", ["data.bos_aligned=1"], "data.bos_aligned"),
         ("train", ["optim=muon", "optim.momentum=1.5"], "optim.momentum"),
         ("train", ["positional.base=abc"], "positional.base"),
         ("train", ["positional=t5", "positional.num_buckets=1"], "positional.num_buckets"),
         ("train", ["positional=sinusoidal", "positional.scale=-1"], "positional.scale"),
         ("train", ["positional.scaling=dynamic_ntk"], "positional.scaling"),
-        ("train", ["positional=alibi", "positional.scaling=yarn", "positional.scaling_factor=4"], "positional.scaling"),
+        ("train", ["positional=alibi", "positional.scaling=yarn", "positional.scaling_factor=4"], "=alibi has none"),
+        ("train", ["positional=sink", "+positional.inner.bsae=1"], "positional.inner.bsae is not an option of"),
+        ("train", ["data=passkey", "data.min_tokens=100", "data.max_tokens=80"], "data.max_tokens=80 is below"),
+        ("train", ["tokenizer.vocab_size=100"], "tokenizer.vocab_size=100 must be >= 257"),
+        ("train", ["seed=-1"], "seed=-1 must be >= 0"),
+        ("longrope", ["target_length=512", "search.parents=20"], "search.parents=20 must be <= search.population"),
         ("train", ["positional.scaling=yarn", "positional.scaling_factor=4"], "positional.scaling"),
         ("eval", ["eval.mode=passkey", "eval.depths=[0.5,2]"], "eval.depths"),
         ("eval", ["eval.mode=passkey", "eval.trials=0"], "eval.trials"),
         ("train", ["positional=learned", "positional.max_positions=16"], "positional.max_positions"),
-        ("train", ["positional=sink", "positional.inner={name:learned}"], "positional=learned"),
+        ("train", ["positional=sink", "positional.inner={name:learned}"], "positional.inner=learned"),
         ("train", ["positional=kerple", "positional.variant=foo"], "positional.variant"),
         ("train", ["positional=kerple", "positional.r2_max=3"], "positional.r2_max"),
         ("train", ["positional=kerple", "positional.r2_max=0"], "positional.r2_max"),
@@ -162,16 +181,16 @@ def test_ranges_and_choices(name, overrides, key):
     from positional import PositionLimitError
 
     with pytest.raises((UserError, PositionLimitError, CacheError)) as e:
-        CHECKS[name](composed(name, *overrides))
+        check(name, *overrides)
     assert key in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["train", "eval", "sample"])
+@pytest.mark.parametrize("name", ["train", "eval", "sample", "viz"])
 def test_the_defaults_pass(name):
-    CHECKS[name](composed(name))
+    check(name)
 
 
 @pytest.mark.parametrize("size", ["tiny", "small", "d12"])
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_scheme_and_size_passes(size, scheme):
-    schema.check_train(composed("train", f"model={size}", f"positional={scheme}"))
+    check("train", f"model={size}", f"positional={scheme}")

@@ -217,5 +217,3 @@ def test_compile_setting(monkeypatch, capsys):
     monkeypatch.setattr(compiling, "cxx_compiler", lambda: None)
     with pytest.raises(UserError, match="C\\+\\+ compiler"):
         compiling.should_compile(True, cpu)
-    with pytest.raises(UserError, match="compile=yes"):
-        compiling.should_compile("yes", cpu)

@@ -5,7 +5,8 @@ exactly, bad positions fail clearly, and the grid evaluation scores what it says
 import numpy as np
 import pytest
 import torch
-from conftest import random_model
+from conftest import ROOT, random_model
+from hydra import compose, initialize_config_dir
 
 import positional
 from data import grids
@@ -15,6 +16,7 @@ from evaluation.grids import held_out_grids, score_size, training_first_rows
 from model.kv_cache import DenseCache, SinkCache
 from model.static_decode import StaticDecoder
 from positional import PositionAxesError
+from utils import schema
 from utils.errors import UserError
 
 T = 24
@@ -182,8 +184,10 @@ def test_grid_data_round_trips(tmp_path):
 
 
 def test_grid_options_fail_with_one_line_naming_the_key():
-    with pytest.raises(UserError, match="data.rule=300"):
-        grids.check_run({**GRID, "rule": 300}, 28)
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=["data=grids", "data.rule=300", "out_dir=x"])
+    with pytest.raises(UserError, match="data.rule=300 must be <= 255"):
+        schema.check(cfg)
     with pytest.raises(UserError, match="train.seq_len=28") as e:
         grids.check_run({**GRID, "height": 5}, 28)
     assert "\n" not in str(e.value)

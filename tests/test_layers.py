@@ -12,7 +12,6 @@ from conftest import (
     random_model,
 )
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from model.gpt import GPTConfig
 from model.kv_cache import DenseCache, SinkCache
@@ -170,7 +169,9 @@ def composed(*overrides):
 )
 def test_bad_layer_options_are_one_line_errors(overrides, key):
     with pytest.raises(UserError) as e:
-        schema.check_train(composed(*overrides))
+        cfg = composed(*overrides)
+        schema.check(cfg)
+        schema.check_model(cfg)
     assert key in str(e.value) and "\n" not in str(e.value)
 
 
@@ -179,8 +180,9 @@ def test_irope_is_one_word(size):
     """positional=irope: RoPE with NoPE in every 4th layer (Llama 4's 3, 7, 11), the temperature's floor at the
     training length."""
     cfg = composed("positional=irope", f"model={size}")
-    schema.check_train(cfg)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    schema.check(cfg)
+    schema.check_model(cfg)
+    resolved = schema.plain(cfg)
     spec, n_layer = resolved["positional"], resolved["model"]["n_layer"]
     model_cfg = GPTConfig(**schema.model_config(resolved, vocab_size=97))
     assert [i for i in range(n_layer) if model_cfg.layer_nope(i)] == list(range(3, n_layer, 4))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ABSOLUTE, ROOT, SCHEMES, scheme_spec
+from conftest import ABSOLUTE, SCHEMES, scheme_spec
 
 import positional
 from positional.alibi import alibi_slopes
@@ -58,7 +58,7 @@ def test_sinusoidal_scale_multiplies_the_sinusoids_and_defaults_as_configured():
 
     pos = torch.arange(7)
     unit = positional.build({"name": "sinusoidal"}, 4, 8, 16).embed(torch.zeros(1, 7, 16), pos)
-    spec = OmegaConf.to_container(OmegaConf.load(ROOT / "configs/positional/sinusoidal.yaml"))
+    spec = positional.spec_of(OmegaConf.structured(positional.sinusoidal.SinusoidalOptions))
     scaled = positional.build(spec, 4, 8, 16).embed(torch.zeros(1, 7, 16), pos)
     assert spec["scale"] == 0.1 and torch.allclose(scaled, 0.1 * unit)
 
@@ -91,7 +91,7 @@ def test_learned_table_refuses_positions_past_its_size():
 
 
 def test_unknown_scheme_lists_the_choices():
-    with pytest.raises(ValueError, match="choose one of: learned, sinusoidal, alibi, rope, nope, sink"):
+    with pytest.raises(ValueError, match="is not one of learned, sinusoidal, alibi, rope, nope, sink"):
         positional.build({"name": "xpoz"}, 4, 8, 32)
 
 
@@ -235,8 +235,8 @@ def test_partial_rope_rotates_only_its_fraction_at_a_narrower_heads_frequencies(
     assert torch.allclose(got[..., turned], want, atol=1e-6)
     still = [d for d in range(16) if d not in turned]
     assert torch.equal(got[..., still], x[..., still])
-    with pytest.raises(ValueError, match="positional.rotary_fraction"):
-        RoPE(3, 16, 48, rotary_fraction=1.5)
+    with pytest.raises(ValueError, match="positional.rotary_fraction=1.5 must be <= 1"):
+        positional.build({"name": "rope", "rotary_fraction": 1.5}, 3, 16, 48)
 
 
 def test_prope_keeps_ropes_highest_frequencies_and_stops_the_lowest():

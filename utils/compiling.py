@@ -27,8 +27,6 @@ def cxx_compiler() -> str | None:
 
 
 def should_compile(setting, device: torch.device, say=print) -> bool:
-    if setting not in (True, False, "auto"):
-        raise UserError(f"compile={setting} is not one of auto, true, false")
     if setting is False:
         return False
     if device.type == "cuda":

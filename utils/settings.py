@@ -1,0 +1,231 @@
+"""Settings: a config field with its declared range, and the one walker that checks a composed config against them.
+
+python train.py train.seq_len=0          error: train.seq_len=0 must be >= 1; pass a positive length
+python train.py positional.bsae=1        error: positional.bsae is not an option of positional=rope (its options: ...)
+Every config group is a dataclass holding its defaults (utils/schema.py; the model's in model/gpt.py; each scheme's
+beside its class in positional/). A field with a range is declared with setting(default, hint, ge=1, ...); a check
+between fields is a Rule in the class's RULES, naming its fields by their paths from that class. problem() walks a
+composed config (or a dataclass instance), builds each key from the tree it walks (train.seq_len), and returns the
+first value outside its range as one line; a rule naming a key that does not exist is a bug and raises. Types and
+choices (enum.StrEnum fields) are OmegaConf's to check, while Hydra composes; invalid() words its errors.
+"""
+
+import difflib
+import enum
+import math
+import operator
+import re
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le), "lt": ("<", operator.lt)}
+CHECKS = {*BOUNDS, "length", "nonempty", "match", "choices", "test", "must"}
+
+
+def choices(name: str, *values: str) -> type[enum.StrEnum]:
+    """The type of a field that takes one of these strings (OmegaConf checks it as Hydra composes; a member equals,
+    hashes and formats as its string)."""
+    return enum.StrEnum(name, {v: v for v in values})
+
+
+def setting(default, hint: str, **check):
+    """A dataclass field whose value is checked by problem(): ge, gt, le, lt (a number, or every number of a list),
+    length (a list's exact length), nonempty (a list), match (a regular expression the whole string matches),
+    choices (the values a field of mixed type may take), test (a predicate; must: what it asks, "be a ..."). hint
+    says what to do, after the "; " of the one-line error. A null value passes where the type allows it."""
+    assert set(check) <= CHECKS and hint, (check, hint)
+    metadata = {**check, "hint": hint}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: OmegaConf.to_container(OmegaConf.create(default)), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check between settings, declared in the RULES of the class that holds them: keys are paths from that class
+    (a dot reaches into a sub-config), ok(*their values) says whether they fit, and message says why not and what
+    to do, its {0}, {1}, ... each key as key=value."""
+
+    keys: tuple[str, ...]
+    ok: Callable[..., bool]
+    message: str
+
+
+def show(value) -> str:
+    """A value as it is written on the command line (null, true, [1, 2])."""
+    if isinstance(value, DictConfig | ListConfig):
+        value = OmegaConf.to_container(value, enum_to_str=True)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(show(v) for v in value) + "]"
+    return str(value)
+
+
+def config_type(node):
+    """The dataclass a config node (or instance) is, or None for a plain value, list or dict."""
+    kind = OmegaConf.get_type(node) if isinstance(node, DictConfig) else type(node)
+    return kind if is_dataclass(kind) else None
+
+
+def option_names(cls) -> list[str]:
+    """cls's fields, the ones its own class body declares first (a scheme's before those every scheme shares)."""
+    names = [f.name for f in fields(cls) if f.name != "name"]
+    own = [n for n in cls.__dict__.get("__annotations__", {}) if n in names]
+    return own + [n for n in names if n not in own]
+
+
+def unknown(cls, key: str) -> str:
+    """The one line for key, which is not a field of cls (a misspelled option, or one added with +)."""
+    node, _, name = key.rpartition(".")
+    names = option_names(cls)
+    option = [getattr(cls, k, None) for k in ("name", "kind")]  # optim=muon, cache=dense, where the class says
+    option = next((o for o in option if isinstance(o, str) and o != "???"), None)
+    label = f"{node}={option}" if node and option else node or "this config"
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.7)
+    fix = f" ({node + '.' if node else ''}{near[0]}?)" if near else ""
+    return f"{key} is not an option of {label} (its options: {', '.join(names)}); check the spelling{fix}"
+
+
+def field_of(cls, name: str):
+    return next((f for f in fields(cls) if f.name == name), None) if cls else None
+
+
+def value_type(cls, name: str):
+    """The declared type of cls.name, less an Optional's None."""
+    kind = typing.get_type_hints(cls).get(name, Any)
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        kind = args[0] if len(args) == 1 else Any
+    return kind
+
+
+def wanted(kind, example) -> tuple[str, str]:
+    """What a value of this declared type must be, and what to do when it is not."""
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return f"is not one of {', '.join(m.value for m in kind)}", "pick one"
+    if typing.get_origin(kind) is list or kind is list:
+        return "must be a list", f"e.g. {show(example) if example else '[1,2]'}"
+    if kind is bool:
+        return "must be true or false", "pick one"
+    words = {int: "a whole number", float: "a number", str: "a string"}
+    return f"must be {words.get(kind, 'a value of type ' + getattr(kind, '__name__', str(kind)))}", "pass one"
+
+
+def invalid(e, key: str | None = None) -> str:
+    """One line for an omegaconf ValidationError (a value of the wrong type, a choice not offered), from its fields:
+    the key, the class that declares it, and the value given."""
+    key = key or e.full_key
+    cls = e.object_type if is_dataclass(e.object_type) else None
+    name = key.rpartition(".")[2]
+    f = field_of(cls, name)
+    example = None if f is None or f.default_factory is MISSING else f.default_factory()
+    words, fix = wanted(value_type(cls, name) if f else Any, example)
+    hint = f.metadata.get("hint") if f and not words.startswith("is not one of") else None
+    return f"{key}={show(e.value)} {words}; {hint or fix}"
+
+
+def number(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def value_problem(key: str, value, f) -> str | None:
+    """key=value against field f's declared checks (and, for a dataclass instance built in code, its choices)."""
+    meta, hint = f.metadata, f.metadata.get("hint", "")
+    if value is None:
+        return None
+    shown = f"{key}={show(value)}"
+    if "choices" in meta and not any(value == c and type(value) is type(c) for c in meta["choices"]):
+        return f"{shown} is not one of {', '.join(show(c) for c in meta['choices'])}; {hint}"
+    if "test" in meta and not meta["test"](value):
+        return f"{shown} must {meta['must']}; {hint}"
+    if "match" in meta and not (isinstance(value, str) and re.fullmatch(meta["match"], value)):
+        return f"{shown} must {meta['must']}; {hint}"
+    many = isinstance(value, list | ListConfig)
+    if meta.get("nonempty") and many and len(value) == 0:
+        return f"{shown} must not be empty; {hint}"
+    if "length" in meta and many and len(value) != meta["length"]:
+        return f"{shown} must hold {meta['length']} values; {hint}"
+    for x in value if many else [value]:
+        for name, (sign, op) in BOUNDS.items():
+            if name not in meta:
+                continue
+            if not number(x) or not math.isfinite(x):
+                return f"{shown} must {'hold finite numbers' if many else 'be a finite number'}; {hint}"
+            if not op(x, meta[name]):
+                return f"{shown} must {'hold numbers' if many else 'be'} {sign} {meta[name]}; {hint}"
+    return None
+
+
+def choice_problem(key: str, value, kind) -> str | None:
+    """A choice field of an instance built in code (a checkpoint's dict) holding a value its enum does not offer."""
+    if isinstance(kind, type) and issubclass(kind, enum.Enum) and value is not None:
+        if value not in {m.value for m in kind}:
+            return f"{key}={show(value)} is not one of {', '.join(m.value for m in kind)}; pick one"
+    return None
+
+
+def lookup(node, key: str):
+    """The value at a rule's key (a path from node); a KeyError if there is none, never a silent skip."""
+    if isinstance(node, DictConfig):
+        absent = object()
+        value = OmegaConf.select(node, key, default=absent)
+        if value is absent:
+            raise KeyError(key)
+        return value
+    for part in key.split("."):
+        if not hasattr(node, part):
+            raise KeyError(key)
+        node = getattr(node, part)
+    return node
+
+
+def rules(cls) -> tuple[Rule, ...]:
+    return getattr(cls, "RULES", ())
+
+
+def problem(node, prefix: str = "", only=None) -> str | None:
+    """The first setting of node (a composed config, or a dataclass instance) outside its declared range or rules,
+    as one line, or None. Sub-configs are walked by their own class; only: check the fields of this node named here
+    (its rules still see every field)."""
+    cls = config_type(node)
+    if cls is None:  # a plain dict (a config with no schema: data/prepare.py's) holds typed ones
+        if isinstance(node, DictConfig):
+            return next(filter(None, (problem(node[k], f"{prefix}{k}.") for k in node)), None)
+        return None
+    hints = typing.get_type_hints(cls)
+    composed = isinstance(node, DictConfig)
+    if composed:
+        extra = [k for k in node.keys() if field_of(cls, str(k)) is None]
+        if extra:  # added with +, which skips the check Hydra makes of an override's key
+            return unknown(cls, f"{prefix}{extra[0]}")
+    for f in fields(cls):
+        if only is not None and f.name not in only or composed and OmegaConf.is_missing(node, f.name):
+            continue
+        key, value = f"{prefix}{f.name}", getattr(node, f.name)
+        found = value_problem(key, value, f) or (None if composed else choice_problem(key, value, hints[f.name]))
+        if found or (found := problem(value, f"{key}.")):
+            return found
+    for rule in rules(cls):
+        values = [lookup(node, k) for k in rule.keys]
+        if not rule.ok(*values):
+            return rule.message.format(*(f"{prefix}{k}={show(v)}" for k, v in zip(rule.keys, values, strict=True)))
+    return None
+
+
+def walk(node, prefix: str = ""):
+    """(key prefix, node, its class) for node and every sub-config under it (the configs problem() checks)."""
+    cls = config_type(node)
+    if cls is None:
+        return
+    yield prefix, node, cls
+    for f in fields(cls):
+        if not (isinstance(node, DictConfig) and OmegaConf.is_missing(node, f.name)):
+            yield from walk(getattr(node, f.name), f"{prefix}{f.name}.")
