@@ -166,7 +166,7 @@ def draw_decay(s: Subject, o: Options, numbers, path: Path):
         log_distance(ax, d)
         ax.legend(fontsize=7, loc="upper right")
     for ax in axes[1]:
-        ax.set_xlabel("distance (query position - key position)")
+        ax.set_xlabel("distance (query position - key position; log scale)")
     for ax in axes[:, 0]:
         ax.set_ylabel("mean logit q.k / sqrt(width)")
     save(fig, path, f"{s.label} ({s.state}): logit of random q = k by distance ({o.samples} draws per head)")
@@ -181,7 +181,7 @@ def draw_decay_trained(s: Subject, o: Options, numbers, path: Path):
             ax.plot(d.numpy(), curve.numpy(), color=colors[h], lw=1, label=f"head {h}")
         mark_length(ax, s.length)
         log_distance(ax, d)
-        ax.set(title=f"layer {layer}", xlabel="distance")
+        ax.set(title=f"layer {layer}", xlabel="distance (log scale)")
     axes[0].set_ylabel("logit of mean q, mean k")
     axes[-1].legend(fontsize=7)
     save(fig, path, f"{s.label} ({s.state}): trained mean query against mean key by distance")
@@ -204,6 +204,7 @@ def draw_bias(s: Subject, o: Options, numbers, path: Path):
     axes[0].set_ylabel("bias added to the logit")
     mark_length(axes[1], s.length)
     log_distance(axes[1], d)
+    axes[1].set_xlabel("distance (query position - key position; log scale)")
     axes[1].legend(fontsize=8)
     where = f"query at {len(d) - 1}" + ("" if near is None else f"; dashed: query at {s.length - 1}")
     save(fig, path, f"{s.label} ({s.state}): score bias by distance ({where})")
