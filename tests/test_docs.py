@@ -100,6 +100,22 @@ def flags_taken(path, words: list[str]) -> list[str]:
     return sorted(f for f in flags if f'"{f}"' not in source)
 
 
+HYDRA_FLAGS = {"--cfg": 1, "-c": 1, "--package": 1, "-p": 1, "--info": 0, "--help": 0, "--hydra-help": 0}
+
+
+def without_hydra_flags(args: list[str]) -> list[str]:
+    """The overrides of a command line, less Hydra's own flags (--cfg job prints the config) and their values."""
+    out, skip = [], 0
+    for word in args:
+        if skip:
+            skip -= 1
+        elif word in HYDRA_FLAGS:
+            skip = HYDRA_FLAGS[word]
+        else:
+            out.append(word)
+    return out
+
+
 def check_command(words: list[str]) -> int:
     """Check one simple command as the docs show it; the number of configs composed."""
     env = {}
@@ -122,7 +138,7 @@ def check_command(words: list[str]) -> int:
             assert path.exists(), f"python {target}: no such file"
         if target in ENTRY:
             name, check = ENTRY[target]
-            return compose_all(name, args, check)
+            return compose_all(name, without_hydra_flags(args), check)
         if path is not None and path.is_relative_to(ROOT) and not path.is_relative_to(ROOT / ".venv"):
             assert not flags_taken(path, args), f"{target} takes no {flags_taken(path, args)}"
             overrides = [w for w in args if "=" in w and not w.startswith("-")]
