@@ -7,8 +7,10 @@ python -m pytest -q tests/test_faults.py
 
 import errno
 import io
+import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,9 +18,13 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, TINY, config, run
 
+from data import shards, tokenizer
+from data.loader import TokenSplit
+from data.prepare import prepare
 from utils import checkpoint
+from utils.errors import UserError
 
 WRITER = """
 import sys, torch
@@ -102,3 +108,85 @@ def test_a_full_disk_raises_one_os_error_and_keeps_the_checkpoint(tmp_path, monk
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
     assert raised.value.__suppress_context__ and raised.value.__cause__ is None
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def one_line_error(proc, *needles) -> str:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def small_corpus(tmp_path):
+    """A text corpus prepared into tmp_path/cache (a fresh folder, whatever the cache of the repo holds)."""
+    (tmp_path / "texts").mkdir()
+    for i in range(5):
+        (tmp_path / "texts" / f"{i}.txt").write_text(f"Line {i} of a small corpus with some words.\n" * 400)
+    options = [f"data.path={tmp_path / 'texts'}", f"data.cache_dir={tmp_path / 'cache'}", "data.val_fraction=0.2"]
+    options += ["tokenizer.vocab_size=300"]
+    cfg = config(*TINY, "data=text", *options)
+    from omegaconf import OmegaConf
+
+    folder = prepare(OmegaConf.to_container(cfg.data, resolve=True), OmegaConf.to_container(cfg.tokenizer), log=None)
+    return folder, ["data=text", *options]
+
+
+def test_damaged_prepared_data_is_refused_in_one_line(tmp_path):
+    """A shard cut short by a whole number of tokens, a shard rewritten in place at the same size, a truncated
+    tokenizer.json: each is refused with the folder and the command that rebuilds it, never read as tokens. Fails on
+    the code before: the shorter shard trained silently on part of the data, the rewritten one on other tokens, and
+    the tokenizer stopped in a JSONDecodeError traceback."""
+    folder, options = small_corpus(tmp_path)
+    pristine = tmp_path / "pristine"
+    shutil.copytree(folder, pristine)
+
+    def refused(*needles, open_split="train"):
+        with pytest.raises(UserError) as raised:
+            TokenSplit(folder, open_split) if open_split else tokenizer.read_spec(folder)
+        for needle in (str(folder), f"rm -r {folder}", *needles):
+            assert needle in str(raised.value)
+        shutil.rmtree(folder)
+        shutil.copytree(pristine, folder)
+
+    shard = folder / "train_000.bin"
+    shard.write_bytes(shard.read_bytes()[:-2000])  # 1000 uint16 tokens fewer: an even size
+    one_line_error(run("train.py", *TINY, *options, f"out_dir={tmp_path / 'out'}"), "train_000.bin holds", "rm -r")
+    refused("train_000.bin holds")
+    val = folder / "val_000.bin"
+    data = bytearray(val.read_bytes())
+    data[100:104] = b"\x01\x00\x02\x00"
+    val.write_bytes(bytes(data))
+    refused("val_000.bin changed since it was prepared", open_split="val")
+    spec = folder / "tokenizer.json"
+    spec.write_text(spec.read_text()[:-100])
+    refused("tokenizer.json holds", open_split=None)
+    spec.write_text(spec.read_text() + " ")  # a byte more: the size says so before JSON is read
+    refused("tokenizer.json holds", open_split=None)
+    meta = json.loads((folder / "meta.json").read_text())  # what the checks read: every file but meta.json itself
+    assert set(meta["files"]) == {p.name for p in folder.iterdir()} - {"meta.json"}
+    assert TokenSplit(folder, "train").n_tokens == meta["splits"]["train"]["n_tokens"]
+
+
+def test_a_shard_is_hashed_once_per_process_and_only_when_its_mtime_moved(tmp_path, monkeypatch):
+    """The cost of the check: opening a split stats its files; a file whose mtime differs from meta.json's is hashed,
+    once per process and version of the file. A folder prepared before sizes and checksums were recorded has its
+    shards' sizes checked against their token counts."""
+    folder, _ = small_corpus(tmp_path)
+    hashed, original = [], shards.sha256
+    monkeypatch.setattr(shards, "sha256", lambda p: hashed.append(p.name) or original(p))
+    for _ in range(3):
+        TokenSplit(folder, "train")
+    assert hashed == []
+    os.utime(folder / "train_000.bin")  # touched, not changed: hashed once, then trusted in this process
+    for _ in range(3):
+        TokenSplit(folder, "train")
+    assert hashed == ["train_000.bin"]
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["files"]  # as prepared before the record was kept
+    (folder / "meta.json").write_text(json.dumps(meta))
+    shard = folder / "val_000.bin"
+    shard.write_bytes(shard.read_bytes()[:-2])
+    with pytest.raises(UserError, match=r"val_000.bin holds [\d,]+ bytes where meta.json records [\d,]+ tokens"):
+        TokenSplit(folder, "val")
