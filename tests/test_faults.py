@@ -6,14 +6,19 @@ python -m pytest -q tests/test_faults.py
 """
 
 import errno
+import fcntl
 import io
 import json
+import math
 import os
 import random
+import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -23,6 +28,7 @@ from conftest import ROOT, TINY, config, run
 from data import shards, tokenizer
 from data.loader import TokenSplit
 from data.prepare import prepare
+from train import LOST_STEPS, clock, lost, train
 from utils import checkpoint
 from utils.errors import UserError
 
@@ -110,6 +116,54 @@ def test_a_full_disk_raises_one_os_error_and_keeps_the_checkpoint(tmp_path, monk
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["ckpt.pt"]
 
 
+FULL_DISK_HOOK = """
+# Loaded at interpreter start only where the test puts this folder on PYTHONPATH: checkpoint temp files fill the disk.
+import builtins, errno, io, os
+
+_open = builtins.open
+
+
+class FullDisk(io.FileIO):
+    def write(self, b):
+        if self.tell() + len(b) > int(os.environ["FULL_DISK_AFTER_BYTES"]):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(b)
+
+
+def open(file, mode="r", *args, **kwargs):
+    if ".ckpt.pt.tmp" in str(file) and "w" in mode:
+        return io.BufferedWriter(FullDisk(file, "wb"))
+    return _open(file, mode, *args, **kwargs)
+
+
+if os.environ.get("FULL_DISK_AFTER_BYTES"):
+    builtins.open = open
+"""
+
+
+def test_a_full_disk_ends_the_run_in_one_line_and_the_printed_command_resumes(tmp_path, shakespeare_dir):
+    """train.py on a disk that fills while it saves: exit 2 and one line that names the checkpoint kept (step 2) and
+    the command that resumes; the checkpoint is as it was and no temp file is left. That command, run once there is
+    room, continues from step 2. Fails on the code before: two chained tracebacks (OSError, then torch's
+    RuntimeError) and exit 1."""
+    out, hook = tmp_path / "run", tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent(FULL_DISK_HOOK))
+    run("train.py", *TINY, "train.max_steps=2", f"out_dir={out}", check=True)
+    before = (out / "ckpt.pt").read_bytes()
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+        "FULL_DISK_AFTER_BYTES": "65536",
+    }
+    proc = run("train.py", *TINY, "train.max_steps=4", "train.resume=true", f"out_dir={out}", env=env)
+    line = one_line_error(proc, "No space left on device", f"the last good checkpoint (step 2) is kept in {out}")
+    assert (out / "ckpt.pt").read_bytes() == before and temps(out) == []
+    command = shlex.split(line.split("then resume: ")[1])
+    assert command[:2] == ["python", "train.py"] and command[-2:] == ["train.resume=true", f"out_dir={out}"]
+    run(*command[1:], check=True)
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 4
+
+
 def one_line_error(proc, *needles) -> str:
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
@@ -117,6 +171,25 @@ def one_line_error(proc, *needles) -> str:
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]
+
+
+def test_a_second_run_into_a_locked_out_dir_is_refused(tmp_path, shakespeare_dir):
+    """While another process holds out_dir's lock (here the test itself), train() stops before it writes anything,
+    naming the holder's pid. The lock is released when a run ends, by an error too, and leaves no file. Fails on
+    the code before: both runs wrote into the same folder."""
+    cfg = [*TINY, "train.max_steps=1"]
+    with open(tmp_path / ".lock", "w") as held:  # as a run holds it: an exclusive flock, its pid inside
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write(f"{os.getpid()}\n")
+        held.flush()
+        with pytest.raises(UserError, match=rf"out_dir={tmp_path} is in use by another run \(pid {os.getpid()}\); "):
+            train(config(*cfg), tmp_path)
+        assert sorted(os.listdir(tmp_path)) == [".lock"]
+    os.unlink(tmp_path / ".lock")
+    with pytest.raises(UserError, match="holds no ckpt.pt"):  # an error after the lock was taken
+        train(config(*cfg, "train.resume=true"), tmp_path)
+    train(config(*cfg), tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "metrics.jsonl"]
 
 
 def small_corpus(tmp_path):
@@ -190,3 +263,69 @@ def test_a_shard_is_hashed_once_per_process_and_only_when_its_mtime_moved(tmp_pa
     shard.write_bytes(shard.read_bytes()[:-2])
     with pytest.raises(UserError, match=r"val_000.bin holds [\d,]+ bytes where meta.json records [\d,]+ tokens"):
         TokenSplit(folder, "val")
+
+
+def test_lost_is_a_loss_no_better_than_a_uniform_guess_past_warmup():
+    ln_v = math.log(4096)
+    assert lost(ln_v, 4096, 5, 4) and lost(ln_v - 5e-4, 4096, 5, 4) and lost(25.0, 4096, 5, 4)
+    assert not lost(ln_v - 2e-3, 4096, 5, 4) and not lost(7.0, 4096, 5, 4)
+    assert not lost(ln_v, 4096, 4, 4) and not lost(25.0, 4096, 1, 4)  # warmup starts at ln V: not judged
+
+
+def test_a_run_pinned_at_ln_v_stops_before_it_saves(tmp_path, shakespeare_dir):
+    """AdamW at lr=1e3 on model=tiny pins the loss at ln(4096) with a gradient norm of exactly 0 and no NaN for a
+    while: LOST_STEPS such steps in a row stop the run, which says that no checkpoint was written (none was: the first
+    save would be the last step's). Fails on the code before: the run went on, to a NaN whose message said that a last
+    good checkpoint was kept, where none existed."""
+    cfg = config(*TINY, "optim=adamw", "optim.lr=1e3", "train.warmup_steps=1", "train.max_steps=40")
+    with pytest.raises(UserError) as raised:
+        train(cfg, tmp_path)
+    message = str(raised.value)
+    assert f"{LOST_STEPS} steps in a row no better than a uniform guess (ln(4096) = 8.3178)" in message
+    assert "gradient norm 0," in message and "no checkpoint was written yet" in message
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
+def test_a_diverged_resume_keeps_the_last_good_checkpoint(tmp_path, shakespeare_dir):
+    """A good run to step 3, resumed at lr=1e3 with a save every step: the weights of step 4 score worse than a uniform
+    guess on the validation rows, so they are not saved; exit 2, one line, the step-3 checkpoint as it was. Fails on
+    the code before: the run exited 0 with a checkpoint pinned at ln(4096) written over the good one."""
+    opts = [*TINY, "optim=adamw", "train.warmup_steps=1"]
+    train(config(*opts, "train.max_steps=3"), tmp_path)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    proc = run(
+        "train.py",
+        *opts,
+        "optim.lr=1e3",
+        "train.max_steps=12",
+        "train.ckpt_interval=1",
+        "train.resume=true",
+        f"out_dir={tmp_path}",
+    )
+    one_line_error(proc, "validation loss", "no better than a uniform guess", "last good checkpoint (step 3)")
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+
+
+def test_progress_lines_show_elapsed_time_and_eta_and_the_end_says_where_and_what_next(
+    tmp_path, shakespeare_dir, capsys
+):
+    """Every progress line ends with the time since the start and the time left at the pace so far; the closing lines
+    name metrics.jsonl and the checkpoint and give the command that evaluates it. Fails on the code before (no
+    times, and only the checkpoint named)."""
+    train(config(*TINY, "train.max_steps=3"), tmp_path)
+    lines = capsys.readouterr().out.splitlines()
+    steps = [ln for ln in lines if ln.startswith("step ")]
+    assert len(steps) == 3 and all(re.search(r" tok/s elapsed \d+:\d\d eta \d+:\d\d$", ln) for ln in steps)
+    assert steps[-1].endswith(" eta 0:00")
+    assert lines[-2:] == [
+        f"metrics {tmp_path}/metrics.jsonl; checkpoint {tmp_path}/ckpt.pt (step 3)",
+        f"next: python eval.py checkpoint={tmp_path}",
+    ]
+    assert [clock(s) for s in (0, 59.6, 61, 3599, 3600, 90061)] == [
+        "0:00",
+        "1:00",
+        "1:01",
+        "59:59",
+        "1:00:00",
+        "25:01:01",
+    ]
