@@ -571,6 +571,7 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
         stop.restore()
         if lock is not None:
             runtime.unlock_folder(lock)
+        s = None  # the DDP wrapper goes while its process group lives (runtime.teardown says why)
         runtime.teardown()
     return {
         "step": state.step,

@@ -7,6 +7,7 @@ A run holds a lock on its folder (lock_folder) for as long as it may write there
 
 import ctypes
 import fcntl
+import gc
 import os
 import resource
 from contextlib import nullcontext, suppress
@@ -105,7 +106,12 @@ def setup(device: str = "auto", dtype: str = "auto", seed: int = 0) -> Runtime:
 
 
 def teardown():
+    """Leave the process group; free the wrappers that hold it (DDP) before calling this. A DDP wrapper freed after
+    the group is destroyed drops the last reference to a gloo group with the GIL held, and the group's destructor then
+    waits for its worker thread, which needs the GIL to free the tensors of a finished collective: the process hangs
+    at exit (torch binds that destructor without releasing the GIL). The collect frees such wrappers held in cycles."""
     if dist.is_initialized():
+        gc.collect()
         dist.barrier()  # no rank tears down while another still has collectives in flight
         dist.destroy_process_group()
 
