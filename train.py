@@ -9,9 +9,17 @@ python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn po
 Leaves out_dir/ckpt.pt (atomic, resumable with train.resume=true) and out_dir/metrics.jsonl.
 Read top to bottom: setup (data, model, optimizer, resume), then train(): one step, evaluate (with the probes of
 evaluation/probes.py), log, save; the loop's progress is a TrainState that each function takes and returns.
+
+What a fault leaves: a run holds out_dir/.lock while it runs (a second run into the same out_dir stops at once);
+SIGTERM or Ctrl-C saves and prints the command that resumes (exit status 0: a stop that was asked for); a full disk
+is one line and the checkpoint before it stays; a diverged run (a loss that is not finite, or no better than a
+uniform guess: see lost()) stops with exit status 2, and never writes its weights over the last good checkpoint.
 """
 
+import errno
 import math
+import os
+import shlex
 import signal
 import time
 from contextlib import contextmanager
@@ -21,6 +29,7 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -39,6 +48,10 @@ from utils.logger import Logger, start_wandb
 MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "bos_aligned", "optimizer_format")  # a resume shares these
 # options added after checkpoints were written: an older checkpoint was trained with their defaults
 OLDER = {"bos_aligned": False, "model_config": {"qk_norm": "rms", "sink_logit": False, "ssmax": False}}
+LOCK = ".lock"  # in out_dir while a run may write there (utils/runtime.py lock_folder)
+LOST_STEPS = 5  # lost steps in a row (lost()) that stop a run as diverged
+FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota
+EVAL_MODE = {"grids": "eval.mode=grids", "passkey": "eval.mode=passkey"}  # the data sources eval.py scores its own way
 
 
 @dataclass
@@ -53,6 +66,8 @@ class TrainState:
     val_loss: float | None = None  # at the last evaluation
     wandb_id: str | None = None  # a resumed run logs on into the same wandb run
     init_from: dict | None = None  # where a fine-tune's weights came from (None: a run from scratch)
+    saved: int | None = None  # the step of the checkpoint this run wrote or resumed from (None: none yet)
+    lost_steps: int = 0  # lost steps in a row, up to this one (lost())
 
 
 @dataclass
@@ -77,19 +92,24 @@ class Setup:
     def rows_per_step(self) -> int:
         return self.accum * self.rt.world * self.cfg.train.batch_size
 
+    @property
+    def vocab_size(self) -> int:
+        return self.match["model_config"]["vocab_size"]
+
 
 class StopFlag:
     """SIGTERM or a first Ctrl-C asks the loop to save and stop; a second Ctrl-C interrupts at once."""
 
     def __init__(self):
         self.requested = False
+        self.name = None  # of the signal that asked
         self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.requested = True
-        print(f"\n{signal.Signals(signum).name}: saving a checkpoint and stopping", flush=True)
+        self.requested, self.name = True, signal.Signals(signum).name
+        print(f"\n{self.name}: saving a checkpoint and stopping", flush=True)
 
     def restore(self):
         for s, h in self._old.items():
@@ -106,6 +126,41 @@ def grad_accum_steps(tr, world: int) -> int:
             f"processes = {per_step}; change one of them"
         )
     return tr.total_batch_size // per_step
+
+
+def lock_out_dir(out_dir: Path, rt):
+    """Rank 0 locks out_dir for the run: two runs writing one folder would interleave their checkpoints and metrics.
+    Also removes the temp files of checkpoint writes killed midway (utils/checkpoint.py). Returns the lock."""
+    lock, holder = None, None
+    if rt.master:
+        try:
+            lock = runtime.lock_folder(out_dir, LOCK)
+        except runtime.FolderBusy as e:
+            holder = e.pid
+        except OSError as e:
+            raise UserError(f"out_dir={out_dir} cannot be written ({e.strerror}); pass another out_dir") from None
+    busy = runtime.any_rank(holder is not None, rt.device)
+    pid = int(runtime.max_over_ranks(int(holder) if holder and holder.isdigit() else 0, rt.device))
+    if busy:
+        raise UserError(
+            f"out_dir={out_dir} is in use by another run (pid {pid or 'unknown'}); wait for it to end, or pass "
+            f"another out_dir"
+        )
+    if rt.master:
+        checkpoint.remove_stale_temps(out_dir / checkpoint.NAME)
+    return lock
+
+
+def resume_command(out_dir: Path, rt) -> str:
+    """The command that continues this run: the options it was given (known under Hydra), then train.resume=true."""
+    given = ["..."]  # train() called from Python: its options are the caller's
+    if HydraConfig.initialized():
+        skip = ("out_dir", "train.resume", "train.overwrite")
+        given = [shlex.quote(o) for o in HydraConfig.get().overrides.task if o.lstrip("+~").split("=")[0] not in skip]
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", rt.world))
+    launch = ["python"] if rt.world == 1 else ["torchrun", f"--nproc_per_node={local}"]
+    launch += [f"--nnodes={rt.world // local}"] if rt.world > local else []
+    return " ".join([*launch, "train.py", *given, "train.resume=true", f"out_dir={shlex.quote(str(out_dir))}"])
 
 
 def check_out_dir(out_dir: Path, tr):
@@ -203,7 +258,8 @@ def resume(out_dir: Path, match: dict, model, opts, scaler, parallel_mode: str, 
     if ckpt.get("scaler"):  # empty where the run had no fp16 loss scaling
         scaler.load_state_dict(ckpt["scaler"])
     say(f"resuming {out_dir} at step {ckpt['step']}")
-    return TrainState(ckpt["step"], ckpt["rows"], wandb_id=ckpt.get("wandb_id"), init_from=ckpt.get("init_from"))
+    kept = {"wandb_id": ckpt.get("wandb_id"), "init_from": ckpt.get("init_from"), "saved": ckpt["step"]}
+    return TrainState(ckpt["step"], ckpt["rows"], **kept)
 
 
 def start_logger(s: Setup, state: TrainState, group: str | None) -> tuple[Logger | None, TrainState]:
@@ -244,16 +300,35 @@ def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, 
     return loss, norm
 
 
+def lost(loss: float, vocab_size: int, step: int, warmup_steps: int) -> bool:
+    """A loss past warmup that is no better than a uniform guess over the vocabulary: not below ln(V) - 1e-3. A run
+    that diverges without a NaN ends there, at a learning rate far too high: its output saturates to a uniform
+    distribution, the loss pinned at ln(V) with a gradient norm of exactly 0, or it predicts worse than uniform,
+    above ln(V). A healthy run is below ln(V) by then (the frequencies of its tokens alone take it there); during
+    warmup, which starts at ln(V), only a value that is not finite counts."""
+    return step > warmup_steps and loss >= math.log(vocab_size) - 1e-3
+
+
+def no_better(vocab_size: int) -> str:
+    return f"no better than a uniform guess (ln({vocab_size}) = {math.log(vocab_size):.4f})"
+
+
 def step(s: Setup, state: TrainState) -> TrainState:
-    """One step at the schedule's learning rate; a loss that is not finite stops the run (its checkpoint kept)."""
+    """One step at the schedule's learning rate; a loss that is not finite, or LOST_STEPS lost ones in a row (lost()),
+    stop the run (its last good checkpoint kept)."""
     tr = s.cfg.train
     factor = optim.lr_factor(state.step, tr.max_steps, tr.warmup_steps, tr.min_lr_ratio, tr.schedule)
     optim.set_lr(s.opts, factor)
     loss, norm = train_step(s.runner, s.model, s.opts, s.train_rows, state.rows, s.accum, tr, s.rt, s.scaler)
     if not math.isfinite(loss):
-        raise diverged(f"loss became {loss}", state.step + 1, s.out_dir)
+        raise diverged(f"loss became {loss}", state.step + 1, s, state)
+    n_lost = state.lost_steps + 1 if lost(loss, s.vocab_size, state.step + 1, tr.warmup_steps) else 0
+    if n_lost >= LOST_STEPS:
+        what = f"{n_lost} steps in a row {no_better(s.vocab_size)}, the last with loss {loss:.4f}"
+        what += f" and gradient norm {norm:.3g},"
+        raise diverged(what, state.step + 1, s, state)
     lr, rows = factor * s.opts[0].param_groups[0]["base_lr"], state.rows + s.rows_per_step
-    return replace(state, step=state.step + 1, rows=rows, train_loss=loss, grad_norm=norm, lr=lr)
+    return replace(state, step=state.step + 1, rows=rows, train_loss=loss, grad_norm=norm, lr=lr, lost_steps=n_lost)
 
 
 @torch.no_grad()
@@ -317,45 +392,81 @@ def metrics(state: TrainState, meter: Meter, elapsed: float, measured: dict | No
 DIGITS = {"train_loss": 5, "val_loss": 5, "grad_norm": 4}  # as metrics.jsonl keeps them; printed from the full value
 
 
-def log(logger: Logger, m: dict, max_steps: int, probed: str = ""):
-    """m into metrics.jsonl (and wandb), and the progress line printed from it (probed: what the probes show)."""
+def clock(seconds: float) -> str:
+    """h:mm:ss, or m:ss under an hour."""
+    m, sec = divmod(round(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{sec:02d}" if m >= 60 else f"{m}:{sec:02d}"
+
+
+def log(logger: Logger, m: dict, max_steps: int, probed: str = "", eta: float | None = None):
+    """m into metrics.jsonl (and wandb), and the progress line printed from it (probed: what the probes show; eta:
+    the seconds left at this run's pace)."""
     logger.log({k: round(v, DIGITS[k]) if k in DIGITS else v for k, v in m.items()})
     val = f" val {m['val_loss']:.4f}" if "val_loss" in m else ""
     probed = f" {probed}" if probed else ""
     speed = f"lr {m['lr']:.2e} gnorm {m['grad_norm']:.3f} {m['tokens_per_sec']:.0f} tok/s"
-    print(f"step {m['step']}/{max_steps} loss {m['train_loss']:.4f}{val}{probed} {speed}")
+    times = f"elapsed {clock(m['elapsed_s'])}" + (f" eta {clock(eta)}" if eta is not None else "")
+    print(f"step {m['step']}/{max_steps} loss {m['train_loss']:.4f}{val}{probed} {speed} {times}")
 
 
-def diverged(what: str, step: int, out_dir) -> UserError:
-    return UserError(
-        f"{what} at step {step}; the last good checkpoint is kept in {out_dir}. "
-        f"Lower optim.lr or raise train.warmup_steps"
-    )
+def kept(out_dir: Path, state: TrainState) -> str:
+    """Which checkpoint is left on disk."""
+    if state.saved is None:
+        return "no checkpoint was written yet"
+    return f"the last good checkpoint (step {state.saved}) is kept in {out_dir}"
 
 
-def save(s: Setup, state: TrainState):
-    """Every rank takes part (FSDP gathers the shards); rank 0 writes, and only finite weights."""
-    model_state, opt_states = parallel.full_state(s.model, s.opts, s.cfg.train.parallel)
+def diverged(what: str, step: int, s: Setup, state: TrainState) -> UserError:
+    return UserError(f"{what} at step {step}; {kept(s.out_dir, state)}. Lower optim.lr or raise train.warmup_steps")
+
+
+def cannot_write(e: OSError, out_dir: Path, state: TrainState, rt) -> UserError:
+    fix = "free some space there" if e.errno in FULL else "make it writable"
+    then = f"resume: {resume_command(out_dir, rt)}" if state.saved is not None else "run again"
+    return UserError(f"cannot write {e.filename or out_dir} ({e.strerror}); {kept(out_dir, state)}; {fix}, then {then}")
+
+
+def save(s: Setup, state: TrainState, evaluated: bool) -> TrainState:
+    """Every rank takes part (FSDP gathers the shards); rank 0 writes, and only finite weights, and past warmup only
+    weights that beat a uniform guess on the validation rows (lost(), measured here unless this step evaluated them
+    already): a run that diverged keeps its last good checkpoint. A failed write (a full disk) is one line."""
+    tr = s.cfg.train
+    if state.step > tr.warmup_steps:
+        held_out = state.val_loss if evaluated else evaluate(s.runner, s.val_rows, tr.eval_batches, tr.batch_size, s.rt)
+        if lost(held_out, s.vocab_size, state.step, tr.warmup_steps):
+            raise diverged(f"validation loss {held_out:.4f}: {no_better(s.vocab_size)}", state.step, s, state)
+    model_state, opt_states = parallel.full_state(s.model, s.opts, tr.parallel)
     if runtime.any_rank(s.rt.master and not all(t.isfinite().all() for t in model_state.values()), s.rt.device):
-        raise diverged("weights became non-finite", state.step, s.out_dir)
+        raise diverged("weights became non-finite", state.step, s, state)
+    failed = None
     if s.rt.master:
-        checkpoint.save(
-            s.out_dir / checkpoint.NAME,
-            {
-                **s.match,
-                "model": model_state,
-                "optimizer": opt_states,
-                "scaler": s.scaler.state_dict(),
-                "config": s.resolved,
-                "data_dir": str(s.data_dir),
-                "step": state.step,
-                "rows": state.rows,
-                "val_loss": state.val_loss,
-                "wandb_id": state.wandb_id,
-                "init_from": state.init_from,
-            },
-        )
+        try:
+            write(s, state, model_state, opt_states)
+        except OSError as e:  # utils/checkpoint.py removed its temp file: the checkpoint before it stays
+            failed = e
+    if runtime.any_rank(failed is not None, s.rt.device):
+        raise cannot_write(failed or OSError(errno.EIO, "failed on rank 0", None), s.out_dir, state, s.rt)
     runtime.barrier()
+    return replace(state, saved=state.step)
+
+
+def write(s: Setup, state: TrainState, model_state: dict, opt_states: list):
+    checkpoint.save(
+        s.out_dir / checkpoint.NAME,
+        {
+            **s.match,
+            "model": model_state,
+            "optimizer": opt_states,
+            "scaler": s.scaler.state_dict(),
+            "config": s.resolved,
+            "data_dir": str(s.data_dir),
+            "step": state.step,
+            "rows": state.rows,
+            "val_loss": state.val_loss,
+            "wandb_id": state.wandb_id,
+            "init_from": state.init_from,
+        },
+    )
 
 
 def print_sample(model, tok_spec, n_tokens: int, rt):
@@ -370,23 +481,44 @@ def print_sample(model, tok_spec, n_tokens: int, rt):
     print("--- sample ---\n" + enc.decode(ids) + "\n--------------", flush=True)
 
 
-def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None):
-    """Once the ranks agree on the weights (DDP): rank 0's closing line and, for text, the sample of the saved model."""
+def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stopped: str | None):
+    """Once the ranks agree on the weights (DDP), rank 0's closing lines: the validation loss, for text the sample
+    of the saved model, where the run's files are, and the next command (stopped: what stopped the run early)."""
     parallel.check_ranks_agree(s.model, s.rt, s.cfg.train.parallel)
     if not s.rt.master:
         return
     tr = s.cfg.train
     if state.val_loss is not None:
-        print(
-            f"val loss {state.val_loss:.4f} (ppl {math.exp(state.val_loss):.1f}) at step {state.step}, {wall:.0f} s, "
-            f"checkpoint {s.out_dir / checkpoint.NAME}"
-        )
+        print(f"val loss {state.val_loss:.4f} (ppl {math.exp(state.val_loss):.1f}) at step {state.step}, {wall:.0f} s")
     if tr.sample_tokens > 0 and state.step == tr.max_steps and not s.train_rows.split.position_axes:  # text only
         # from the checkpoint the last step wrote: a whole model under DDP and FSDP alike (shards cannot decode
         # alone), and the sample sample.py gives from it
         model, ckpt = checkpoint.load_model(s.out_dir, s.rt.device)
         print_sample(model, ckpt["tokenizer"], tr.sample_tokens, s.rt)
+    wandb_files = wandb_where(logger.wandb)
     logger.close()
+    print(f"metrics {logger.path}; checkpoint {s.out_dir / checkpoint.NAME} (step {state.saved}){wandb_files}")
+    if stopped:
+        print(
+            f"stopped by {stopped} at step {state.step}/{tr.max_steps}, as asked (exit status 0); resume: "
+            f"{resume_command(s.out_dir, s.rt)}"
+        )
+    else:
+        print(" ".join(["next: python eval.py", f"checkpoint={s.out_dir}", *eval_mode(s.cfg.data.source)]))
+
+
+def eval_mode(source: str) -> list[str]:
+    return [EVAL_MODE[source]] if source in EVAL_MODE else []
+
+
+def wandb_where(run) -> str:
+    """Where a wandb run's files are, and its page (online) or how to upload it (offline); empty without wandb."""
+    if run is None:
+        return ""
+    folder = Path(run.dir).parent  # <out_dir>/wandb/<mode>-run-<time>-<id>; run.dir is its files/
+    return (
+        f"; wandb {folder} (offline: wandb sync {folder})" if run.offline else f"; wandb {run.url}, files in {folder}"
+    )
 
 
 def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | None = None) -> dict:
@@ -400,13 +532,15 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
         grids.check_run(schema.plain(cfg.data), tr.seq_len)
     probes = [*(probes or []), *([probing.SinkProbe()] if tr.sink_metric else [])]
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
-    stop = StopFlag()
+    stop, lock, state = StopFlag(), None, TrainState()
     try:
+        lock = lock_out_dir(out_dir, rt)
         s, state = setup(cfg, out_dir, rt, init)
         logger, state = start_logger(s, state, group)
         # held-out rows that open as the training rows do (BOS first under data.bos_aligned): what probes read
         held_out = RowSampler(s.val_rows.split, tr.seq_len, 0, s.match["bos_aligned"], s.model.pe.axes)
-        meter, t_start = Meter(s, state.step), time.time()
+        meter, t_start, first = Meter(s, state.step), time.time(), state.step
+        stopped = None
         while state.step < tr.max_steps:
             state = step(s, state)
             last = state.step == tr.max_steps
@@ -415,18 +549,29 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
                 with meter.paused():  # tokens/s counts training time only
                     state = replace(state, val_loss=evaluate(s.runner, s.val_rows, tr.eval_batches, tr.batch_size, rt))
                     measured, probed = probing.measure(probes, s.model, held_out, rt)
+            elapsed = time.time() - t_start
             if logger and (state.step % tr.log_interval == 0 or measured is not None):
-                log(logger, metrics(state, meter, time.time() - t_start, measured), tr.max_steps, probed)
-            out_of_time = tr.time_limit_min is not None and time.time() - t_start > 60 * tr.time_limit_min
+                eta = elapsed / (state.step - first) * (tr.max_steps - state.step)  # at this run's pace so far
+                log(logger, metrics(state, meter, elapsed, measured), tr.max_steps, probed, eta)
+            out_of_time = tr.time_limit_min is not None and elapsed > 60 * tr.time_limit_min
             stopping = runtime.any_rank(stop.requested or out_of_time, rt.device)
             if state.step % tr.ckpt_interval == 0 or last or stopping:
-                save(s, state)
+                with meter.paused():
+                    state = save(s, state, evaluated=measured is not None)
             if stopping:
+                stopped = stop.name or f"train.time_limit_min={tr.time_limit_min}"
                 break
         wall = time.time() - t_start
-        finish(s, state, wall, logger)
+        finish(s, state, wall, logger, stopped)
+    except OSError as e:
+        if e.errno not in FULL:
+            raise
+        raise cannot_write(e, out_dir, state, rt) from None
     finally:
         stop.restore()
+        if lock is not None:
+            runtime.unlock_folder(lock)
+        s = None  # the DDP wrapper goes while its process group lives (runtime.teardown says why)
         runtime.teardown()
     return {
         "step": state.step,
@@ -435,6 +580,17 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
         "wall_s": round(wall, 1),
         "out_dir": str(out_dir),
     }
+
+
+class SweepSummary(Callback):
+    """After `python train.py -m ...` (configs/train.yaml registers it): where the sweep's runs are, and the
+    command that compares them."""
+
+    def on_multirun_end(self, config, **kwargs):
+        sweep = Path(config.hydra.sweep.dir)
+        runs = sorted(sweep.glob(f"*/{checkpoint.NAME}"))
+        compare = " ".join(["python eval.py", f"sweep_dir={sweep}", *eval_mode(config.data.source)])
+        print(f"sweep: {len(runs)} runs in {sweep}; compare them: {compare}")
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

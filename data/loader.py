@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.shards import load_meta
+from data.shards import check_split, load_meta
 from utils.errors import UserError
 
 
@@ -29,6 +29,7 @@ class TokenSplit:
     def __init__(self, folder, split: str):
         folder = Path(folder)
         meta = load_meta(folder)
+        check_split(folder, meta, split)  # a damaged shard is refused here, never read as tokens
         info = meta["splits"][split]
         self.shards = [np.memmap(folder / s["file"], dtype=meta["dtype"], mode="r") for s in info["shards"]]
         self.shard_starts = np.cumsum([0] + [len(s) for s in self.shards])

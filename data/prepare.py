@@ -3,7 +3,8 @@
 python -m data.prepare data=text data.path=notes/ tokenizer.vocab_size=8192   (train.py does this on first use)
 Layout: <data.cache_dir>/<dataset key>/<tokenizer key>/ holds tokenizer.json, meta.json and per split
 <split>_NNN.bin (token ids, a BOS before each document) and <split>_docs.npy (where each document starts).
-The folder is built under a temporary name and renamed into place, so a crash never leaves half a dataset.
+The folder is built under a temporary name and renamed into place, so a crash never leaves half a dataset; its
+meta.json records every file's size and sha256, and a folder damaged since is refused when read (data/shards.py).
 data=passkey (data/passkey.py) is generated from another prepared corpus, with that corpus's tokenizer.
 data=grids (data/grids.py) is generated from a seed, with its own tokenizer of five tokens, and position ids per
 token (<split>_NNN.pos.npy beside each shard).
@@ -21,7 +22,7 @@ from omegaconf import DictConfig
 from data import sources, tokenizer
 from data.grids import write_grids
 from data.passkey import write_passkey
-from data.shards import SPLITS, write_token_split
+from data.shards import SPLITS, seal, write_token_split
 from utils import schema  # registers the types of data= and tokenizer= (configs/data/*.yaml name them)
 from utils.errors import UserError, cli, hydra_cli
 
@@ -63,6 +64,7 @@ def build_atomically(out: Path, fill, data: dict, tok: dict, log) -> Path:
     try:
         log(f"preparing {data['name']} with tokenizer {tokenizer_key(tok)} in {out}")
         fill(tmp)
+        seal(tmp)
         try:
             tmp.rename(out)  # a folder named `out` only ever appears whole, by this rename
         except OSError:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import tiktoken
 
+from data import shards
 from utils.errors import UserError
 
 BOS = "<|bos|>"
@@ -78,7 +79,13 @@ def _check_tiktoken_files(name: str):
 
 
 def read_spec(folder) -> dict:
-    return json.loads((Path(folder) / "tokenizer.json").read_text())
+    """The tokenizer of a prepared folder, checked against its meta.json (data/shards.py: a truncated or edited
+    tokenizer.json is refused)."""
+    shards.check_files(folder, ["tokenizer.json"], shards.load_meta(folder))
+    try:
+        return json.loads((Path(folder) / "tokenizer.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        shards.damaged(folder, "tokenizer.json cannot be read")
 
 
 def load(spec: dict) -> tiktoken.Encoding:

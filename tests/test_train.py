@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -134,18 +135,30 @@ def start_training(out_dir, *extra):
 
 
 def test_sigterm_saves_and_resume_continues_the_same_loss_curve(tmp_path, shakespeare_dir):
+    """A run stopped by SIGTERM saves, says where its checkpoint is and prints the command that resumes it; that
+    command continues the same loss curve. While the run holds its out_dir, a second run into it is refused with the
+    holder's pid. (The closing lines and the lock fail on the code before: neither existed.)"""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     run("train.py", *TINY, "train.max_steps=40", f"out_dir={straight}", check=True)
     proc = start_training(stopped)
     for line in proc.stdout:  # let it run a few steps, then ask it to stop as a scheduler would
         if line.startswith("step 5/"):
+            proc.send_signal(signal.SIGSTOP)  # held still while a second run tries the same out_dir
+            second = run("train.py", *TINY, "train.max_steps=40", f"out_dir={stopped}", "train.overwrite=true")
+            proc.send_signal(signal.SIGCONT)
             proc.send_signal(signal.SIGTERM)
             break
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, out
+    one_line_error(second, f"out_dir={stopped} is in use by another run (pid {proc.pid}); ")
     saved = torch.load(stopped / "ckpt.pt", weights_only=True)["step"]
     assert 5 <= saved < 40 and "SIGTERM: saving a checkpoint" in out
-    run("train.py", *TINY, "train.max_steps=40", f"out_dir={stopped}", "train.resume=true", check=True)
+    assert f"metrics {stopped}/metrics.jsonl; checkpoint {stopped}/ckpt.pt (step {saved})\n" in out
+    said = out.strip().splitlines()[-1]
+    assert said.startswith(f"stopped by SIGTERM at step {saved}/40, as asked (exit status 0); resume: python train.py ")
+    command = shlex.split(said.split("resume: ")[1])
+    assert command[-2:] == ["train.resume=true", f"out_dir={stopped}"] and not (stopped / ".lock").exists()
+    run(*command[1:], check=True)
     a, b = metrics(straight), metrics(stopped)
     assert [m["step"] for m in b] == list(range(1, 41))  # nothing logged twice after the resume
     for x, y in zip(a, b, strict=True):
@@ -362,6 +375,7 @@ def test_wandb_runs_offline_without_a_key(tmp_path, shakespeare_dir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "an offline wandb run with its data file"
+    assert f"; wandb {runs[0]} (offline: wandb sync {runs[0]})\n" in proc.stdout  # the closing lines say where
     assert time.time() - t0 < 200
 
 
@@ -398,6 +412,9 @@ def test_sweep_runs_every_scheme_in_its_own_dir(tmp_path, shakespeare_dir):
     assert dirs == ["0-learned", "1-sinusoidal", "2-alibi", "3-rope", "4-nope", "5-sink"], proc.stdout[-500:]
     for d in dirs:
         assert (tmp_path / d / "ckpt.pt").exists() and len(metrics(tmp_path / d)) == 2
+        assert f"next: python eval.py checkpoint={tmp_path / d}\n" in proc.stdout
+    said = proc.stdout.strip().splitlines()[-1]  # the sweep's end: where it is and what compares its runs
+    assert said == f"sweep: 6 runs in {tmp_path}; compare them: python eval.py sweep_dir={tmp_path}"
 
 
 def test_default_out_dir_is_out_scheme(tmp_path, shakespeare_dir):
@@ -606,7 +623,7 @@ def test_the_final_sample_is_decoded_from_the_last_saved_weights(tmp_path, shake
     opts = ["train.max_steps=3", "train.eval_interval=1", "train.ckpt_interval=2", "train.warmup_steps=1"]
     opts += ["train.sample_tokens=24"]  # a save at step 2, then the last one at step 3
     train(config(*TINY, *opts), tmp_path, probes=[record])
-    printed = capsys.readouterr().out.split("--- sample ---\n")[1]
+    printed = sample_text(capsys.readouterr().out)
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == len(seen) == 3 and ckpt["model"].keys() == seen[-1].keys()
     assert all(torch.equal(ckpt["model"][k], w) for k, w in seen[-1].items())
@@ -615,6 +632,11 @@ def test_the_final_sample_is_decoded_from_the_last_saved_weights(tmp_path, shake
         model = checkpoint.build_model(ckpt["model_config"])
         model.load_state_dict(state)
         print_sample(model.eval(), ckpt["tokenizer"], 24, runtime.Runtime(torch.device("cpu"), torch.float32))
-        return capsys.readouterr().out.split("--- sample ---\n")[1]
+        return sample_text(capsys.readouterr().out)
 
     assert printed == sample(seen[-1]) != sample(seen[-2])
+
+
+def sample_text(out: str) -> str:
+    """The text between the sample's opening and closing rules (the closing lines of a run follow it)."""
+    return out.split("--- sample ---\n")[1].split("\n--------------\n")[0]

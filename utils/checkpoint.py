@@ -4,11 +4,15 @@ python eval.py checkpoint=out/rope      python sample.py checkpoint=out/rope
 ckpt.pt holds the weights, the model's dataclass, the resolved run config, the tokenizer itself, the
 optimizer state, the step and the data position. Eval and sampling need nothing but this file (and the
 prepared data folder it names, for evaluation), and read only its weights (the file is memory-mapped).
+A write goes to .ckpt.pt.tmp<pid> and is renamed over ckpt.pt once whole: a process killed midway (kill -9, a lost
+node) leaves the old checkpoint loadable and its temp file behind, which the next save removes.
 """
 
 import os
 import pickle
+import re
 import zipfile
+from contextlib import suppress
 from pathlib import Path
 
 import torch
@@ -26,9 +30,12 @@ def checkpoint_path(path) -> Path:
 
 
 def save(path, state: dict):
-    """Write to a temporary file in the same folder, fsync, then rename: the old file survives any crash."""
+    """Write to a temporary file in the same folder, fsync, then rename: the old file survives any crash. A write
+    that fails (a full disk) removes its temp file and raises one OSError naming the checkpoint; torch's own error
+    about the half-written archive, which would follow it, is dropped."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -36,14 +43,47 @@ def save(path, state: dict):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    except BaseException as e:
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        cause = os_error(e)
+        if cause is None:
+            raise
+        raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from None
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def os_error(e: BaseException) -> OSError | None:
+    """The OSError behind e (itself, or the one it was raised in handling of), if any."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def remove_stale_temps(path):
+    """Remove the temp files that saves of this checkpoint left when killed midway: only ours (.<name>.tmp<pid>),
+    and only where that process is gone (a pid reused since keeps its file: a leftover, never a loss)."""
+    path = Path(path)
+    ours = re.compile(rf"\.{re.escape(path.name)}\.tmp(\d+)")
+    for tmp in path.parent.glob(f".{path.name}.tmp*"):
+        found = ours.fullmatch(tmp.name)
+        if found and not alive(int(found.group(1))):
+            with suppress(FileNotFoundError):  # another process may clean up at the same time
+                tmp.unlink()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: no signal, only the check
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def load(path, map_location="cpu", mmap: bool = False) -> dict:

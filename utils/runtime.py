@@ -2,13 +2,17 @@
 
 torchrun --nproc_per_node=2 train.py ...     (RANK/WORLD_SIZE from torchrun; NCCL on CUDA, gloo on CPU)
 device=auto picks CUDA when present; dtype=auto is bf16 autocast on CUDA and fp32 on CPU.
+A run holds a lock on its folder (lock_folder) for as long as it may write there.
 """
 
 import ctypes
+import fcntl
+import gc
 import os
 import resource
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -102,7 +106,12 @@ def setup(device: str = "auto", dtype: str = "auto", seed: int = 0) -> Runtime:
 
 
 def teardown():
+    """Leave the process group; free the wrappers that hold it (DDP) before calling this. A DDP wrapper freed after
+    the group is destroyed drops the last reference to a gloo group with the GIL held, and the group's destructor then
+    waits for its worker thread, which needs the GIL to free the tensors of a finished collective: the process hangs
+    at exit (torch binds that destructor without releasing the GIL). The collect frees such wrappers held in cycles."""
     if dist.is_initialized():
+        gc.collect()
         dist.barrier()  # no rank tears down while another still has collectives in flight
         dist.destroy_process_group()
 
@@ -117,11 +126,59 @@ def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
 
 def any_rank(flag: bool, device) -> bool:
     """True on every rank if it is true on any (so all ranks stop together)."""
+    return bool(max_over_ranks(float(flag), device))
+
+
+def max_over_ranks(value: float, device) -> float:
+    """The largest of every rank's value, on every rank (a float32: integers exact below 2**24)."""
     if not dist.is_initialized():
-        return flag
-    t = torch.tensor([float(flag)], device=device)
+        return value
+    t = torch.tensor([float(value)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return t.item()
+
+
+class FolderBusy(Exception):
+    def __init__(self, pid: str):
+        super().__init__(f"held by pid {pid}")
+        self.pid = pid
+
+
+def lock_folder(folder: Path, name: str = ".lock"):
+    """Take an exclusive lock on folder/name (fcntl.flock, which the kernel drops when the process dies, even by
+    kill -9) and write our pid in it; returns the open file, for unlock_folder. Raises FolderBusy(the holder's pid)
+    if another process holds it. unlock_folder removes the file, so a run leaves no trace; a process that opened it
+    just before the removal may then lock a file no longer in the folder, hence the check that the path still names
+    the file locked (else it tries again)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    while True:
+        f = open(path, "a+")  # a+: never truncate the pid of a holder before holding the lock
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            pid = f.read().strip() or "unknown"
+            f.close()
+            raise FolderBusy(pid) from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()  # removed or replaced by its last holder: take the new one
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def unlock_folder(f):
+    with suppress(FileNotFoundError):
+        os.unlink(f.name)  # while still held: whoever locks this file next finds it gone from the folder
+    f.close()
 
 
 def barrier():
