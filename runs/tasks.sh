@@ -17,7 +17,7 @@ TASKS=${TASKS:-tasks}
 SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope t5 fire kerple"}
 RANDOMIZED=${RANDOMIZED:-"learned sinusoidal alibi rope"}
 SEEDS=${SEEDS:-"1 2 3"}
-RANGE=${RANGE:-2048}  # above the longest test sample (data/tasks.py: about 1,100 tokens)
+RANGE=${RANGE:-2048}  # above the longest test sample (data/tasks.py: 743 tokens, vt at n=128)
 PY=${PYTHON:-python}
 
 train() {  # run folder, then train.py overrides
