@@ -13,6 +13,7 @@ python eval.py checkpoint=out/sink eval.mode=stream           streaming perplexi
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey   passkey retrieval by length and depth
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.rope_scaling=rerope   + under an extension
 python eval.py sweep_dir=runs/grids eval.mode=grids            data=grids runs: loss on larger grids (grids.py)
+python eval.py checkpoint=tasks/rope-s1 eval.mode=tasks         data=tasks runs: exact match at 4x and 8x (tasks.py)
 Writes <run>/eval/length.{json,png} (or stream.*, passkey.*, passkey-<variant>.*); the length tables also go to the
 run's wandb project. Each mode's driver is its module in evaluation/ (length, stream, passkey, grids); this file
 checks the config, walks a sweep, and compares.
@@ -27,7 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from evaluation import compare, grids, length, passkey, stream
+from evaluation import compare, grids, length, passkey, stream, tasks
 from utils import checkpoint, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import start_wandb
@@ -38,7 +39,9 @@ MODES = {
     "stream": stream.run_stream,
     "passkey": passkey.run_passkey,
     "grids": grids.run_grids,
+    "tasks": tasks.run_tasks,
 }
+OWN_DATA = ("grids", "tasks")  # modes that score only the models of their own data= (and those models only them)
 
 
 def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict, image: Path, kind: str):
@@ -74,10 +77,12 @@ def evaluate_one(path, cfg, rt) -> dict:
     out_dir = run_dir / "eval"
     print(f"evaluating {run_dir}", flush=True)
     source = checkpoint.load(path, mmap=True)["config"]["data"].get("source")
-    if (source == "grids") != (cfg.eval.mode == "grids"):
+    own = source if source in OWN_DATA else None
+    if own != (cfg.eval.mode if cfg.eval.mode in OWN_DATA else None):
+        mode = own or cfg.eval.mode
         raise UserError(
             f"eval.mode={cfg.eval.mode} does not fit {run_dir}, trained on data.source={source}: "
-            f"eval.mode=grids scores the data=grids models, and they take no other mode"
+            f"eval.mode={mode} scores the data={mode} models, and they take no other mode"
         )
     result = MODES[cfg.eval.mode](path, cfg, rt, out_dir)
     if cfg.eval.mode == "length":
@@ -101,8 +106,8 @@ def run(cfg: DictConfig, job_dir: Path | None = None):
             results.append(evaluate_one(p, cfg, rt))
         if cfg.eval.mode == "length":
             print(compare.compare(results, Path(cfg.sweep_dir) / "eval"))
-        if cfg.eval.mode == "grids":
-            print(grids.compare(results, Path(cfg.sweep_dir) / "eval"))
+        if cfg.eval.mode in OWN_DATA:
+            print({"grids": grids, "tasks": tasks}[cfg.eval.mode].compare(results, Path(cfg.sweep_dir) / "eval"))
         return results
     if not cfg.checkpoint:
         raise UserError("pass checkpoint=<run folder or ckpt.pt> (or sweep_dir=<training sweep folder>)")

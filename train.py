@@ -33,7 +33,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from data import grids, tokenizer
+from data import grids, tasks, tokenizer
 from data.loader import RowSampler, TokenSplit
 from data.prepare import prepare
 from data.shards import load_meta
@@ -51,7 +51,7 @@ OLDER = {"bos_aligned": False, "model_config": {"qk_norm": "rms", "sink_logit": 
 LOCK = ".lock"  # in out_dir while a run may write there (utils/runtime.py lock_folder)
 LOST_STEPS = 5  # lost steps in a row (lost()) that stop a run as diverged
 FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota
-EVAL_MODE = {"grids": "eval.mode=grids", "passkey": "eval.mode=passkey"}  # the data sources eval.py scores its own way
+EVAL_MODE = {"grids": "eval.mode=grids", "passkey": "eval.mode=passkey", "tasks": "eval.mode=tasks"}  # own ways
 
 
 @dataclass
@@ -238,9 +238,8 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
         state = resume(out_dir, match, model, opts, scaler, tr.parallel, say)
     if should_compile(cfg.compile, rt.device, say):
         runner = torch.compile(runner)
-    axes = model.pe.axes  # the position axes the scheme reads from a dataset that has them (data=grids)
-    train_rows = RowSampler(TokenSplit(data_dir, "train"), tr.seq_len, cfg.seed, bos_aligned, axes)
-    val_rows = RowSampler(TokenSplit(data_dir, "val"), tr.seq_len, 0, axes=axes)
+    train_rows = row_sampler(cfg, data_dir, "train", cfg.seed, bos_aligned, model.pe.axes)
+    val_rows = row_sampler(cfg, data_dir, "val", 0, False, model.pe.axes)
     accum = grad_accum_steps(tr, rt.world)
     s = Setup(cfg, rt, out_dir, resolved, match, data_dir, model, runner, opts, scaler, train_rows, val_rows, accum)
     say(
@@ -248,6 +247,20 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
         f"{tr.seq_len}, {accum} x {tr.batch_size} x {rt.world} sequences per step, {rt.device} {rt.dtype}"
     )
     return s, state
+
+
+def row_sampler(cfg, data_dir: Path, split: str, seed: int, aligned: bool, axes: int):
+    """The rows a step reads from a split: a corpus's (data/loader.py: BOS-first under data.bos_aligned, and the
+    position axes the scheme reads from a dataset that has them, data=grids), or one task sample per row, answers
+    the only targets and positions drawn at random under positional.random_positions (data/tasks.py)."""
+    if cfg.data.source == "tasks":
+        return tasks.TaskRows(TokenSplit(data_dir, split), cfg.train.seq_len, seed, cfg.positional.random_positions)
+    if cfg.positional.random_positions is not None:
+        raise UserError(
+            f"positional.random_positions={cfg.positional.random_positions} draws the positions of data=tasks rows "
+            f"(one sample a row); data={cfg.data.name}'s rows are read at 0..T-1: drop it"
+        )
+    return RowSampler(TokenSplit(data_dir, split), cfg.train.seq_len, seed, aligned, axes)
 
 
 def resume(out_dir: Path, match: dict, model, opts, scaler, parallel_mode: str, say) -> TrainState:
@@ -538,7 +551,7 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
         s, state = setup(cfg, out_dir, rt, init)
         logger, state = start_logger(s, state, group)
         # held-out rows that open as the training rows do (BOS first under data.bos_aligned): what probes read
-        held_out = RowSampler(s.val_rows.split, tr.seq_len, 0, s.match["bos_aligned"], s.model.pe.axes)
+        held_out = row_sampler(cfg, s.data_dir, "val", 0, s.match["bos_aligned"], s.model.pe.axes)
         meter, t_start, first = Meter(s, state.step), time.time(), state.step
         stopped = None
         while state.step < tr.max_steps:

@@ -7,7 +7,8 @@ The folder is built under a temporary name and renamed into place, so a crash ne
 meta.json records every file's size and sha256, and a folder damaged since is refused when read (data/shards.py).
 data=passkey (data/passkey.py) is generated from another prepared corpus, with that corpus's tokenizer.
 data=grids (data/grids.py) is generated from a seed, with its own tokenizer of five tokens, and position ids per
-token (<split>_NNN.pos.npy beside each shard).
+token (<split>_NNN.pos.npy beside each shard); data=tasks (data/tasks.py) from a seed too, with a character
+tokenizer of its own.
 """
 
 import json
@@ -23,6 +24,7 @@ from data import sources, tokenizer
 from data.grids import write_grids
 from data.passkey import write_passkey
 from data.shards import SPLITS, seal, write_token_split
+from data.tasks import write_tasks
 from utils import schema  # registers the types of data= and tokenizer= (configs/data/*.yaml name them)
 from utils.errors import UserError, cli, hydra_cli
 
@@ -50,6 +52,8 @@ def prepare(data: dict, tok: dict, log=print) -> Path:
         return out
     if data["source"] == "grids":
         return build_atomically(out, lambda tmp: write_grids(tmp, data, log), data, tok, log)
+    if data["source"] == "tasks":
+        return build_atomically(out, lambda tmp: write_tasks(tmp, data, log), data, tok, log)
     if data["source"] == "passkey":
         base = prepare(data["base"], tok, log)
         return build_atomically(out, lambda tmp: write_passkey(tmp, data, base, log), data, tok, log)

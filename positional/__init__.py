@@ -80,7 +80,7 @@ def spec_of(opts) -> dict:
     spec = asdict(opts) if is_dataclass(opts) else dict(opts)
     if spec.get("scaling", "none") == "none":
         spec = {k: v for k, v in spec.items() if k not in SCALING_KEYS}
-    return {k: v for k, v in spec.items() if not (k in ("layers", *NOPE_OPTIONS) and v is None)}
+    return {k: v for k, v in spec.items() if not (k in ("layers", "random_positions", *NOPE_OPTIONS) and v is None)}
 
 
 def options(spec, key: str = "positional") -> dict:

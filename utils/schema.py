@@ -34,11 +34,13 @@ WandbMode = choices("WandbMode", "auto", "online", "offline", "disabled")  # aut
 OptimName = choices("OptimName", "adamw", "muon")
 AdjustLR = choices("AdjustLR", "original", "match_rms_adamw")  # torch.optim.Muon's; null: original
 CacheKind = choices("CacheKind", "dense", "sink")
-Source = choices("Source", "shakespeare", "text", "hf", "passkey", "grids")
+Source = choices("Source", "shakespeare", "text", "hf", "passkey", "grids", "tasks")
+# the length-generalization tasks of data/tasks.py (its TASKS; tests/test_tasks.py holds the two lists equal)
+TaskName = choices("TaskName", "copy", "reverse", "add", "mqar", "vt", "needle")
 TokenizerKind = choices("TokenizerKind", "bpe", "tiktoken")
 # length: ppl by evaluation length | stream: ppl over one long stream, through each cache | passkey: retrieval
 # accuracy by length and depth (evaluation/passkey.py) | grids: data=grids models on larger grids (evaluation/grids.py)
-Mode = choices("Mode", "length", "stream", "passkey", "grids")
+Mode = choices("Mode", "length", "stream", "passkey", "grids", "tasks")
 # eval.py: the closed-form kinds, the searched ones (longrope: searched first), rerope's, and all (the closed-form)
 RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *rerope.KINDS, "all")
 SampleScaling = choices("SampleScaling", "none", *rerope.KINDS)  # sample.py: training-free decoding past L
@@ -289,6 +291,23 @@ class GridsData(Corpus):
 
 
 @dataclass
+class TasksData(Corpus):
+    """Synthetic tasks with exact answers, trained short and tested long (data/tasks.py): copy, reverse, addition,
+    multi-query associative recall, variable tracking, multi-key needle; one task or a mixture:
+    python train.py experiment=tasks positional=alibi data.tasks=[copy,reverse]"""
+
+    name: str = "tasks"
+    source: Source = "tasks"
+    tasks: list[TaskName] = setting(  # a sample's task is drawn uniformly from these (one: a single-task run)
+        ["copy", "reverse", "add", "mqar", "vt", "needle"], "name one task or several", nonempty=True
+    )
+    train_docs: int = setting(64000, "pass how many training samples to generate", ge=1)
+    val_docs: int = setting(512, "pass how many validation samples to generate", ge=1)  # for val_loss
+    seed: int = seed()  # samples from generators seeded by (seed, split); eval.mode=tasks draws its own
+    bos_aligned: bool = True  # always: a row is one sample from its BOS (data/tasks.py TaskRows)
+
+
+@dataclass
 class BPETokenizer:  # a byte-level BPE trained here with rustbpe on the train split, wrapped as a tiktoken Encoding
     kind: TokenizerKind = "bpe"
     vocab_size: int = setting(4096, "pass at least 257 (256 bytes + BOS)", ge=257)
@@ -348,10 +367,11 @@ class Eval(Scoring):
     depths: list[float] = setting(
         [0.0, 0.25, 0.5, 0.75, 1.0], "pass fractions in [0, 1]; e.g. eval.depths=[0,0.5,1]", ge=0, le=1, nonempty=True
     )
-    trials: int = setting(50, "pass how many passkey trials to run per (length, depth) cell", ge=1)
+    # passkey mode: per (length, depth) cell; tasks mode: per (task, length) cell
+    trials: int = setting(50, "pass how many trials to run per cell", ge=1)
     # passkey mode: digits of the key; null: the model's data.key_digits (data=passkey), else 5
     key_digits: int | None = setting(None, "pass the pass key's digit count, or null for the checkpoint's", ge=1)
-    seed: int = seed()  # passkey mode: keys and filler positions; grids mode: the held-out grids
+    seed: int = seed()  # passkey mode: keys and filler positions; grids, tasks modes: the held-out samples
     # grids mode: [height, width] pairs; null: the training size, 2x taller, 2x wider, both
     grid_sizes: list[list[int]] | None = setting(
         None,
@@ -544,6 +564,7 @@ GROUPS = {  # schema/<group>/<option>, named by the defaults list of configs/<gr
         "hf": HFData,
         "passkey": PasskeyData,
         "grids": GridsData,
+        "tasks": TasksData,
     },
     "tokenizer": {"bpe": BPETokenizer, "tiktoken": TiktokenTokenizer},
     "positional": {name: cls.Options for name, cls in positional.SCHEMES.items()},

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The length-generalization battery in one command: the core schemes and their random-position variants x 3 seeds
+# trained on the six tasks of data/tasks.py at short lengths, each scored by exact match at 4x and 8x (eval.py
+# eval.mode=tasks), and one table and heatmap per task.
+#
+#   bash runs/tasks.sh                                     # tasks/ on this machine's defaults (experiment=tasks)
+#   SCHEMES="rope alibi" RANDOMIZED=rope SEEDS=1 bash runs/tasks.sh   # a smaller battery
+#   bash runs/tasks.sh train.max_steps=3000 model=small    # any train.py override applies to every run
+#
+# It resumes where it stopped: a finished run (its DONE file) is not trained again, an interrupted one resumes from
+# its checkpoint, an evaluated one (eval/tasks.json) is not evaluated again. A random-position variant (Ruoss et al.
+# 2023) trains at positions drawn from range(RANGE) (positional.random_positions; a learned table that large), in
+# <TASKS>/<scheme>-random-s<seed>. Writes <TASKS>/eval/tasks.{json,txt,png} and <TASKS>/REPORT.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TASKS=${TASKS:-tasks}
+SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope t5 fire kerple"}
+RANDOMIZED=${RANDOMIZED:-"learned sinusoidal alibi rope"}
+SEEDS=${SEEDS:-"1 2 3"}
+RANGE=${RANGE:-2048}  # above the longest test sample (data/tasks.py: 743 tokens, vt at n=128)
+PY=${PYTHON:-python}
+
+train() {  # run folder, then train.py overrides
+  local run=$1
+  shift
+  if [ -f "$run/DONE" ]; then
+    echo "== $run: trained"
+    return
+  fi
+  local resume=()
+  [ -f "$run/ckpt.pt" ] && resume=(train.resume=true)
+  echo "== $run: training ${resume[*]}"
+  "$PY" train.py experiment=tasks out_dir="$run" logger.group="$TASKS" "${resume[@]}" "$@"
+  touch "$run/DONE"
+}
+
+for seed in $SEEDS; do
+  for scheme in $SCHEMES; do
+    train "$TASKS/$scheme-s$seed" positional="$scheme" seed="$seed" "$@"
+  done
+  for scheme in $RANDOMIZED; do
+    table=()
+    [ "$scheme" = learned ] && table=(positional.max_positions="$RANGE")
+    train "$TASKS/$scheme-random-s$seed" positional="$scheme" seed="$seed" positional.random_positions="$RANGE" \
+      "${table[@]}" "$@"
+  done
+done
+
+for run in "$TASKS"/*-s*/; do
+  run=${run%/}
+  [ -f "$run/eval/tasks.json" ] || "$PY" eval.py checkpoint="$run" eval.mode=tasks logger.wandb=false
+done
+"$PY" -m evaluation.tasks "$TASKS"

@@ -1,0 +1,131 @@
+"""eval.mode=tasks (evaluation/tasks.py) and the battery's runner (runs/tasks.sh): exact match scored only on the
+answer, pooled over seeds, n/a where positions run out; and the task names the config offers are data/tasks.py's."""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, TINY, config
+from test_study import fake_python
+
+from data import tasks
+from evaluation import tasks as scoring
+from utils import schema
+
+
+class Oracle(torch.nn.Module):
+    """A stand-in model whose argmax at every position is the sample's true next token, except where told; it
+    records the positions it was given."""
+
+    def __init__(self, samples, wrong=(), max_positions=None):
+        super().__init__()
+        self.samples, self.wrong, self.seen = samples, set(wrong), []
+        self.pe = type("PE", (), {"max_positions": max_positions})()
+
+    def forward(self, idx, pos=None):
+        self.seen.append(pos)
+        logits = torch.zeros(*idx.shape, tasks.VOCAB_SIZE)
+        for b, row in enumerate(idx.tolist()):
+            k = next(i for i, s in enumerate(self.samples) if s[:-1].tolist() == row[: len(s) - 1])
+            s = self.samples[k]
+            for t in range(len(s) - 1):
+                logits[b, t, (s[t + 1] + (k in self.wrong)) % tasks.VOCAB_SIZE if t == len(s) - 2 else s[t + 1]] = 1
+        return logits
+
+
+def test_a_sample_is_right_only_when_every_answer_token_is():
+    """The oracle errs only on the closing '.' of samples 1 and 33 (the last scored token): those two score 0, the
+    rest 1, over two batches of mixed lengths padded with PAD."""
+    samples = tasks.held_out("copy", 5, 20, seed=0) + tasks.held_out("copy", 9, 20, seed=0)
+    got = scoring.score(Oracle(samples, wrong=(1, 33)), samples, None, np.random.default_rng(0), "cpu")
+    assert got.tolist() == [0 if i in (1, 33) else 1 for i in range(40)]
+
+
+def test_random_positions_are_drawn_per_batch_and_lengths_past_them_are_na():
+    samples = tasks.held_out("copy", 8, 40, seed=0)
+    model = Oracle(samples)
+    assert scoring.score(model, samples, 64, np.random.default_rng(0), "cpu").all()
+    first, second = model.seen
+    for pos in (first, second):
+        assert len(pos) == len(samples[0]) - 1 and (pos.diff() > 0).all() and pos.max() < 64
+    assert not torch.equal(first, second)
+    ev = type("Ev", (), {"trials": 4, "seed": 0})()  # the eval config's fields a cell reads
+    ckpt = {"model_config": {"positional": {"name": "rope", "random_positions": 40}}}
+    na = scoring.cell(Oracle(samples), ckpt, "copy", 32, ev, "cpu")  # 67 tokens: past the range of 40
+    assert na["accuracy"] is None and "random range 40" in na["note"]
+    table = scoring.cell(Oracle(samples, max_positions=20), {"model_config": {"positional": {}}}, "copy", 16, ev, "cpu")
+    assert table["accuracy"] is None and "learned table covers 20" in table["note"]
+
+
+def fake_result(scheme: str, seed: int, correct: list[int]) -> dict:
+    rows = [{"task": "copy", "n": 8, "tokens": 18, "accuracy": sum(correct) / len(correct), "correct": sum(correct),
+             "trials": len(correct), "ci": [0, 1], "right": correct}]  # fmt: skip
+    config = {"positional": {"name": scheme}, "seed": seed, "data": {"tasks": ["copy"]}}
+    return {"checkpoint": f"{scheme}-s{seed}", "scheme": scheme, "train_config": config, "step": 10,
+            "train": {"copy": [1, 16]}, "trials": len(correct), "seed": 0, "results": rows}  # fmt: skip
+
+
+def test_a_seed_group_pools_its_trials_and_reports_the_spread():
+    results = [
+        fake_result("rope", 1, [1, 1, 0, 0]),
+        fake_result("rope", 2, [1, 1, 1, 1]),
+        fake_result("alibi", 1, [0] * 4),
+    ]
+    cells = scoring.cells(results)["copy"]
+    accuracy, sd, ci, trials = cells["rope"][8]
+    assert (accuracy, trials) == (0.75, 8) and sd == pytest.approx(np.std([0.5, 1.0], ddof=1))
+    assert ci == [round(x, 4) for x in scoring.wilson(6, 8)]
+    assert cells["alibi"][8][0] == 0 and cells["alibi"][8][1] is None
+    assert "| rope | 0.75 ±0.35" in scoring.table(results)
+
+
+def test_the_config_offers_exactly_the_tasks_data_tasks_generates():
+    assert [t.value for t in schema.TaskName] == list(tasks.TASKS)
+
+
+def test_train_and_score_a_task_model_end_to_end(tmp_path):
+    """data=tasks trains (one sample a row at random positions), eval.mode=tasks writes its table and heatmap, and a
+    text-only mode refuses the task model in one line (as tasks mode refuses a text model)."""
+    from eval import run
+    from train import train
+
+    out = tmp_path / "copy"
+    overrides = [*TINY, "experiment=tasks", "data.tasks=[copy]", "train.seq_len=36", "train.max_steps=2",
+                 "data.train_docs=256", "data.val_docs=64", "positional.random_positions=300"]  # fmt: skip
+    train(config(*overrides), out)
+    ev = config_eval(f"checkpoint={out}", "eval.mode=tasks", "eval.trials=3", "device=cpu", "logger.wandb=false")
+    result = run(ev)
+    assert [r["n"] for r in result["results"]] == list(tasks.TASKS["copy"].test)
+    assert result["scheme"].endswith("+random") and all(r["trials"] in (0, 3) for r in result["results"])
+    assert (out / "eval" / "tasks.png").stat().st_size > 0 and (out / "eval" / "tasks.txt").exists()
+    with pytest.raises(Exception, match="eval.mode=length does not fit .* eval.mode=tasks scores"):
+        run(config_eval(f"checkpoint={out}", "device=cpu", "logger.wandb=false"))
+
+
+def config_eval(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("eval", overrides=list(overrides))
+
+
+def test_the_battery_trains_each_scheme_and_random_variant_once_and_resumes(tmp_path):
+    """runs/tasks.sh with a fake python: every scheme and random-position variant per seed, a learned table as wide
+    as the range, then each run scored once and the report; a second call trains and scores nothing again."""
+    fake, log, _ = fake_python(tmp_path)
+    env = {**os.environ, "PYTHON": str(fake), "TASKS": str(tmp_path / "battery"), "SCHEMES": "rope learned",
+           "RANDOMIZED": "learned", "SEEDS": "1 2", "RANGE": "512"}  # fmt: skip
+    for _ in range(2):
+        subprocess.run(["bash", "runs/tasks.sh", "train.max_steps=5"], cwd=ROOT, env=env, check=True)
+    calls = log.read_text().splitlines()
+    trains = [c for c in calls if c.startswith("train.py")]
+    assert len(trains) == 6 and all("experiment=tasks" in c and "train.max_steps=5" in c for c in trains)
+    random = [c for c in trains if "random_positions=512" in c]
+    assert len(random) == 2 and all("positional.max_positions=512" in c for c in random)
+    evals = [c for c in calls if c.startswith("eval.py")]
+    assert len(evals) == 6 and all("eval.mode=tasks" in c for c in evals)
+    assert sum(c.startswith("-m evaluation.tasks") for c in calls) == 2  # the report, each time
+    assert json.loads((tmp_path / "battery" / "rope-s1" / "eval" / "tasks.json").read_text()) == {}
