@@ -8,12 +8,11 @@ python train.py init_from=out/learned train.seq_len=1024     (fit_state resizes 
 """
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
 
-from utils.settings import Rule, setting
+from utils.settings import setting
 
 from .base import Positional, PositionalOptions, PositionLimitError
 
@@ -24,14 +23,6 @@ class LearnedOptions(PositionalOptions):
     max_positions: int = setting("${train.seq_len}", "pass the table size in positions", ge=1)
     # against token embeddings of std 1 (val loss at 150 steps: 0.5 5.39, 0.1 5.27; bench/RESULTS.md)
     init_std: float = setting(0.1, "pass a positive init std for the table", gt=0)
-
-    RULES: ClassVar = PositionalOptions.RULES + (
-        Rule(
-            ("max_positions", "random_positions"),
-            lambda table, drawn: drawn is None or table >= drawn,
-            "{0} must cover {1}, the range random positions are drawn from; pass a table that large",
-        ),
-    )
 
 
 class Learned(Positional):

@@ -44,6 +44,7 @@ CASES = [  # (entry point and overrides, the key the message must name)
     (TRAIN + ["init_from=/no/such/run"], "init_from"),
     (TRAIN + ["data=grids", "train.seq_len=100"], "train.seq_len"),  # a row holds one 16 x 14 grid: 256 tokens
     (TRAIN + ["positional=mrope", "positional.sections=[4,4,4]"], "positional.sections"),  # 16 pairs, not 12
+    (TRAIN + ["data=tasks", "positional=learned", "positional.random_positions=4096"], "positional.max_positions"),
     (EVAL + [NO_CKPT, "eval.tokens=0"], "eval.tokens"),
     (EVAL + [NO_CKPT, "eval.tokens=-4096"], "eval.tokens"),
     (EVAL + [NO_CKPT, "eval.tokens=lots"], "eval.tokens"),

@@ -619,8 +619,8 @@ def model_config(resolved: dict, vocab_size: int) -> dict:
 
 def check_model(cfg):
     """Build the model on the meta device (no memory, no time), so that every constraint its code derives (a
-    scheme's options against its class, the layer pattern, a table covering train.seq_len) fails before data is
-    read."""
+    scheme's options against its class, the layer pattern, a table covering train.seq_len, and the range
+    positional.random_positions draws from) fails before data is read."""
     try:
         with torch.device("meta"):
             model = GPT(GPTConfig(**model_config(plain(cfg), vocab_size=512)))
@@ -629,3 +629,5 @@ def check_model(cfg):
     except ValueError as e:  # positional/ and GPTConfig word theirs as one line naming the key
         raise UserError(str(e)) from None
     model.pe.check_length(cfg.train.seq_len)
+    if cfg.positional.get("random_positions") is not None:
+        model.pe.check_length(cfg.positional.random_positions)
