@@ -126,10 +126,11 @@ COMPOSED = {  # every option of every group, in the entry points that have the g
         for option in options_of(group)
     ]
     + [["experiment=sinks"]],
-    "eval": [[]],
-    "sample": [[f"cache={option}"] for option in options_of("cache")],
+    "eval": [["checkpoint=out/rope"]],  # the run they read: a name is enough here (no file is opened)
+    "sample": [["checkpoint=out/rope", f"cache={option}"] for option in options_of("cache")],
     "viz": [[]] + [[f"positional={option}"] for option in options_of("positional")],
-    "longrope": [["target_length=512"]],
+    "longrope": [["checkpoint=out/rope", "target_length=512"]],
+    "prepare": [[]] + [[f"data={option}"] for option in options_of("data")],
 }
 
 
