@@ -103,14 +103,13 @@ def composed(name: str, *overrides):
 
 def check(name: str, *overrides):
     """What an entry point checks before any work, in process: the config composes (its error worded as hydra_cli
-    words it), every setting passes the walk, and train.py's model builds on the meta device."""
+    words it), then schema.preflight: every setting passes the walk, the paths exist, the model builds on the meta
+    device, and the rules that read a checkpoint hold."""
     try:
         cfg = composed(name, *overrides)
     except ConfigCompositionException as e:
-        raise UserError(compose_message(e)) from None
-    schema.check(cfg)
-    if name == "train":
-        schema.check_model(cfg)
+        raise UserError(compose_message(e, name)) from None
+    schema.preflight(cfg)
 
 
 @pytest.mark.parametrize(
@@ -185,9 +184,10 @@ def test_ranges_and_choices(name, overrides, key):
     assert key in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["train", "eval", "sample", "viz"])
-def test_the_defaults_pass(name):
-    check(name)
+@pytest.mark.parametrize("name", ["train", "eval", "sample", "viz", "longrope"])
+def test_the_defaults_pass(name, tiny_checkpoint):
+    given = {"eval": ["checkpoint"], "sample": ["checkpoint"], "longrope": ["checkpoint", "target_length=64"]}
+    check(name, *(o if "=" in o else f"{o}={tiny_checkpoint}" for o in given.get(name, [])))
 
 
 @pytest.mark.parametrize("size", ["tiny", "small", "d12"])
