@@ -159,14 +159,14 @@ def test_every_rule_names_keys_of_the_config_it_checks():
     for name, overrides, cfg in composed_configs():
         for prefix, node, cls in settings.walk(cfg):
             seen.add(cls)
-            for rule in settings.rules(cls):
+            for rule in settings.class_rules(cls):
                 for key in rule.keys:
                     where = f"{cls.__name__}'s rule names {prefix}{key}, which {name} {overrides} lacks"
                     assert OmegaConf.select(node, key, default=absent) is not absent, where
             assert settings.problem(node) is None, (name, overrides)  # the defaults pass every rule
     declared = set().union(*map(classes_under, schema.ENTRY_POINTS.values()))
     declared |= {cls for options in schema.GROUPS.values() for cls in options.values()}
-    assert {cls for cls in declared if settings.rules(cls)} <= seen
+    assert {cls for cls in declared if settings.class_rules(cls)} <= seen
 
 
 def test_a_rule_naming_a_missing_key_fails_rather_than_skipping():

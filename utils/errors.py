@@ -149,9 +149,13 @@ def compose_message(e, name: str = "") -> str:
     if isinstance(cause, ConfigTypeError) and merging and merging.group(1).startswith("~"):
         key, _ = split(merging.group(1))
         return f"~{key} would delete a setting every run reads; set it instead ({key}=...; --cfg job prints its value)"
+    if merging:  # a value Hydra could not merge, whose error names no field (an element of the wrong shape)
+        key, value = split(merging.group(1))
+        why = str(cause).splitlines()[0].rstrip(".") if cause else "of the wrong type"
+        return f"{key}={value} cannot be set ({why}); pass a value of its type (--cfg job prints the current one)"
     if isinstance(e, MissingConfigException) and e.options and "/" in (e.missing_cfg_file or ""):
         group, _, option = e.missing_cfg_file.rpartition("/")
-        return f"{group}={option} is not one of {', '.join(e.options)}; pick one (configs/{group}/)"
+        return f"{group}={settings.show(option)} is not one of {', '.join(e.options)}; pick one (configs/{group}/)"
     if isinstance(e, OverrideParseException):
         key, value = split(e.override)
         if "=" not in e.override:

@@ -95,13 +95,13 @@ def run_checkpoint(value: str) -> str | None:
     """A run folder holding ckpt.pt, or a .pt file (utils/checkpoint.py checkpoint_path), readable and a zip archive
     as torch.save writes one."""
     given, path = Path(value).expanduser(), checkpoint.checkpoint_path(Path(value).expanduser())
-    if not given.exists():
-        return "does not exist"
     if given.is_file() and given.suffix != ".pt":
         return "is a file, not a run folder or a .pt file"
     if not path.is_file():
-        return f"holds no {checkpoint.NAME}"
-    return unreadable(path) or (None if zipfile.is_zipfile(path) else "is not a checkpoint (torch.save writes a zip)")
+        return f"has no checkpoint at {path}"
+    if why := unreadable(path):
+        return why
+    return None if zipfile.is_zipfile(path) else "is corrupt or truncated (not the zip archive torch.save writes)"
 
 
 def sweep_folder(value: str) -> str | None:
@@ -442,8 +442,8 @@ class Scoring:
     """The length table: eval.py's eval node, and the one LongRoPE's search keeps clear of."""
 
     # token counts (length and passkey modes); null: 0.5, 1, 2, 4, 8, 16 x the training length
-    lengths: list[int] | None = setting(
-        None, "pass positive token counts, e.g. eval.lengths=[256,1024]", ge=1, le=MAX_TOKENS, nonempty=True
+    lengths: list[int] | None = setting(  # length mode scores only what the held-out documents hold, and says so
+        None, "pass positive token counts, e.g. eval.lengths=[256,1024]", ge=1, le=2**40, nonempty=True
     )
     # at least this many held-out tokens scored per cell (the same tokens in every cell), in pieces of the longest
     # length, an equal number from each held-out work (fewer where the held-out works hold fewer, with a note)
@@ -499,6 +499,14 @@ class Eval(Scoring):
     )
     # grids mode: per size
     grids: int = setting(64, "pass how many held-out grids to score per size", ge=1, le=MAX_COUNT)
+
+    RULES: ClassVar = (
+        Rule(  # a passkey sample is made at the length asked for, from filler: bounded, so none is made without end
+            ("lengths", "mode"),
+            lambda lengths, mode: mode != "passkey" or not lengths or max(lengths) <= MAX_TOKENS,
+            f"{{0}} in {{1}}: a sample is made at each length, and these pass {MAX_TOKENS:,} tokens; pass shorter ones",
+        ),
+    )
 
 
 @dataclass
@@ -559,7 +567,7 @@ class EvalConfig:
         Rule(
             ("checkpoint", "sweep_dir"),
             lambda checkpoint, sweep_dir: not (checkpoint and sweep_dir),
-            "pass {0} (one run) or {1} (every run of a sweep), not both",
+            "{0} and {1} are both given; pass one: checkpoint= (one run) or sweep_dir= (every run of a sweep)",
         ),
         Rule(  # a learned table: a length past it is n/a, and a table of nothing but n/a is refused
             ("eval.lengths", "eval.mode"),
@@ -755,7 +763,7 @@ class VizConfig:
         Rule(
             ("checkpoint", "sweep_dir"),
             lambda checkpoint, sweep_dir: not (checkpoint and sweep_dir),
-            "pass {0} (one run) or {1} (every run of a sweep), not both",
+            "{0} and {1} are both given; pass one: checkpoint= (one run) or sweep_dir= (every run of a sweep)",
         ),
         ODD_HEAD,
         Rule(  # each picture's distance axis holds factor x L distances: bounded, so no picture runs without end
@@ -888,6 +896,10 @@ def preflight(cfg):
     if kind is TrainConfig:  # init_from's checkpoint gives positional.original_length its value, as train.py does
         from utils.finetune import read_init
 
+        if message := problem(cfg, rules=False):  # the values read_init reads, first
+            raise UserError(message)
+        if cfg.init_from and (why := run_checkpoint(str(cfg.init_from))):
+            raise UserError(f"init_from={cfg.init_from} {why}; {CHECKPOINT_HINT}")
         read_init(cfg)
     if message := problem(cfg) or files_problem(cfg):
         raise UserError(message)
@@ -907,8 +919,9 @@ def preflight(cfg):
 
 
 def resume_mismatch(saved: dict, run: dict, path) -> str | None:
-    """One line naming the first setting a resumed run changes from the checkpoint it resumes (train.py's
-    MATCH_KEYS: model_config, tokenizer, seq_len, bos_aligned, optimizer_format), with both values, or None."""
+    """One line naming the first setting a resumed run changes from the checkpoint it resumes, with both values and
+    the setting that resumes it, or None. saved and run: what a resume must match (train.py's MATCH_KEYS:
+    model_config, tokenizer, seq_len, bos_aligned, optimizer_format), the checkpoint's with its older defaults."""
     keys = {"seq_len": "train.seq_len", "bos_aligned": "data.bos_aligned", "optimizer_format": "train.parallel"}
 
     def flat(d: dict, prefix: str = "") -> dict:
@@ -930,11 +943,11 @@ def resume_mismatch(saved: dict, run: dict, path) -> str | None:
     diff = [k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k)]
     if not diff:
         return None
-    key = diff[0]
+    key, was = diff[0], settings.show(old.get(diff[0]))
+    setting = "positional" if where(key) == "positional.name" else where(key)  # a scheme is picked by its group
     return (
-        f"{where(key)}={settings.show(new.get(key))} does not match this run's checkpoint {path}, which has "
-        f"{settings.show(old.get(key))}; resume with its setting ({where(key)}={settings.show(old.get(key))}), or "
-        f"start a new run in another out_dir"
+        f"{where(key)}={settings.show(new.get(key))} does not match this run's checkpoint {path}, trained with "
+        f"{was}; resume with {setting}={was}, or start afresh in another out_dir"
     )
 
 

@@ -165,13 +165,17 @@ def wanted(kind, example) -> tuple[str, str]:
 
 def invalid(e, key: str | None = None) -> str:
     """One line for an omegaconf ValidationError (a value of the wrong type, a choice not offered), from its fields:
-    the key, the class that declares it, and the value given."""
+    the key, the class that declares it, and the value given. An element of a list (optim.betas[0]) is worded by its
+    declared element type."""
     key = key or e.full_key
     cls = e.object_type if is_dataclass(e.object_type) else None
     name = key.rpartition(".")[2]
     f = field_of(cls, name)
     example = None if f is None or f.default_factory is MISSING else f.default_factory()
-    words, fix = wanted(value_type(cls, name) if f else Any, example)
+    kind = value_type(cls, name) if f else Any
+    if re.search(r"\[\d+\]$", key) and typing.get_origin(e.ref_type) is list:  # an element: its own type
+        kind = typing.get_args(e.ref_type)[0]
+    words, fix = wanted(kind, example)
     hint = f.metadata.get("hint") if f and not words.startswith("is not one of") else None
     return f"{key}={show(e.value)} {words}; {hint or fix}"
 
@@ -194,6 +198,8 @@ def value_problem(key: str, value, f) -> str | None:
     if value is None:
         return None
     shown = f"{key}={show(value)}"
+    if "group" in meta and config_type(value) is None:  # a value where an option's settings belong
+        return f"{shown} is not an option of {meta['group']}; pick one with {meta['group']}=<option>"
     if "choices" in meta and not any(value == c and type(value) is type(c) for c in meta["choices"]):
         return f"{shown} is not one of {', '.join(show(c) for c in meta['choices'])}; {hint}"
     if "test" in meta and not passes(meta["test"], value):
@@ -239,7 +245,7 @@ def lookup(node, key: str):
     return node
 
 
-def rules(cls) -> tuple[Rule, ...]:
+def class_rules(cls) -> tuple[Rule, ...]:
     return getattr(cls, "RULES", ())
 
 
@@ -264,14 +270,15 @@ def read(node, f, key: str):
         return None, unresolved(key, raw, e, f.metadata.get("hint", "pass a value"))
 
 
-def problem(node, prefix: str = "", only=None, facts: dict | None = None) -> str | None:
+def problem(node, prefix: str = "", only=None, facts: dict | None = None, rules: bool = True) -> str | None:
     """The first setting of node (a composed config, or a dataclass instance) outside its declared range or rules,
     as one line, or None. Sub-configs are walked by their own class; only: check the fields of this node named here
-    (its rules still see every field); facts: a checkpoint's (schema.facts), which the rules that need them read."""
+    (its rules still see every field); facts: a checkpoint's (schema.facts), which the rules that need them read;
+    rules=False: the values alone."""
     cls = config_type(node)
     if cls is None:  # a plain dict (a config with no schema: data/prepare.py's) holds typed ones
         if isinstance(node, DictConfig):
-            return next(filter(None, (problem(node[k], f"{prefix}{k}.", facts=facts) for k in node)), None)
+            return next(filter(None, (problem(node[k], f"{prefix}{k}.", None, facts, rules) for k in node)), None)
         return None
     hints = typing.get_type_hints(cls)
     composed = isinstance(node, DictConfig)
@@ -286,9 +293,9 @@ def problem(node, prefix: str = "", only=None, facts: dict | None = None) -> str
         value, found = read(node, f, key)
         found = found or value_problem(key, value, f)
         found = found or (None if composed else choice_problem(key, value, hints[f.name]))
-        if found or (found := problem(value, f"{key}.", facts=facts)):
+        if found or (found := problem(value, f"{key}.", None, facts, rules)):
             return found
-    for rule in rules(cls):
+    for rule in class_rules(cls) if rules else ():
         if rule.needs and facts is None:
             continue
         values = [lookup(node, k) for k in rule.keys]
