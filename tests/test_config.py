@@ -126,10 +126,10 @@ COMPOSED = {  # every option of every group, in the entry points that have the g
         for option in options_of(group)
     ]
     + [["experiment=sinks"]],
-    "eval": [["checkpoint=out/rope"]],  # the run they read: a name is enough here (no file is opened)
-    "sample": [["checkpoint=out/rope", f"cache={option}"] for option in options_of("cache")],
+    "eval": [[]],
+    "sample": [[f"cache={option}"] for option in options_of("cache")],
     "viz": [[]] + [[f"positional={option}"] for option in options_of("positional")],
-    "longrope": [["checkpoint=out/rope", "target_length=512"]],
+    "longrope": [["target_length=512"]],
     "prepare": [[]] + [[f"data={option}"] for option in options_of("data")],
 }
 
@@ -159,14 +159,14 @@ def test_every_rule_names_keys_of_the_config_it_checks():
     for name, overrides, cfg in composed_configs():
         for prefix, node, cls in settings.walk(cfg):
             seen.add(cls)
-            for rule in settings.class_rules(cls):
+            for rule in settings.rules(cls):
                 for key in rule.keys:
                     where = f"{cls.__name__}'s rule names {prefix}{key}, which {name} {overrides} lacks"
                     assert OmegaConf.select(node, key, default=absent) is not absent, where
             assert settings.problem(node) is None, (name, overrides)  # the defaults pass every rule
     declared = set().union(*map(classes_under, schema.ENTRY_POINTS.values()))
     declared |= {cls for options in schema.GROUPS.values() for cls in options.values()}
-    assert {cls for cls in declared if settings.class_rules(cls)} <= seen
+    assert {cls for cls in declared if settings.rules(cls)} <= seen
 
 
 def test_a_rule_naming_a_missing_key_fails_rather_than_skipping():

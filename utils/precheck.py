@@ -18,7 +18,7 @@ from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
-from utils.errors import UserError, compose_message, fail
+from utils.errors import UserError, cli, compose_message
 
 
 def task_config(config: DictConfig) -> DictConfig:
@@ -78,7 +78,7 @@ def check_sweep(config: DictConfig):
 
 
 class Check(Callback):
-    """Hydra turns an exception a callback raises into a warning and goes on: a refusal here exits, as cli() does."""
+    """Hydra turns an exception a callback raises into a warning and goes on: a refusal here exits, through cli()."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         refuse(check_run, config)
@@ -88,7 +88,4 @@ class Check(Callback):
 
 
 def refuse(check, config: DictConfig):
-    try:
-        check(config)
-    except UserError as e:
-        fail(str(e))
+    cli(lambda: check(config))  # a UserError, or a scheme's or a cache's own refusal: one line and exit 2

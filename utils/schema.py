@@ -143,7 +143,7 @@ def text_paths(value: str) -> str | None:
     try:
         files = text_files(value)
     except UserError:
-        return "matches no file"
+        return "matches no files"
     return next(filter(None, map(unreadable, files)), None)
 
 
@@ -170,7 +170,8 @@ class Train:
     seq_len: int = setting(256, "pass a positive length", ge=1, le=MAX_TOKENS)
     # per micro-batch per process
     batch_size: int = setting(32, "pass at least one sequence per micro-batch", ge=1, le=MAX_COUNT)
-    grad_accum: int = setting(1, "pass at least one micro-batch per step", ge=1)  # ignored with total_batch_size
+    # ignored with total_batch_size
+    grad_accum: int = setting(1, "pass at least one micro-batch per step", ge=1, le=MAX_COUNT)
     total_batch_size: int | None = setting(  # tokens per optimizer step over all processes; fixes grad_accum
         None, "pass a token count, or null to use train.grad_accum", ge=1
     )
@@ -182,7 +183,7 @@ class Train:
     grad_clip: float | None = setting(1.0, "pass 0 or null for no clipping", ge=0)
     log_interval: int = setting(10, "pass a step count", ge=1)
     eval_interval: int = setting(150, "pass a step count (the last step is always measured)", ge=1)
-    eval_batches: int = setting(8, "pass a batch count", ge=1)
+    eval_batches: int = setting(8, "pass a batch count", ge=1, le=MAX_COUNT)
     ckpt_interval: int = setting(150, "pass a step count (the last step is always saved)", ge=1)
     # save and stop after this many minutes (a scheduler's limit); resume later
     time_limit_min: float | None = setting(None, "pass minutes, or null for no limit", ge=0)
@@ -195,6 +196,11 @@ class Train:
     sink_metric: bool = False
 
     RULES: ClassVar = (
+        Rule(
+            ("total_batch_size", "batch_size", "seq_len"),
+            lambda total, batch, length: total is None or total // (batch * length) <= MAX_COUNT,
+            f"{{0}} is more than {MAX_COUNT:,} micro-batches of {{1}} x {{2}} per step; pass a smaller total",
+        ),
         Rule(
             ("warmup_steps", "max_steps"),
             lambda warmup, steps: warmup <= steps,
@@ -370,9 +376,8 @@ class PasskeyData(Corpus):
 
     name: str = folder_name("passkey")
     source: Source = fixed("passkey", "data")
-    base: Any = group(
-        "data"
-    )  # the corpus: filler from its training split, and its tokenizer (configs/data/passkey.yaml)
+    # the corpus: filler from its training split, and its tokenizer (configs/data/passkey.yaml)
+    base: Any = group("data")
     # samples in the training split (16,948 rows of 256: a 1,200-step fine-tune of 32 rows reads each about 2.3 times)
     train_docs: int = setting(20000, "pass how many samples to generate", ge=1, le=MAX_COUNT)
     # for val_loss, over the same split
@@ -525,6 +530,10 @@ class EvalLogger:
     mode: WandbMode = "auto"
 
 
+RUN = ("running",)  # a rule of what a run needs (Rule.needs), checked by preflight only
+NAMED = lambda path, running: bool(path)  # noqa: E731  (a rule: a run to read is given)
+
+
 def checkpoint_setting():  # a run folder (holding ckpt.pt) or a .pt file
     return setting(None, CHECKPOINT_HINT, nonempty=True, files=run_checkpoint)
 
@@ -560,9 +569,10 @@ class EvalConfig:
     RULES: ClassVar = (
         Rule(
             ("checkpoint", "sweep_dir"),
-            lambda checkpoint, sweep_dir: bool(checkpoint or sweep_dir),
+            lambda checkpoint, sweep_dir, running: bool(checkpoint or sweep_dir),
             "{0} and {1}: nothing to evaluate; pass checkpoint=<run folder or ckpt.pt>, or sweep_dir=<training sweep "
             "folder>",
+            needs=RUN,
         ),
         Rule(
             ("checkpoint", "sweep_dir"),
@@ -642,11 +652,11 @@ class LongRoPEConfig:
 
     FROM_CHECKPOINT: ClassVar = FROM_CHECKPOINT
     RULES: ClassVar = (
-        Rule(("checkpoint",), bool, "{0}: nothing to search; pass checkpoint=<run folder or ckpt.pt>"),
+        Rule(("checkpoint",), NAMED, "{0}: nothing to search; pass checkpoint=<run folder or ckpt.pt>", RUN),
         Rule(
             ("target_length",),
             lambda target, length: target > length,
-            "{0} does not extend {run}, trained at {train_length}; pass a longer target_length",
+            "{0} must be longer than the training length of {run}, {train_length}; pass a longer target_length",
             needs=("train_length",),
         ),
     )
@@ -701,7 +711,7 @@ class SampleConfig:
 
     FROM_CHECKPOINT: ClassVar = FROM_CHECKPOINT
     RULES: ClassVar = (
-        Rule(("checkpoint",), bool, "{0}: nothing to sample from; pass checkpoint=<run folder or ckpt.pt>"),
+        Rule(("checkpoint",), NAMED, "{0}: nothing to sample from; pass checkpoint=<run folder or ckpt.pt>", RUN),
         Rule(
             ("max_new_tokens", "cache.kind"),
             lambda n, kind: n >= 0 or kind == "sink",
@@ -896,12 +906,12 @@ def preflight(cfg):
     if kind is TrainConfig:  # init_from's checkpoint gives positional.original_length its value, as train.py does
         from utils.finetune import read_init
 
-        if message := problem(cfg, rules=False):  # the values read_init reads, first
+        if message := problem(cfg, values_only=True):  # the values read_init reads, first
             raise UserError(message)
         if cfg.init_from and (why := run_checkpoint(str(cfg.init_from))):
             raise UserError(f"init_from={cfg.init_from} {why}; {CHECKPOINT_HINT}")
         read_init(cfg)
-    if message := problem(cfg) or files_problem(cfg):
+    if message := problem(cfg, facts=dict.fromkeys(RUN, True)) or files_problem(cfg):
         raise UserError(message)
     if cfg.get("logger") is not None and cfg.logger.wandb:  # online needs a key, which the environment holds
         from utils.logger import check_mode
@@ -914,7 +924,7 @@ def preflight(cfg):
 
         grids.check_run(plain(cfg.data), cfg.train.seq_len)
     for path in checkpoints(cfg):
-        if message := problem(cfg, facts=facts(path)):
+        if message := problem(cfg, facts={**dict.fromkeys(RUN, True), **facts(path)}):
             raise UserError(message)
 
 

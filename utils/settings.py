@@ -74,9 +74,10 @@ def group(name: str):
 class Rule:
     """A check between settings, declared in the RULES of the class that holds them: keys are paths from that class
     (a dot reaches into a sub-config), ok(*their values, *the facts it needs) says whether they fit, and message says
-    why not and what to do, its {0}, {1}, ... each key as key=value, {<fact>} each fact. needs: facts of the
-    checkpoint the config reads (schema.facts: train_length, max_positions, n_prefix, run), which only an entry point
-    that has opened it can give: such a rule is checked then, and skipped by a walk without them."""
+    why not and what to do, its {0}, {1}, ... each key as key=value, {<fact>} each fact. needs: facts only a running
+    entry point gives (schema.preflight): running (a rule of what a run needs rather than of what a config may say:
+    the docs' commands are composed without it), or those of the checkpoint the config reads (schema.facts:
+    train_length, max_positions, n_prefix, run). Such a rule is checked then, and skipped by a walk without them."""
 
     keys: tuple[str, ...]
     ok: Callable[..., bool]
@@ -245,7 +246,7 @@ def lookup(node, key: str):
     return node
 
 
-def class_rules(cls) -> tuple[Rule, ...]:
+def rules(cls) -> tuple[Rule, ...]:
     return getattr(cls, "RULES", ())
 
 
@@ -270,15 +271,15 @@ def read(node, f, key: str):
         return None, unresolved(key, raw, e, f.metadata.get("hint", "pass a value"))
 
 
-def problem(node, prefix: str = "", only=None, facts: dict | None = None, rules: bool = True) -> str | None:
+def problem(node, prefix: str = "", only=None, facts: dict | None = None, values_only: bool = False) -> str | None:
     """The first setting of node (a composed config, or a dataclass instance) outside its declared range or rules,
     as one line, or None. Sub-configs are walked by their own class; only: check the fields of this node named here
     (its rules still see every field); facts: a checkpoint's (schema.facts), which the rules that need them read;
-    rules=False: the values alone."""
+    values_only: the values alone, no rule."""
     cls = config_type(node)
     if cls is None:  # a plain dict (a config with no schema: data/prepare.py's) holds typed ones
         if isinstance(node, DictConfig):
-            return next(filter(None, (problem(node[k], f"{prefix}{k}.", None, facts, rules) for k in node)), None)
+            return next(filter(None, (problem(node[k], f"{prefix}{k}.", None, facts, values_only) for k in node)), None)
         return None
     hints = typing.get_type_hints(cls)
     composed = isinstance(node, DictConfig)
@@ -293,10 +294,10 @@ def problem(node, prefix: str = "", only=None, facts: dict | None = None, rules:
         value, found = read(node, f, key)
         found = found or value_problem(key, value, f)
         found = found or (None if composed else choice_problem(key, value, hints[f.name]))
-        if found or (found := problem(value, f"{key}.", None, facts, rules)):
+        if found or (found := problem(value, f"{key}.", None, facts, values_only)):
             return found
-    for rule in class_rules(cls) if rules else ():
-        if rule.needs and facts is None:
+    for rule in () if values_only else rules(cls):
+        if not set(rule.needs) <= set(facts or ()):
             continue
         values = [lookup(node, k) for k in rule.keys]
         if not rule.ok(*values, *(facts[n] for n in rule.needs)):
