@@ -92,16 +92,11 @@ def evaluate_one(path, cfg, rt) -> dict:
 
 
 def run(cfg: DictConfig, job_dir: Path | None = None):
-    schema.check(cfg)
+    schema.preflight(cfg)  # every setting, the checkpoints it names, and the rules that read them (a learned table)
     rt = runtime.setup(cfg.device, cfg.dtype, 0)
     if cfg.sweep_dir:
-        found = sorted(Path(cfg.sweep_dir).glob("*/" + checkpoint.NAME))
-        if not found:
-            raise UserError(
-                f"no */{checkpoint.NAME} under sweep_dir={cfg.sweep_dir}; point it at a training sweep folder"
-            )
         results = []
-        for p in found:
+        for p in schema.checkpoints(cfg):
             torch._dynamo.reset()  # each model's compiled flex versions are its own: never add up to the cap
             results.append(evaluate_one(p, cfg, rt))
         if cfg.eval.mode == "length":
@@ -109,8 +104,6 @@ def run(cfg: DictConfig, job_dir: Path | None = None):
         if cfg.eval.mode in OWN_DATA:
             print({"grids": grids, "tasks": tasks}[cfg.eval.mode].compare(results, Path(cfg.sweep_dir) / "eval"))
         return results
-    if not cfg.checkpoint:
-        raise UserError("pass checkpoint=<run folder or ckpt.pt> (or sweep_dir=<training sweep folder>)")
     result = evaluate_one(cfg.checkpoint, cfg, rt)
     if job_dir is not None and cfg.eval.mode == "length":  # a -m job: leave a copy for the comparison callback
         (job_dir / "length.json").write_text(json.dumps(result))

@@ -30,13 +30,16 @@ from utils.errors import UserError, cli, hydra_cli
 
 
 def read_prompt(prompt: str) -> str:
+    """prompt=text, or prompt=@file: the text of the file (that it exists: schema.preflight)."""
     if not prompt.startswith("@"):
         return prompt
     path = Path(prompt[1:]).expanduser()
     try:
         return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read the prompt file {path} ({type(e).__name__}); give a UTF-8 text file") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"prompt={prompt} is not UTF-8 text ({e.reason} at byte {e.start}); convert it") from None
+    except OSError as e:
+        raise UserError(f"prompt={prompt} cannot be read ({e.strerror}); give a readable text file") from None
 
 
 def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.stdout) -> tuple[int, str | None]:
@@ -72,9 +75,8 @@ def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
 
 
 def sample(cfg: DictConfig):
-    schema.check(cfg)
-    if not cfg.checkpoint:
-        raise UserError("pass checkpoint=<run folder or ckpt.pt>")
+    schema.preflight(cfg)  # every setting, the checkpoint, and the cache's sizes against its training length
+    text = read_prompt(cfg.prompt)
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     model, ckpt = checkpoint.load_model(cfg.checkpoint, rt.device)
     if model.pe.axes > 1 and ckpt["config"]["data"].get("source") == "grids":  # text positions would be wrong ids
@@ -83,7 +85,7 @@ def sample(cfg: DictConfig):
             f"data=grids' (row, column) ids; score it with python eval.py checkpoint={cfg.checkpoint} eval.mode=grids"
         )
     enc = tokenizer.load(ckpt["tokenizer"])
-    ids = [tokenizer.bos_id(ckpt["tokenizer"], enc)] + enc.encode_ordinary(read_prompt(cfg.prompt))
+    ids = [tokenizer.bos_id(ckpt["tokenizer"], enc)] + enc.encode_ordinary(text)
     prompt = torch.tensor([ids], device=rt.device)
     generator = torch.Generator(device=rt.device).manual_seed(cfg.seed)
     sizes = cache_sizes(model, cfg.cache.kind, ckpt["seq_len"], **{k: v for k, v in cfg.cache.items() if k != "kind"})
@@ -98,7 +100,7 @@ def sample(cfg: DictConfig):
                 f"the prompt has {len(ids)} tokens, more than the dense cache holds ({cache.capacity}); "
                 f"use cache=sink or a shorter prompt"
             )
-        print(read_prompt(cfg.prompt), end="", flush=True)
+        print(text, end="", flush=True)
         n, stopped = stream_one(model, enc, prompt, cache, cfg, generator, cfg.static)
         total += n
         if stopped:

@@ -96,10 +96,8 @@ def subjects_and_folder(cfg):
     from utils import checkpoint
 
     out = cfg.viz.out
-    if cfg.sweep_dir:
-        found = sorted(Path(cfg.sweep_dir).glob("*/" + checkpoint.NAME))
-        if not found:
-            raise UserError(f"no */{checkpoint.NAME} under sweep_dir={cfg.sweep_dir}; point it at a training sweep")
+    if cfg.sweep_dir:  # it holds runs: schema.preflight
+        found = schema.checkpoints(cfg)
         return (trained_subject(p, cfg) for p in found), Path(out or Path(cfg.sweep_dir) / "pictures")
     if cfg.checkpoint:
         run_dir = checkpoint.checkpoint_path(cfg.checkpoint).parent
@@ -112,12 +110,14 @@ def subjects_and_folder(cfg):
 def run(cfg: DictConfig, command: str = "python viz.py") -> Path:
     from gallery.draw import Options, draw, write_index
 
-    schema.check(cfg)
-    if not (cfg.checkpoint or cfg.sweep_dir):  # a scheme at init, of cfg.model's heads and widths
-        schema.check_model(cfg)
+    schema.preflight(cfg)  # every setting, the paths, the model at init or the checkpoints' training lengths
     heads = None if cfg.viz.heads is None else [list(pair) for pair in cfg.viz.heads]
     options = Options(cfg.viz.factor, cfg.viz.samples, heads, cfg.viz.seed)
     subjects, out = subjects_and_folder(cfg)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a folder the checks found writable that the filesystem still refuses
+        raise UserError(f"viz.out={out} cannot be made ({e.strerror}); pass a folder you can write") from None
     entries = []
     for s in subjects:
         rows = draw(s, options, out)

@@ -106,15 +106,17 @@ def text_files(pattern: str) -> list[Path]:
     return files
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, setting: str = "") -> str:
+    """A UTF-8 file's text; setting: the key=value that named it (data.path=...), for the error."""
+    where = f"{setting}: " if setting else ""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise UserError(
-            f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it or leave it out"
+            f"{where}{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it or leave it out"
         ) from None
     except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror}") from None
+        raise UserError(f"{where}{path} cannot be read ({e.strerror}); give files you can read") from None
     return text.replace("\r\n", "\n")
 
 
@@ -122,7 +124,7 @@ def text_documents(data: dict, split: str) -> list[str]:
     """Each file is a document (or several, cut at data.doc_separator); a seeded shuffle picks the val docs."""
     docs = []
     for path in text_files(data["path"]):
-        text = read_text(path)
+        text = read_text(path, f"data.path={data['path']}")
         parts = re.split(data["doc_separator"], text) if data.get("doc_separator") else [text]
         docs += [p for p in parts if p.strip()]
     if not docs:

@@ -159,8 +159,6 @@ def search(cfg: DictConfig, rt) -> dict:
             f"this model was fine-tuned with positional.scaling={pos['scaling']}, built into its frequencies; "
             f"LongRoPE would replace it, not compose with it: search on the run it was fine-tuned from"
         )
-    if target <= train_length:
-        raise UserError(f"target_length={target} must be longer than the training length {train_length}")
     factor = target / train_length
     s = cfg.search
     top = (1.25 * factor if s.max_factor is None else s.max_factor) - 1.0
@@ -220,9 +218,7 @@ def search(cfg: DictConfig, rt) -> dict:
 
 
 def run(cfg: DictConfig) -> Path:
-    schema.check(cfg)
-    if not cfg.checkpoint:
-        raise UserError("pass checkpoint=<run folder or ckpt.pt> and target_length=<tokens>")
+    schema.preflight(cfg)  # every setting, the checkpoint, and target_length against its training length
     rt = runtime.setup(cfg.device, cfg.dtype, 0)
     record = search(cfg, rt)
     path = longrope.save(checkpoint.checkpoint_path(cfg.checkpoint).parent, record)

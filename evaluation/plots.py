@@ -7,6 +7,7 @@ Every series has its own colour, marker and (a RoPE extension) line style; a 95%
 where more than eight lines share a panel; log axes say so. The tables and labels are evaluation/report.py's.
 """
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,25 @@ def _minor_label(value: float, _pos) -> str:
     return f"{value:g}" if round(lead) in (2, 5) else ""
 
 
+def _plain(value: float, _pos) -> str:
+    return f"{value:g}"
+
+
+def readable_log_axis(axis):
+    """A log axis labelled in plain numbers (300, not 3 x 10^2). One that spans less than two decades holds one major
+    tick or none: its minor ticks are labelled too, every one under a decade, else the 2s and 5s. Call it once the
+    axis holds its data (its limits are read)."""
+    import matplotlib.ticker
+
+    lo, hi = sorted(axis.get_view_interval())
+    if lo <= 0:
+        return
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(_plain))
+    decades = math.log10(hi / lo)
+    if decades < 2:
+        axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_plain if decades < 1 else _minor_label))
+
+
 def _length_axes(ax, rows: list[dict], train_length: int, title: str):
     import matplotlib.ticker
 
@@ -99,7 +119,8 @@ def _length_axes(ax, rows: list[dict], train_length: int, title: str):
         title=title,
     )
     lengths = sorted({r["length"] for r in rows})
-    ax.set_xticks(lengths, [str(n) for n in lengths])
+    scored = {r["length"] for r in rows if r["ppl"]}  # a length no cell scored (past a learned table) says so
+    ax.set_xticks(lengths, [str(n) if n in scored else f"{n}\nn/a" for n in lengths])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label))
@@ -148,7 +169,18 @@ def _length_panels(axes, rows: list[dict], train_length: int) -> str:
 def _legend(fig, ax):
     """One legend for the figure, under its panels, so it covers no line."""
     handles, names = ax.get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=8, frameon=False)
+    if names:
+        fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=8, frameon=False)
+
+
+def na_note(rows: list[dict]) -> str:
+    """Which cells were not scored and why (a learned table's end), for the figure: its lines stop before them."""
+    na = [r for r in rows if r["ppl"] is None]
+    if not na:
+        return ""
+    lengths = ", ".join(str(n) for n in sorted({r["length"] for r in na}))
+    why = "; ".join(dict.fromkeys(r.get("note", "n/a").removeprefix("n/a: ") for r in na))
+    return f"n/a at {lengths} ({why})"
 
 
 def plot(rows: list[dict], train_length: int, path: Path, title: str, by_position: dict | None = None):
@@ -162,7 +194,8 @@ def plot(rows: list[dict], train_length: int, path: Path, title: str, by_positio
         ax.sharey(axes[0])
     intervals = _length_panels(axes[: len(modes)], rows, train_length)
     _legend(fig, axes[0])
-    fig.suptitle(f"{legend_name(title)}: perplexity against evaluation length ({intervals})")
+    note = na_note(rows)
+    fig.suptitle(f"{legend_name(title)}: perplexity against evaluation length ({intervals})" + (note and f"\n{note}"))
     if by_position:
         ax = axes[-1]
         for i, (length, values) in enumerate(sorted(by_position.items(), key=lambda kv: int(kv[0]))):
@@ -175,6 +208,7 @@ def plot(rows: list[dict], train_length: int, path: Path, title: str, by_positio
             title="NLL by position (nonoverlap)",
         )
         ax.legend(fontsize=7)
+        readable_log_axis(ax.xaxis)
     _save(fig, path)
 
 
@@ -188,7 +222,10 @@ def plot_compare(rows: list[dict], train_length: int, path: Path):
     )
     intervals = _length_panels(axes[0], rows, train_length)
     _legend(fig, axes[0, 0])
-    fig.suptitle(f"train short, test long: held-out perplexity against evaluation length ({intervals})")
+    note = na_note(rows)
+    fig.suptitle(
+        f"train short, test long: held-out perplexity against evaluation length ({intervals})" + (note and f"\n{note}")
+    )
     _save(fig, path)
 
 
@@ -225,6 +262,7 @@ def plot_stream(result: dict, path):
         title=f"{legend_name(result['scheme'])}: streaming past the training length (bands: 95% intervals)",
     )
     ax.legend(fontsize=8)
+    readable_log_axis(ax.xaxis)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -51,11 +51,13 @@ class ModelConfig:
     """The network: the `model` node of train.py's and viz.py's configs. Its defaults are model=tiny, the CPU default
     (~1.8M parameters, a few thousand tokens/s on 2 cores); configs/model/*.yaml are the other sizes."""
 
-    n_layer: int = setting(4, "pass a positive layer count", ge=1)
-    n_head: int = setting(4, "pass a positive head count", ge=1)
-    n_kv_head: int = setting(2, "pass a positive head count", ge=1)  # key/value heads (grouped-query attention)
-    d_model: int = setting(128, "pass a positive width, a multiple of model.n_head", ge=1)
-    mlp_ratio: int = setting(4, "pass a positive ratio", ge=1)
+    # upper bounds: a model past them could not be built in any memory, and is refused before it is tried
+    n_layer: int = setting(4, "pass a positive layer count, at most 1024", ge=1, le=1024)
+    n_head: int = setting(4, "pass a positive head count, at most 4096", ge=1, le=4096)
+    # key/value heads (grouped-query attention)
+    n_kv_head: int = setting(2, "pass a positive head count, at most 4096", ge=1, le=4096)
+    d_model: int = setting(128, "pass a positive width, a multiple of model.n_head", ge=1, le=2**17)
+    mlp_ratio: int = setting(4, "pass a positive ratio, at most 64", ge=1, le=64)
     softcap: float = setting(15.0, "pass a positive logit cap", gt=0)
     # defaults as plain strings (OmegaConf makes them members as it composes): a GPTConfig built in code stays
     # picklable with weights_only=True, as a checkpoint must be
@@ -63,7 +65,7 @@ class ModelConfig:
     qk_norm: QKNorm = "rms"
     sink_logit: bool = False  # true: a learned per-head logit for attending to nothing (gpt-oss), in every backend
     window: int | None = setting(  # W: sliding-window attention over the W most recent keys in the S layers
-        None, "pass a positive window in tokens, or null for full attention", ge=1
+        None, "pass a positive window in tokens, or null for full attention", ge=1, le=2**24
     )
     window_pattern: str = setting(  # tiled over the layers: S window, L full (SSSL: three windowed, as nanochat)
         "S", "e.g. SSSL", match=r"[SL]+", must="hold only S (sliding window) and L (full)"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Positional, PositionalOptions
+from .base import Positional, PositionalOptions, scheme
 
 
 def alibi_slopes(n_head: int) -> list[float]:
@@ -25,7 +25,7 @@ def alibi_slopes(n_head: int) -> list[float]:
 
 @dataclass
 class ALiBiOptions(PositionalOptions):
-    name: str = "alibi"
+    name: str = scheme("alibi")
 
 
 class ALiBi(Positional):

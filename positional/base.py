@@ -38,7 +38,7 @@ import torch
 from omegaconf import MISSING
 from torch import nn
 
-from utils.settings import Rule, choices, setting
+from utils.settings import Rule, choices, fixed, setting
 
 LAYERS = r"[PN]+"  # positional.layers: P a layer of the scheme, N a layer with no positions (NoPE), tiled
 
@@ -54,6 +54,12 @@ def rotates(name: str) -> bool:
     from positional import SCHEMES  # the registry, which imports this module first
 
     return name == "sink" or name not in SCHEMES or SCHEMES[name].rotary
+
+
+def scheme(name: str):
+    """A scheme's options' name field: its own name, picked with positional=<name> (positional.name=alibi alone would
+    build ALiBi from RoPE's options)."""
+    return fixed(name, "positional")
 
 
 @dataclass

@@ -23,13 +23,13 @@ from torch import nn
 
 from utils.settings import setting
 
-from .base import Positional, PositionalOptions
+from .base import Positional, PositionalOptions, scheme
 
 
 @dataclass
 class FIREOptions(PositionalOptions):
-    name: str = "fire"
-    hidden: int = setting(32, "pass how many hidden units each head's MLP has", ge=1)
+    name: str = scheme("fire")
+    hidden: int = setting(32, "pass how many hidden units each head's MLP has", ge=1, le=4096)
     # L's start (learned): queries before L normalise by L, so the bias is relative there (a spec built in code
     # without it, as a sink's inner scheme, starts at the constructor's 512)
     threshold: float = setting("${train.seq_len}", "pass FIRE's starting threshold L in positions", gt=0)

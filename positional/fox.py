@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .alibi import alibi_slopes
-from .base import Positional, PositionalOptions
+from .base import Positional, PositionalOptions, scheme
 
 
 class ForgetGate(nn.Module):
@@ -42,7 +42,7 @@ class ForgetGate(nn.Module):
 
 @dataclass
 class FoXOptions(PositionalOptions):
-    name: str = "fox"
+    name: str = scheme("fox")
 
 
 class FoX(Positional):

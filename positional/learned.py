@@ -14,13 +14,13 @@ from torch import nn
 
 from utils.settings import setting
 
-from .base import Positional, PositionalOptions, PositionLimitError
+from .base import Positional, PositionalOptions, PositionLimitError, scheme
 
 
 @dataclass
 class LearnedOptions(PositionalOptions):
-    name: str = "learned"
-    max_positions: int = setting("${train.seq_len}", "pass the table size in positions", ge=1)
+    name: str = scheme("learned")
+    max_positions: int = setting("${train.seq_len}", "pass the table size in positions", ge=1, le=2**24)
     # against token embeddings of std 1 (val loss at 150 steps: 0.5 5.39, 0.1 5.27; bench/RESULTS.md)
     init_std: float = setting(0.1, "pass a positive init std for the table", gt=0)
 

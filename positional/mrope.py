@@ -23,7 +23,7 @@ import torch
 
 from utils.settings import Rule, setting
 
-from .base import PositionalOptions
+from .base import PositionalOptions, scheme
 from .rope import RoPE
 
 QWEN2_VL_SECTIONS = (16, 24, 24)
@@ -38,11 +38,11 @@ def default_sections(pairs: int) -> list[int]:
 
 @dataclass
 class MRoPEOptions(PositionalOptions):
-    name: str = "mrope"
+    name: str = scheme("mrope")
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
     # pairs per (temporal, height, width) section, summing to head dim / 2 (checked at build, which knows the head);
     # null: Qwen2-VL's 16:24:24 for this head (tiny, 16 pairs: [4, 6, 6])
-    sections: list[int] | None = setting(None, "e.g. positional.sections=[4,6,6]", ge=1, length=3)
+    sections: list[int] | None = setting(None, "e.g. positional.sections=[4,6,6]", ge=1, le=2**16, length=3)
     interleaved: bool = False  # true: pair i turns with axis i mod 3 (Qwen3-VL's interleaved MRoPE)
 
     RULES: ClassVar = (

@@ -21,7 +21,7 @@ import torch
 
 from utils.settings import setting
 
-from .base import Positional, PositionalOptions
+from .base import Positional, PositionalOptions, scheme
 
 
 def temperature(pos: torch.Tensor, floor_scale: float, attn_scale: float) -> torch.Tensor:
@@ -32,7 +32,7 @@ def temperature(pos: torch.Tensor, floor_scale: float, attn_scale: float) -> tor
 
 @dataclass
 class NoPEOptions(PositionalOptions):
-    name: str = "nope"
+    name: str = scheme("nope")
     # > 0: Llama 4's query temperature 1 + attn_scale ln(1 + floor((i + 1) / floor_scale)); 0: none
     attn_scale: float = setting(0.0, "pass the temperature's slope, 0 for none (Llama 4: 0.1)", ge=0)
     # the temperature is 1 through the training length, grows past it (a spec built in code without it: 8192)

@@ -22,7 +22,7 @@ from torch import nn
 
 from utils.settings import setting
 
-from .base import PositionalOptions
+from .base import PositionalOptions, scheme
 from .rope import RoPE
 
 WIDTH_SCALE = 2**0.25  # q' . k' / sqrt(2 Dh) = sum_c |q_c||k_c| cos(...) / sqrt(Dh)
@@ -30,7 +30,7 @@ WIDTH_SCALE = 2**0.25  # q' . k' / sqrt(2 Dh) = sum_c |q_c||k_c| cos(...) / sqrt
 
 @dataclass
 class PoPEOptions(PositionalOptions):
-    name: str = "pope"
+    name: str = scheme("pope")
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
 
 

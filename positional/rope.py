@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from utils.settings import setting
 
 from . import rope_scaling
-from .base import Positional, PositionalOptions
+from .base import Positional, PositionalOptions, scheme
 
 
 def apply_rotary(x: torch.Tensor, angles: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -80,7 +80,7 @@ class _Rotate(torch.autograd.Function):
 
 @dataclass
 class RoPEOptions(PositionalOptions):
-    name: str = "rope"
+    name: str = scheme("rope")
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
     # < 1: partial rotary (GPT-NeoX), only the first fraction of each head's pairs turn
     rotary_fraction: float = setting(

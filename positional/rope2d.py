@@ -16,13 +16,13 @@ import torch
 
 from utils.settings import setting
 
-from .base import PositionalOptions
+from .base import PositionalOptions, scheme
 from .rope import RoPE
 
 
 @dataclass
 class RoPE2DOptions(PositionalOptions):
-    name: str = "rope2d"
+    name: str = scheme("rope2d")
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)  # each axis at a head half as wide's
 
 

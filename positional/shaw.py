@@ -18,14 +18,14 @@ from torch import nn
 
 from utils.settings import setting
 
-from .base import Positional, PositionalOptions
+from .base import Positional, PositionalOptions, scheme
 
 
 @dataclass
 class ShawOptions(PositionalOptions):
-    name: str = "shaw"
+    name: str = scheme("shaw")
     # k: distances 0..k each have a vector, farther ones share a_k (the paper saw little change for k >= 2)
-    max_distance: int = setting(16, "pass a positive distance", ge=1)
+    max_distance: int = setting(16, "pass a positive distance", ge=1, le=2**16)  # a table row per distance
 
 
 class Shaw(Positional):

@@ -7,7 +7,7 @@ somewhere, so a cache that keeps them plus a window of recent tokens stays stabl
 scores otherwise come from the wrapped relative scheme.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,16 +15,21 @@ from torch import nn
 
 from utils.settings import setting
 
-from .base import Positional, PositionalOptions
+from .base import Positional, PositionalOptions, scheme
 
 
 @dataclass
 class SinkOptions(PositionalOptions):
-    name: str = "sink"
-    n_sink: int = setting(1, "pass how many learned sink tokens to prepend", ge=1)
+    name: str = scheme("sink")
+    n_sink: int = setting(1, "pass how many learned sink tokens to prepend", ge=1, le=4096)
     # the wrapped relative scheme, with its own options (checked against its own class at build):
     # positional.inner={name:alibi} replaces RoPE, +positional.inner.base=500000 adds an option
-    inner: Any = field(default_factory=lambda: {"name": "rope"})
+    inner: Any = setting(
+        {"name": "rope"},
+        "e.g. positional.inner={name:alibi}",
+        test=lambda spec: "name" in spec,
+        must="be the wrapped scheme's options, its name among them",
+    )
 
 
 class Sink(Positional):

@@ -15,7 +15,7 @@ import torch
 
 from utils.settings import setting
 
-from .base import Positional, PositionalOptions
+from .base import Positional, PositionalOptions, scheme
 
 
 def frequencies(dim: int, base: float) -> torch.Tensor:
@@ -31,7 +31,7 @@ def sinusoids(pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class SinusoidalOptions(PositionalOptions):
-    name: str = "sinusoidal"
+    name: str = scheme("sinusoidal")
     base: float = setting(10000.0, "pass a positive sinusoid base", gt=0)
     # times the unit sinusoids: at 1.0 they lagged far behind at the training length
     # (val loss at 150 steps: 1.0 6.17, 0.3 5.31, 0.1 5.27, 0.03 5.27; bench/RESULTS.md)

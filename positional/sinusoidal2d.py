@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Positional
+from .base import Positional, scheme
 from .sinusoidal import SinusoidalOptions, frequencies, sinusoids
 
 
@@ -25,7 +25,7 @@ def axis_widths(d_model: int, axes: int) -> list[int]:
 
 @dataclass
 class Sinusoidal2DOptions(SinusoidalOptions):
-    name: str = "sinusoidal2d"  # base and scale as sinusoidal's (sinusoidal.py)
+    name: str = scheme("sinusoidal2d")  # base and scale as sinusoidal's (sinusoidal.py)
 
 
 class Sinusoidal2D(Positional):

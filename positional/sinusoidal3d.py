@@ -6,13 +6,14 @@ d_model is cut into three blocks (128: 44, 42, 42 dimensions), each the 1D sinus
 
 from dataclasses import dataclass
 
+from .base import scheme
 from .sinusoidal import SinusoidalOptions
 from .sinusoidal2d import Sinusoidal2D
 
 
 @dataclass
 class Sinusoidal3DOptions(SinusoidalOptions):
-    name: str = "sinusoidal3d"
+    name: str = scheme("sinusoidal3d")
 
 
 class Sinusoidal3D(Sinusoidal2D):

@@ -13,7 +13,7 @@ from torch import nn
 
 from utils.settings import setting
 
-from .base import Positional, PositionalOptions
+from .base import Positional, PositionalOptions, scheme
 
 
 def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
@@ -26,8 +26,8 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int =
 
 @dataclass
 class T5Options(PositionalOptions):
-    name: str = "t5"
-    num_buckets: int = setting(32, "pass at least 2 buckets", ge=2)
+    name: str = scheme("t5")
+    num_buckets: int = setting(32, "pass at least 2 buckets", ge=2, le=2**16)
     max_distance: int = setting(128, "pass a positive distance", ge=1)
 
 

@@ -31,6 +31,7 @@ TINY = [
     "model.n_kv_head=2",
     "train.seq_len=32",
     "train.batch_size=8",
+    "train.warmup_steps=1",  # within the few steps a test trains (a warmup longer than the run is refused)
     "train.eval_batches=2",
     "train.log_interval=1",
     "train.sample_tokens=0",

@@ -130,6 +130,7 @@ COMPOSED = {  # every option of every group, in the entry points that have the g
     "sample": [[f"cache={option}"] for option in options_of("cache")],
     "viz": [[]] + [[f"positional={option}"] for option in options_of("positional")],
     "longrope": [["target_length=512"]],
+    "prepare": [[]] + [[f"data={option}"] for option in options_of("data")],
 }
 
 

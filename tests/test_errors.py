@@ -104,14 +104,13 @@ def composed(name: str, *overrides):
 
 def check(name: str, *overrides):
     """What an entry point checks before any work, in process: the config composes (its error worded as hydra_cli
-    words it), every setting passes the walk, and train.py's model builds on the meta device."""
+    words it), then schema.preflight: every setting passes the walk, the paths exist, the model builds on the meta
+    device, and the rules that read a checkpoint hold."""
     try:
         cfg = composed(name, *overrides)
     except ConfigCompositionException as e:
-        raise UserError(compose_message(e)) from None
-    schema.check(cfg)
-    if name == "train":
-        schema.check_model(cfg)
+        raise UserError(compose_message(e, name)) from None
+    schema.preflight(cfg)
 
 
 @pytest.mark.parametrize(
@@ -186,12 +185,47 @@ def test_ranges_and_choices(name, overrides, key):
     assert key in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["train", "eval", "sample", "viz"])
-def test_the_defaults_pass(name):
-    check(name)
+@pytest.mark.parametrize("name", ["train", "eval", "sample", "viz", "longrope"])
+def test_the_defaults_pass(name, tiny_checkpoint):
+    given = {"eval": ["checkpoint"], "sample": ["checkpoint"], "longrope": ["checkpoint", "target_length=64"]}
+    check(name, *(o if "=" in o else f"{o}={tiny_checkpoint}" for o in given.get(name, [])))
 
 
 @pytest.mark.parametrize("size", ["tiny", "small", "d12"])
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_scheme_and_size_passes(size, scheme):
     check("train", f"model={size}", f"positional={scheme}")
+
+
+@pytest.mark.parametrize(
+    "name, overrides, want",
+    [
+        ("eval", ["positional=alibi"], "positional=alibi: eval.py reads positional from the checkpoint"),
+        ("sample", ["model=small"], "model=small: sample.py reads model from the checkpoint"),
+        ("eval", ["+positional=alibi"], "positional is a setting of the training run"),
+        ("eval", ["positional.base=500"], "positional is a setting of the training run"),
+        ("train", ["positionl=alibi"], "(positional?)"),
+        ("train", ["modle=small"], "(model?)"),
+        ("train", ["data.path=notes.txt"], "data=text has data.path"),
+        ("prepare", ["foo=1"], "foo is not an option of this config"),
+        ("prepare", ["+foo=1"], "foo is not an option of this config"),  # added with +: refused, not ignored
+    ],
+)
+def test_an_unknown_key_or_group_names_the_nearest_one_never_a_plus(name, overrides, want):
+    """Hydra's hint for a key it does not know is `+key`, which adds a setting nothing reads (the run goes on without
+    it): the message names the nearest key, the option that has it, or where a checkpoint's setting comes from."""
+    with pytest.raises(UserError) as e:
+        check(name, *overrides)
+    assert want in str(e.value) and "+" not in str(e.value).replace("+foo", ""), str(e.value)
+
+
+def test_resuming_another_scheme_names_the_key_and_the_setting_that_resumes():
+    """What train.py's resume must match, worded: the first setting that differs, both values, the fix."""
+    saved = {"model_config": {"n_layer": 2, "positional": {"name": "rope", "base": 10000.0}}, "seq_len": 32}
+    run = {"model_config": {"n_layer": 2, "positional": {"name": "alibi"}}, "seq_len": 32}
+    message = schema.resume_mismatch(saved, run, "out/rope/ckpt.pt")
+    assert message.startswith("positional.name=alibi does not match this run's checkpoint out/rope/ckpt.pt")
+    assert message.endswith("trained with rope; resume with positional=rope, or start afresh in another out_dir")
+    longer = schema.resume_mismatch(saved, {**saved, "seq_len": 64}, "x")
+    assert longer.startswith("train.seq_len=64 ") and "resume with train.seq_len=32" in longer
+    assert schema.resume_mismatch(saved, saved, "x") is None

@@ -94,7 +94,8 @@ def test_train_and_score_a_task_model_end_to_end(tmp_path):
 
     out = tmp_path / "copy"
     overrides = [*TINY, "experiment=tasks", "data.tasks=[copy]", "train.seq_len=36", "train.max_steps=2",
-                 "data.train_docs=256", "data.val_docs=64", "positional.random_positions=300"]  # fmt: skip
+                 "train.warmup_steps=1", "data.train_docs=256", "data.val_docs=64",
+                 "positional.random_positions=300"]  # fmt: skip
     train(config(*overrides), out)
     ev = config_eval(f"checkpoint={out}", "eval.mode=tasks", "eval.trials=3", "device=cpu", "logger.wandb=false")
     result = run(ev)

@@ -204,8 +204,8 @@ def test_resume_takes_a_new_lr(trained, tmp_path):
     """The advice of a diverged run, 'lower optim.lr', works: a resumed run uses this run's optim.lr, not the
     checkpoint's (the optimizer's moments come from the checkpoint, its hyperparameters from the config)."""
     shutil.copy(trained / "ckpt.pt", tmp_path / "ckpt.pt")
-    train(config(*TINY, "optim.lr=1e-3", "train.max_steps=4", "train.resume=true"), tmp_path)
-    assert metrics(tmp_path)[-1]["lr"] == pytest.approx(1e-3 * 4 / 40)  # step 4 of a 40-step warmup
+    train(config(*TINY, "optim.lr=1e-3", "train.max_steps=8", "train.warmup_steps=8", "train.resume=true"), tmp_path)
+    assert metrics(tmp_path)[-1]["lr"] == pytest.approx(1e-3 * 8 / 8)  # the last step of an 8-step warmup
 
 
 def test_diverging_resume_leaves_the_checkpoint_as_it_was(trained, tmp_path):

@@ -2,7 +2,8 @@
 
 python train.py logger.wandb=false          (jsonl only)
 wandb is online when an API key is configured (WANDB_API_KEY or a netrc entry), otherwise offline; it never
-waits on a login prompt. logger.mode=online|offline|disabled forces a mode.
+waits on a login prompt. logger.mode=online|offline|disabled forces a mode; online without a key, or with a key
+wandb refuses, or with no network, stops the run in one line naming logger.mode, before any step.
 """
 
 import json
@@ -10,42 +11,70 @@ import netrc
 import os
 from pathlib import Path
 
+from utils.errors import UserError
+
+WANDB_HOSTS = ("api.wandb.ai",)  # where `wandb login` keeps its key, besides WANDB_BASE_URL's host
+
+
+def has_key() -> bool:
+    """Whether a wandb API key is configured: WANDB_API_KEY, or a netrc entry for the wandb host."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    hosts = {os.environ.get("WANDB_BASE_URL", "").split("//")[-1].rstrip("/"), *WANDB_HOSTS} - {""}
+    try:
+        entries = netrc.netrc()
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    return any(entries.authenticators(host) for host in hosts)
+
 
 def wandb_mode(requested: str | None) -> str:
     if requested and requested != "auto":
         return requested
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
-    try:
-        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1]
-        if netrc.netrc().authenticators(host):
-            return "online"
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        pass
-    return "offline"
+    return "online" if has_key() else "offline"
+
+
+def check_mode(requested: str | None) -> str:
+    """The mode wandb will run in; online with no API key is refused here (wandb would prompt, or fail later)."""
+    mode = wandb_mode(requested)
+    if mode == "online" and not has_key():
+        raise UserError(
+            f"logger.mode={requested or 'auto'} logs online, and no wandb API key is set (WANDB_API_KEY, or wandb "
+            f"login); run wandb login, or pass logger.mode=offline (or logger.wandb=false)"
+        )
+    return mode
 
 
 def start_wandb(project: str, out_dir, config: dict, mode=None, group=None, name=None, run_id=None, **kwargs):
-    """A wandb run, or None when disabled. The mode is settled before wandb starts, so nothing prompts."""
-    mode = wandb_mode(mode)
+    """A wandb run, or None when disabled. The mode is settled before wandb starts, so nothing prompts; wandb's
+    refusals (no key, a wrong key, no network) are one line naming logger.mode."""
+    requested, mode = mode or "auto", check_mode(mode)
     if mode == "disabled":
         return None
     os.environ["WANDB_MODE"] = mode
     import wandb
 
-    return wandb.init(
-        project=project,
-        group=group,
-        name=name,
-        config=config,
-        dir=str(out_dir),
-        mode=mode,
-        id=run_id,
-        resume="allow" if run_id else None,
-        settings=wandb.Settings(silent=True),
-    )
+    try:
+        return wandb.init(
+            project=project,
+            group=group,
+            name=name,
+            config=config,
+            dir=str(out_dir),
+            mode=mode,
+            id=run_id,
+            resume="allow" if run_id else None,
+            settings=wandb.Settings(silent=True),
+            **kwargs,
+        )
+    except wandb.errors.Error as e:  # a key wandb refuses, or a server it cannot reach
+        why = " ".join(str(e).split())[:200]
+        raise UserError(
+            f"logger.mode={requested} could not start wandb {mode} ({type(e).__name__}: {why}); check the key "
+            f"(wandb login --relogin) and the network, or pass logger.mode=offline"
+        ) from None
 
 
 class Logger:

