@@ -33,7 +33,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from data import grids, tasks, tokenizer
+from data import tasks, tokenizer
 from data.loader import RowSampler, TokenSplit
 from data.prepare import prepare
 from data.shards import load_meta
@@ -541,8 +541,8 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
     init = finetune.read_init(cfg)  # init_from's checkpoint, mapped; it gives positional.original_length its value
     schema.check(cfg)  # every range and rule, before any data is read
     schema.check_model(cfg)
-    if cfg.data.source == "grids":  # its options, and train.seq_len against its grid size
-        grids.check_run(schema.plain(cfg.data), tr.seq_len)
+    if cfg.data.source == "grids":  # train.seq_len against its grid size
+        schema.check_grid_row(cfg.data, tr.seq_len)
     probes = [*(probes or []), *([probing.SinkProbe()] if tr.sink_metric else [])]
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     stop, lock, state = StopFlag(), None, TrainState()

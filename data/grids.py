@@ -26,7 +26,6 @@ import numpy as np
 
 from data.shards import SPLITS, write_token_split
 from data.tokenizer import BOS
-from utils.errors import UserError
 
 CHARS = ".#|\n"  # dead, alive, left wall, right wall; BOS is id len(CHARS)
 DEAD, ALIVE, LEFT, RIGHT = range(4)
@@ -71,17 +70,6 @@ def positions(height: int, width: int) -> np.ndarray:
 def cells_of(doc: np.ndarray, height: int, width: int) -> np.ndarray:
     """The cells of a grid document (the inverse of tokens)."""
     return doc[1:].reshape(height, width + 2)[:, 1:-1]
-
-
-def check_run(data: dict, seq_len: int):
-    """A training row holds exactly one grid (train.py, before any work; each option's range: utils/schema.py
-    GridsData)."""
-    tokens = data["height"] * (data["width"] + 2)
-    if seq_len != tokens:
-        raise UserError(
-            f"train.seq_len={seq_len}: a row holds one grid, {data['height']} rows of {data['width']} cells and 2 "
-            f"walls = {tokens} tokens after BOS; pass train.seq_len={tokens}"
-        )
 
 
 def write_grids(tmp: Path, data: dict, log):

@@ -6,17 +6,16 @@ python train.py data=tinystories | data=fineweb_edu   (Hugging Face `datasets`, 
 Every source yields whole documents; the split is by document, never a cut through a stream.
 """
 
-import glob
 import hashlib
 import importlib.util
 import json
-import os
 import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from utils.errors import UserError
+from utils.schema import text_files
 
 # First Folio file stems whose spelling differs from their modern-spelling twin; both go to the same split.
 FOLIO_TWINS = {
@@ -89,21 +88,6 @@ def shakespeare_documents(data: dict, split: str) -> list[tuple[str, str]]:
 
 
 # --- a user's own text -----------------------------------------------------------------------------------------
-
-
-def text_files(pattern: str) -> list[Path]:
-    if not pattern:
-        raise UserError("data=text needs data.path=<file, folder or glob of UTF-8 text>")
-    path = Path(os.path.expanduser(str(pattern)))
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-    elif path.is_file():
-        files = [path]
-    else:
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
-    if not files:
-        raise UserError(f"data.path={pattern} matches no files; give a text file, a folder or a glob")
-    return files
 
 
 def read_text(path: Path, setting: str = "") -> str:

@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import positional
+import settings
 from positional import PositionAxesError
-from utils import settings
-from utils.settings import Rule, choices, setting
+from settings import Rule, choices, setting
 
 from .attention import BACKENDS, add_window, attend, make_plan
 from .fused import relu_square, rms_norm

@@ -23,7 +23,7 @@ from dataclasses import asdict, fields, is_dataclass
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
-from utils import settings
+import settings
 
 from .alibi import ALiBi
 from .base import Positional, PositionalOptions, PositionAxesError, PositionLimitError

@@ -38,7 +38,7 @@ import torch
 from omegaconf import MISSING
 from torch import nn
 
-from utils.settings import Rule, choices, fixed, setting
+from settings import Rule, choices, fixed, setting
 
 LAYERS = r"[PN]+"  # positional.layers: P a layer of the scheme, N a layer with no positions (NoPE), tiled
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from utils.settings import choices, setting
+from settings import choices, setting
 
 from .alibi import alibi_slopes
 from .base import Positional, PositionalOptions, scheme

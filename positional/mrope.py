@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from utils.settings import Rule, setting
+from settings import Rule, setting
 
 from .base import PositionalOptions, scheme
 from .rope import RoPE

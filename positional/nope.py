@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from utils.settings import setting
+from settings import setting
 
 from .base import Positional, PositionalOptions, scheme
 

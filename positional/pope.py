@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from utils.settings import setting
+from settings import setting
 
 from .base import PositionalOptions, scheme
 from .rope import RoPE

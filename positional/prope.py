@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from utils.settings import setting
+from settings import setting
 
 from .base import scheme
 from .rope import RoPE, RoPEOptions

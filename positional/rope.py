@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from utils.settings import setting
+from settings import setting
 
 from . import rope_scaling
 from .base import Positional, PositionalOptions, scheme

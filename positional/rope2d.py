@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from utils.settings import setting
+from settings import setting
 
 from .base import PositionalOptions, scheme
 from .rope import RoPE

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from utils.settings import setting
+from settings import setting
 
 from .base import Positional, PositionalOptions, scheme
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from utils.settings import setting
+from settings import setting
 
 from .base import Positional, PositionalOptions, scheme
 

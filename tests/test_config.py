@@ -16,7 +16,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import positional
-from utils import checkpoint, schema, settings
+import settings
+from utils import checkpoint, schema
 
 
 # the learned-bias schemes at the tiny size only: they add no constraint between sizes and positions (no

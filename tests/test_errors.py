@@ -2,7 +2,7 @@
 
 The subprocess cases run an entry point the way a user types it; those that need no checkpoint must fail before
 anything is printed (no data prepared, no model built, no checkpoint read). The in-process cases make the same checks
-an entry point makes before any work (composing, the walk of utils/settings.py, the model on the meta device) on more
+an entry point makes before any work (composing, the walk of settings.py, the model on the meta device) on more
 values, which is quicker than a process each.
 """
 

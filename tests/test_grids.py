@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import ROOT, random_model
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 import positional
 from data import grids
@@ -189,7 +190,7 @@ def test_grid_options_fail_with_one_line_naming_the_key():
     with pytest.raises(UserError, match="data.rule=300 must be <= 255"):
         schema.check(cfg)
     with pytest.raises(UserError, match="train.seq_len=28") as e:
-        grids.check_run({**GRID, "height": 5}, 28)
+        schema.check_grid_row(OmegaConf.create({**GRID, "height": 5}), 28)
     assert "\n" not in str(e.value)
     with pytest.raises(UserError, match="cannot read"):
         select_axes(grids.positions(2, 2), 4)

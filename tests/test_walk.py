@@ -3,7 +3,7 @@ within the field's declared range) or refused in one line `<key>=<value> ...; <w
 
 python -m pytest -q tests/test_walk.py
 In process: each entry point's config (train, eval, sample, viz, longrope, prepare; every data=, optim=, tokenizer=,
-cache= option and every positional= scheme) is composed, utils/settings.py walk() lists its fields, and each field
+cache= option and every positional= scheme) is composed, settings.py walk() lists its fields, and each field
 gets 0, -1, huge, inf, nan, an empty string, a word and a list where its type wants neither, a ${...} that names no
 setting, and for a path a missing one, a file, a folder, an unreadable file and an unwritable folder. The override is
 applied as Hydra applies it (its error worded as hydra_cli words it), then the entry point's check before any work
@@ -29,9 +29,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+import settings
 from model.kv_cache import CacheError
 from positional import PositionLimitError
-from utils import schema, settings
+from utils import schema
 from utils.errors import UserError, compose_message, group_value_message, groups
 
 HUGE = str(10**18)

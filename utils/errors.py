@@ -114,7 +114,7 @@ def parse_hint(key: str) -> str:
 
 def compose_message(e, name: str = "") -> str:
     """One line for a Hydra composition error, naming the key and what to do: worded from the fields of OmegaConf's
-    exception (its key, the class that declares it, the value given) by utils/settings.py, as the walker words the
+    exception (its key, the class that declares it, the value given) by settings.py, as the walker words the
     ranges. name: the entry point (its configs/<name>.yaml), for what only it can say (its groups). Never a +key:
     a key that is not in the config is a misspelling, and + would add one that nothing reads."""
     from dataclasses import is_dataclass
@@ -128,7 +128,7 @@ def compose_message(e, name: str = "") -> str:
         ValidationError,
     )
 
-    from utils import settings
+    import settings
 
     cause = e.__cause__ or e.__context__  # a config group's option that does not compose: raised while handling
     declared = getattr(cause, "object_type", None)

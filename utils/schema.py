@@ -8,11 +8,12 @@ defaults list of the YAML that uses it (configs/train.yaml, configs/optim/muon.y
 type, a choice not offered (an enum.StrEnum field) or a misspelled key fails while the config composes. The network's
 settings are model/gpt.py's ModelConfig; each positional scheme's are beside its class (positional/<scheme>.py).
 configs/ keeps only presets (model sizes, data sets, experiments, sweeps) and the defaults lists. check() then walks
-the composed config against every declared range and rule (utils/settings.py), and check_model builds the model on
+the composed config against every declared range and rule (settings.py), and check_model builds the model on
 the meta device, so a bad value stops the run with one line before any data is read.
 """
 
 import functools
+import glob
 import json
 import math
 import os
@@ -27,12 +28,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import positional
+import settings
 from model.gpt import GPT, GPTConfig, ModelConfig
 from positional import rerope
 from positional.rope_scaling import KINDS, SEARCHED
-from utils import checkpoint, settings
+from settings import Rule, choices, config_type, files_problem, fixed, group, number, problem, setting
+from utils import checkpoint
 from utils.errors import UserError
-from utils.settings import Rule, choices, config_type, files_problem, fixed, group, number, problem, setting
 
 DType = choices("DType", "auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
 Schedule = choices("Schedule", "cosine", "linear", "constant")
@@ -139,9 +141,23 @@ def prompt_file(value: str) -> str | None:
     return "names a folder, not a text file" if path.is_dir() else unreadable(path)
 
 
-def text_paths(value: str) -> str | None:
-    from data.sources import text_files
+def text_files(pattern: str) -> list[Path]:
+    """The files data.path names: a file, every file under a folder (hidden ones left out), or a glob's matches."""
+    if not pattern:
+        raise UserError("data=text needs data.path=<file, folder or glob of UTF-8 text>")
+    path = Path(os.path.expanduser(str(pattern)))
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    elif path.is_file():
+        files = [path]
+    else:
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+    if not files:
+        raise UserError(f"data.path={pattern} matches no files; give a text file, a folder or a glob")
+    return files
 
+
+def text_paths(value: str) -> str | None:
     try:
         files = text_files(value)
     except UserError:
@@ -418,6 +434,17 @@ class GridsData(Corpus):
     val_docs: int = setting(256, "pass how many held-out grids to generate", ge=1, le=MAX_COUNT)
     seed: int = seed()  # grids from generators seeded by (seed, split)
     bos_aligned: bool = True  # always: rows with position ids are whole documents (data/loader.py)
+
+
+def check_grid_row(data, seq_len: int):
+    """A training row holds exactly one grid: BOS, then height rows of width cells between two wall tokens
+    (data/grids.py draws them so)."""
+    tokens = data.height * (data.width + 2)
+    if seq_len != tokens:
+        raise UserError(
+            f"train.seq_len={seq_len}: a row holds one grid, {data.height} rows of {data.width} cells and 2 "
+            f"walls = {tokens} tokens after BOS; pass train.seq_len={tokens}"
+        )
 
 
 @dataclass
@@ -940,10 +967,8 @@ def preflight(cfg):
         check_mode(cfg.logger.mode)
     if kind is TrainConfig or kind is VizConfig and not (cfg.checkpoint or cfg.sweep_dir):
         check_model(cfg)
-    if kind is TrainConfig and cfg.data.source == "grids":  # a row holds one grid
-        from data import grids
-
-        grids.check_run(plain(cfg.data), cfg.train.seq_len)
+    if kind is TrainConfig and cfg.data.source == "grids":
+        check_grid_row(cfg.data, cfg.train.seq_len)
     for path in checkpoints(cfg):
         if message := problem(cfg, facts={**dict.fromkeys(RUN, True), **facts(path)}):
             raise UserError(message)

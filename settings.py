@@ -11,6 +11,7 @@ builds each key from the tree it walks (train.seq_len), and returns the first va
 rule naming a key that does not exist is a bug and raises. files_problem() then checks the paths (files=: what the
 filesystem must hold), after every range, so a bad value is named before a missing file. Types and choices
 (enum.StrEnum fields) are OmegaConf's to check, while Hydra composes; invalid() words its errors.
+The bottom layer: positional/, model/ and utils/ declare their options with it, and it imports none of them.
 """
 
 import difflib
