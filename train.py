@@ -177,17 +177,16 @@ def check_out_dir(out_dir: Path, tr):
 
 
 def check_resume(ckpt: dict, run: dict, path):
+    """A resume must match its checkpoint in MATCH_KEYS (a checkpoint older than a key: OLDER's value); the first
+    setting that differs is one line with both values (utils/schema.py resume_mismatch)."""
+
     def saved(k):
         if isinstance(OLDER.get(k), dict) and isinstance(ckpt.get(k), dict):
             return {**OLDER[k], **ckpt[k]}
         return ckpt.get(k, OLDER.get(k))
 
-    diff = [k for k in MATCH_KEYS if saved(k) != run[k]]
-    if diff:
-        raise UserError(
-            f"checkpoint {path} does not match this run ({', '.join(diff)} differ); resume with the "
-            f"same options, or use a new out_dir"
-        )
+    if message := schema.resume_mismatch({k: saved(k) for k in MATCH_KEYS}, {k: run[k] for k in MATCH_KEYS}, path):
+        raise UserError(message)
 
 
 def prepare_data(resolved: dict, rt, say) -> tuple[Path, dict, int]:

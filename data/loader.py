@@ -35,6 +35,7 @@ class TokenSplit:
         self.shard_starts = np.cumsum([0] + [len(s) for s in self.shards])
         self.doc_starts = np.load(folder / f"{split}_docs.npy")
         self.n_tokens, self.bos = int(info["n_tokens"]), meta["bos"]
+        self.folder, self.split = folder, split
         self.position_axes = int(meta.get("position_axes", 0))  # 0: text, one position per token by its order
         self.positions = [np.load(folder / s["positions"], mmap_mode="r") for s in info["shards"] if "positions" in s]
 
@@ -124,7 +125,11 @@ class RowSampler:
         self.row_starts = np.cumsum([0] + per_shard)
         self.n_rows = int(self.row_starts[-1])
         if self.n_rows == 0:
-            raise ValueError(f"the split has {split.n_tokens} tokens, fewer than one row of seq_len={seq_len} + 1")
+            aligned = " starting at a document's BOS (data.bos_aligned=true)" if bos_aligned else ""
+            raise UserError(
+                f"train.seq_len={seq_len}: the {split.split} split of {split.folder} holds {split.n_tokens:,} tokens, "
+                f"fewer than one row of seq_len + 1{aligned}; pass a smaller train.seq_len, or more text"
+            )
         self._epoch, self._order = -1, None
 
     def _where(self, k: int) -> tuple[int, int]:

@@ -208,6 +208,17 @@ def test_bos_aligned_rows_start_at_documents(tmp_path):
     assert {tuple(plain._row(k)) for k in range(plain.n_rows)} == {tuple(stream[i : i + 5]) for i in range(0, 17, 4)}
 
 
+def test_a_split_shorter_than_one_row_is_one_line_naming_train_seq_len(tmp_path):
+    """A corpus too small for the training length (a short text file, a long train.seq_len): a UserError naming the
+    key and the split's size, not a Python exception."""
+    split, _ = fake_split(tmp_path, [[1, 2, 3], [4, 5]])  # 7 tokens with their BOS
+    assert RowSampler(split, 4, seed=0).n_rows == 1
+    for aligned in (False, True):
+        with pytest.raises(UserError, match=r"train.seq_len=8: the train split of .* holds 7 tokens") as e:
+            RowSampler(split, 8, seed=0, bos_aligned=aligned)
+        assert "\n" not in str(e.value)
+
+
 def test_bos_aligned_rows_on_the_corpus(shakespeare_dir):
     """Every training row starts with BOS and is the stored stream after it; every token is a target (but the
     shard's last partial row, and a document's BOS where a row ends just before it); rows are a pure function of

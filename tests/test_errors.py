@@ -229,3 +229,6 @@ def test_resuming_another_scheme_names_the_key_and_the_setting_that_resumes():
     longer = schema.resume_mismatch(saved, {**saved, "seq_len": 64}, "x")
     assert longer.startswith("train.seq_len=64 ") and "resume with train.seq_len=32" in longer
     assert schema.resume_mismatch(saved, saved, "x") is None
+    table = {"model_config": {"positional": {"name": "learned", "max_positions": 32}}, "seq_len": 32}
+    wider = {"model_config": {"positional": {"name": "learned", "max_positions": 64}}, "seq_len": 64}
+    assert schema.resume_mismatch(table, wider, "x").startswith("train.seq_len=64 ")  # what the user set, first

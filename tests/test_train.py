@@ -285,8 +285,8 @@ def test_resume_refuses_another_row_order(trained, tmp_path):
     shutil.copy(trained / "ckpt.pt", tmp_path / "ckpt.pt")
     one_line_error(
         run("train.py", *TINY, f"out_dir={tmp_path}", "train.resume=true", "data.bos_aligned=true"),
-        "does not match this run",
-        "bos_aligned",
+        "data.bos_aligned=true does not match this run's checkpoint",
+        "resume with data.bos_aligned=false",
     )
 
 
@@ -305,8 +305,8 @@ def test_existing_checkpoint_is_never_overwritten_by_accident(trained):
     one_line_error(run("train.py", *TINY, f"out_dir={trained}"), "train.resume=true", "train.overwrite=true")
     one_line_error(
         run("train.py", *TINY, f"out_dir={trained}", "train.resume=true", "model.d_model=64"),
-        "does not match this run",
-        "model_config",
+        "model.d_model=64 does not match this run's checkpoint",
+        "trained with 32; resume with model.d_model=32",
     )
     assert (trained / "ckpt.pt").read_bytes() == before
 

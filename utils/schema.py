@@ -997,6 +997,7 @@ def resume_mismatch(saved: dict, run: dict, path) -> str | None:
 
     old, new = flat({k: saved.get(k) for k in run}), flat(run)
     diff = [k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k)]
+    diff.sort(key=lambda k: k.startswith("model_config."))  # a run setting first: it sets model ones (a table's size)
     if not diff:
         return None
     key, was = diff[0], settings.show(old.get(diff[0]))
