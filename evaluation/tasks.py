@@ -104,20 +104,30 @@ def run_tasks(path, cfg, rt, out_dir: Path) -> dict:
 
 
 def cells(results: list[dict]) -> dict:
-    """{task: {label: {n: (accuracy, sd or None, [lo, hi], trials) or None}}}: a seed group's trials pooled."""
+    """{task: {label: {n: (accuracy, sd or None, [lo, hi], trials) or None}}}: a seed group's trials pooled. Runs
+    are grouped within each task set (data.tasks) apart, so a battery of one run per task labels its groups by
+    scheme, as a battery of mixtures does; where two task sets trained one task, the label names its set."""
+    by_set = {}
+    for res in results:
+        by_set.setdefault(tuple(res["train_config"]["data"]["tasks"]), []).append(res)
+    sets_of = {task: [s for s in by_set if task in s] for s in by_set for task in s}
     out = {}
-    for g in group_runs(results):
-        runs = [{(r["task"], r["n"]): r for r in res["results"]} for res in g["runs"]]
-        for task, n in runs[0]:
-            rs = [run.get((task, n)) for run in runs]
-            entry = out.setdefault(task, {}).setdefault(g["label"], {})
-            if any(r is None or r["accuracy"] is None for r in rs):
-                entry[n] = None
-                continue
-            k, trials = sum(r["correct"] for r in rs), sum(r["trials"] for r in rs)
-            sd = float(np.std([r["accuracy"] for r in rs], ddof=1)) if len(rs) > 1 else None
-            entry[n] = (k / trials, sd, [round(x, 4) for x in wilson(k, trials)], trials)
+    for task_set, members in by_set.items():
+        for g in group_runs(members):
+            runs = [{(r["task"], r["n"]): r for r in res["results"]} for res in g["runs"]]
+            for task, n in runs[0]:
+                label = g["label"] if len(sets_of[task]) == 1 else f"{g['label']} [data.tasks={','.join(task_set)}]"
+                out.setdefault(task, {}).setdefault(label, {})[n] = pooled([run.get((task, n)) for run in runs])
     return out
+
+
+def pooled(rs: list) -> tuple | None:
+    """One cell of a seed group: its runs' trials pooled, the sd of their accuracies, a Wilson interval."""
+    if any(r is None or r["accuracy"] is None for r in rs):
+        return None
+    k, trials = sum(r["correct"] for r in rs), sum(r["trials"] for r in rs)
+    sd = float(np.std([r["accuracy"] for r in rs], ddof=1)) if len(rs) > 1 else None
+    return (k / trials, sd, [round(x, 4) for x in wilson(k, trials)], trials)
 
 
 def table(results: list[dict]) -> str:
@@ -125,7 +135,7 @@ def table(results: list[dict]) -> str:
     lines = []
     for task, groups in cells(results).items():
         lengths = sorted({n for by_n in groups.values() for n in by_n})
-        train = results[0]["train"].get(task)
+        train = next((r["train"][task] for r in results if task in r["train"]), None)
         lines += ["", f"{task} (trained on n in {train[0]}..{train[1]})" if train else task]
         lines += ["| scheme | " + " | ".join(f"n={n}" for n in lengths) + " |", "| --- |" + " ---: |" * len(lengths)]
         for label, by_n in groups.items():
@@ -153,9 +163,9 @@ def write_report(folder: Path) -> str:
     tables without scoring anything again (runs/tasks.sh ends with it)."""
     import json
 
-    found = sorted(folder.glob("*/eval/tasks.json"))
+    found = sorted(p for p in folder.rglob("eval/tasks.json") if p.parent.parent != folder)  # not the summary
     if not found:
-        raise SystemExit(f"no */eval/tasks.json under {folder}: run python eval.py checkpoint=<run> eval.mode=tasks")
+        raise SystemExit(f"no eval/tasks.json under {folder}: run python eval.py checkpoint=<run> eval.mode=tasks")
     results = [json.loads(p.read_text()) for p in found]
     text = compare(results, folder / "eval")
     lines = [

@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# The length-generalization battery in one command: the core schemes and their random-position variants x 3 seeds
-# trained on the six tasks of data/tasks.py at short lengths, each scored by exact match at 4x and 8x (eval.py
-# eval.mode=tasks), and one table and heatmap per task.
+# The length-generalization battery in one command: for each task of BATTERY (data/tasks.py), the core schemes and
+# their random-position variants x 3 seeds, each trained on that task alone at short lengths and scored by exact
+# match to 8x (eval.py eval.mode=tasks); one table and heatmap per task.
 #
 #   bash runs/tasks.sh                                     # tasks/ on this machine's defaults (experiment=tasks)
 #   SCHEMES="rope alibi" RANDOMIZED=rope SEEDS=1 bash runs/tasks.sh   # a smaller battery
-#   bash runs/tasks.sh train.max_steps=3000 model=small    # any train.py override applies to every run
+#   BATTERY="copy reverse mqar" bash runs/tasks.sh train.max_steps=3000 model=small   # more tasks, a larger recipe
 #
-# It resumes where it stopped: a finished run (its DONE file) is not trained again, an interrupted one resumes from
-# its checkpoint, an evaluated one (eval/tasks.json) is not evaluated again. A random-position variant (Ruoss et al.
-# 2023) trains at positions drawn from range(RANGE) (positional.random_positions; a learned table that large), in
-# <TASKS>/<scheme>-random-s<seed>. Writes <TASKS>/eval/tasks.{json,txt,png} and <TASKS>/REPORT.md.
+# One task per run: the tiny model learns copy or reverse alone in 1,000 steps, and a mixture of tasks far more
+# slowly (dev/LOG.md). It resumes where it stopped: a finished run (its DONE file) is not trained again, an
+# interrupted one resumes from its checkpoint, an evaluated one (eval/tasks.json) is not evaluated again. A
+# random-position variant (Ruoss et al. 2023) trains at positions drawn from range(RANGE)
+# (positional.random_positions; a learned table that large). Runs go to <TASKS>/<task>/<scheme>[-random]-s<seed>;
+# the report to <TASKS>/eval/tasks.{json,txt,png} and <TASKS>/REPORT.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TASKS=${TASKS:-tasks}
+BATTERY=${BATTERY:-"copy reverse"}
 SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope t5 fire kerple"}
 RANDOMIZED=${RANDOMIZED:-"learned sinusoidal alibi rope"}
 SEEDS=${SEEDS:-"1 2 3"}
-RANGE=${RANGE:-2048}  # above the longest test sample (data/tasks.py: 743 tokens, vt at n=128)
+RANGE=${RANGE:-1024}  # above the longest test sample of every task (data/tasks.py: 743 tokens, vt at n=128)
 PY=${PYTHON:-python}
 
 train() {  # run folder, then train.py overrides
@@ -35,19 +38,23 @@ train() {  # run folder, then train.py overrides
 }
 
 for seed in $SEEDS; do
-  for scheme in $SCHEMES; do
-    train "$TASKS/$scheme-s$seed" positional="$scheme" seed="$seed" "$@"
-  done
-  for scheme in $RANDOMIZED; do
-    table=()
-    [ "$scheme" = learned ] && table=(positional.max_positions="$RANGE")
-    train "$TASKS/$scheme-random-s$seed" positional="$scheme" seed="$seed" positional.random_positions="$RANGE" \
-      "${table[@]}" "$@"
+  for task in $BATTERY; do
+    for scheme in $SCHEMES; do
+      train "$TASKS/$task/$scheme-s$seed" data.tasks="[$task]" positional="$scheme" seed="$seed" "$@"
+    done
+    for scheme in $RANDOMIZED; do
+      table=()
+      [ "$scheme" = learned ] && table=(positional.max_positions="$RANGE")
+      train "$TASKS/$task/$scheme-random-s$seed" data.tasks="[$task]" positional="$scheme" seed="$seed" \
+        positional.random_positions="$RANGE" "${table[@]}" "$@"
+    done
   done
 done
 
-for run in "$TASKS"/*-s*/; do
-  run=${run%/}
-  [ -f "$run/eval/tasks.json" ] || "$PY" eval.py checkpoint="$run" eval.mode=tasks logger.wandb=false
+for task in $BATTERY; do
+  for run in "$TASKS/$task"/*-s*/; do
+    run=${run%/}
+    [ -f "$run/eval/tasks.json" ] || "$PY" eval.py checkpoint="$run" eval.mode=tasks logger.wandb=false
+  done
 done
 "$PY" -m evaluation.tasks "$TASKS"

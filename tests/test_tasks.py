@@ -240,9 +240,10 @@ def test_rows_score_only_the_answer_span_and_pad(every_task):
     split = TokenSplit(every_task, "train")
     rows = tasks.TaskRows(split, 100, seed=1)
     x, y = rows.batch(0, 64)
-    assert x.shape == y.shape == (64, 100) and rows.n_rows == 400
+    width = x.shape[1]
+    assert x.shape == y.shape == (64, width) and rows.n_rows == 400
     for xi, yi in zip(x.numpy(), y.numpy(), strict=True):
-        end = int(np.flatnonzero(xi == tasks.DOT)[0]) + 1 if tasks.DOT in xi else 101  # the sample's length
+        end = int(np.flatnonzero(xi == tasks.DOT)[0]) + 1 if tasks.DOT in xi else width + 1  # the sample's length
         doc = np.append(xi, yi[-1])[:end]  # the sample, "." being the last target when it fills the row
         span = tasks.answer_span(doc)
         scored = np.flatnonzero(yi != -1)
@@ -270,7 +271,7 @@ def test_random_positions_are_sorted_distinct_in_range_and_per_batch(every_task)
     rows = tasks.TaskRows(split, 100, seed=1, random_positions=512)
     first, second = rows.positions(0, 8), rows.positions(8, 8)
     for pos in (first, second):
-        assert pos.shape == (100,) and pos.dtype == torch.int64
+        assert pos.shape == (rows.width(0 if pos is first else 8, 8),) and pos.dtype == torch.int64
         assert (pos.diff() > 0).all() and pos.min() >= 0 and pos.max() < 512
     assert not torch.equal(first, second) and first.max() > 100  # beyond the row: positions of longer samples
     assert torch.equal(tasks.TaskRows(split, 100, seed=1, random_positions=512).positions(8, 8), second)
@@ -280,6 +281,27 @@ def test_random_positions_are_sorted_distinct_in_range_and_per_batch(every_task)
     assert torch.isfinite(loss)
     with pytest.raises(UserError, match="random_positions=64"):
         tasks.TaskRows(split, 100, seed=1, random_positions=64)
+
+
+@pytest.mark.parametrize("scheme", ["rope", "learned"])
+def test_a_batch_as_wide_as_its_longest_sample_scores_as_the_full_row(every_task, scheme):
+    """The model is causal: the PAD after a sample changes none of its scores, so a batch cut to its longest sample
+    (rounded up to WIDTH_STEP) has the loss of the full train.seq_len row, in less time."""
+    split = TokenSplit(every_task, "train")
+    rows = tasks.TaskRows(split, 100, seed=3)
+    model = random_model(scheme, vocab_size=tasks.VOCAB_SIZE)
+    widths = set()
+    for first in (0, 8, 16, 24):
+        x, y = rows.batch(first, 4)
+        longest = max(int(np.flatnonzero(r == tasks.DOT)[0]) if tasks.DOT in r else 100 for r in x.numpy())
+        widths.add(x.shape[1])
+        assert x.shape[1] % tasks.WIDTH_STEP == 0 or x.shape[1] == 100
+        assert longest <= x.shape[1] < longest + tasks.WIDTH_STEP
+        full_x = torch.full((4, 100), tasks.PAD, dtype=torch.long)
+        full_y = torch.full((4, 100), -1, dtype=torch.long)
+        full_x[:, : x.shape[1]], full_y[:, : y.shape[1]] = x, y
+        torch.testing.assert_close(model(x, y), model(full_x, full_y))
+    assert min(widths) < 100  # some batches are narrower than the row
 
 
 def test_a_sample_longer_than_the_row_names_train_seq_len(every_task):

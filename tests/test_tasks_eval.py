@@ -60,12 +60,25 @@ def test_random_positions_are_drawn_per_batch_and_lengths_past_them_are_na():
     assert table["accuracy"] is None and "learned table covers 20" in table["note"]
 
 
-def fake_result(scheme: str, seed: int, correct: list[int]) -> dict:
-    rows = [{"task": "copy", "n": 8, "tokens": 18, "accuracy": sum(correct) / len(correct), "correct": sum(correct),
-             "trials": len(correct), "ci": [0, 1], "right": correct}]  # fmt: skip
-    config = {"positional": {"name": scheme}, "seed": seed, "data": {"tasks": ["copy"]}}
+def fake_result(scheme: str, seed: int, correct: list[int], trained=("copy",)) -> dict:
+    rows = [{"task": task, "n": 8, "tokens": 18, "accuracy": sum(correct) / len(correct), "correct": sum(correct),
+             "trials": len(correct), "ci": [0, 1], "right": correct} for task in trained]  # fmt: skip
+    config = {"positional": {"name": scheme}, "seed": seed, "data": {"tasks": list(trained)}}
+    ranges = {task: [1, 16] for task in trained}
     return {"checkpoint": f"{scheme}-s{seed}", "scheme": scheme, "train_config": config, "step": 10,
-            "train": {"copy": [1, 16]}, "trials": len(correct), "seed": 0, "results": rows}  # fmt: skip
+            "train": ranges, "trials": len(correct), "seed": 0, "results": rows}  # fmt: skip
+
+
+def test_runs_of_one_task_each_are_labelled_by_scheme_and_a_shared_task_by_its_set():
+    """A battery of one run per task: each task's table has a row per scheme, the seeds of a (task, scheme) pooled.
+    A mixture run beside them, on a task both trained: each row names the task set it trained on."""
+    per_task = [fake_result("rope", seed, [1, 0], (task,)) for task in ("copy", "reverse") for seed in (1, 2)]
+    got = scoring.cells(per_task)
+    assert list(got) == ["copy", "reverse"] and all(list(by) == ["rope"] for by in got.values())
+    assert got["copy"]["rope"][8][3] == 4  # two seeds of two trials
+    got = scoring.cells([*per_task, fake_result("rope", 1, [1, 1], ("copy", "reverse"))])
+    assert sorted(got["copy"]) == ["rope [data.tasks=copy,reverse]", "rope [data.tasks=copy]"]
+    assert got["copy"]["rope [data.tasks=copy,reverse]"][8][0] == 1.0
 
 
 def test_a_seed_group_pools_its_trials_and_reports_the_spread():
@@ -113,20 +126,22 @@ def config_eval(*overrides):
         return compose("eval", overrides=list(overrides))
 
 
-def test_the_battery_trains_each_scheme_and_random_variant_once_and_resumes(tmp_path):
-    """runs/tasks.sh with a fake python: every scheme and random-position variant per seed, a learned table as wide
-    as the range, then each run scored once and the report; a second call trains and scores nothing again."""
+def test_the_battery_trains_each_task_scheme_and_random_variant_once_and_resumes(tmp_path):
+    """runs/tasks.sh with a fake python: per seed, every task of BATTERY alone with every scheme and random-position
+    variant (a learned table as wide as the range), then each run scored once and the report; a second call trains
+    and scores nothing again."""
     fake, log, _ = fake_python(tmp_path)
-    env = {**os.environ, "PYTHON": str(fake), "TASKS": str(tmp_path / "battery"), "SCHEMES": "rope learned",
-           "RANDOMIZED": "learned", "SEEDS": "1 2", "RANGE": "512"}  # fmt: skip
+    env = {**os.environ, "PYTHON": str(fake), "TASKS": str(tmp_path / "battery"), "BATTERY": "copy add",
+           "SCHEMES": "rope learned", "RANDOMIZED": "learned", "SEEDS": "1 2", "RANGE": "512"}  # fmt: skip
     for _ in range(2):
         subprocess.run(["bash", "runs/tasks.sh", "train.max_steps=5"], cwd=ROOT, env=env, check=True)
     calls = log.read_text().splitlines()
     trains = [c for c in calls if c.startswith("train.py")]
-    assert len(trains) == 6 and all("experiment=tasks" in c and "train.max_steps=5" in c for c in trains)
+    assert len(trains) == 12 and all("experiment=tasks" in c and "train.max_steps=5" in c for c in trains)
+    assert sum("data.tasks=[copy]" in c for c in trains) == sum("data.tasks=[add]" in c for c in trains) == 6
     random = [c for c in trains if "random_positions=512" in c]
-    assert len(random) == 2 and all("positional.max_positions=512" in c for c in random)
+    assert len(random) == 4 and all("positional.max_positions=512" in c for c in random)
     evals = [c for c in calls if c.startswith("eval.py")]
-    assert len(evals) == 6 and all("eval.mode=tasks" in c for c in evals)
+    assert len(evals) == 12 and all("eval.mode=tasks" in c for c in evals)
     assert sum(c.startswith("-m evaluation.tasks") for c in calls) == 2  # the report, each time
-    assert json.loads((tmp_path / "battery" / "rope-s1" / "eval" / "tasks.json").read_text()) == {}
+    assert json.loads((tmp_path / "battery" / "add" / "rope-s1" / "eval" / "tasks.json").read_text()) == {}
