@@ -175,3 +175,18 @@ def tiny_checkpoint(tmp_path_factory, shakespeare_dir):
     out = tmp_path_factory.mktemp("tiny_checkpoint")
     train(config(*TINY, "train.max_steps=2", "train.warmup_steps=1"), out)
     return out
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every figure a plot function saves, drawn and kept open for the test to read."""
+    import matplotlib.figure
+
+    saved, real = [], matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        saved.append(fig)
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return saved

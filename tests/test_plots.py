@@ -7,7 +7,6 @@ import matplotlib
 import matplotlib.colors
 import matplotlib.figure
 import matplotlib.text
-import pytest
 
 matplotlib.use("Agg")
 
@@ -16,19 +15,6 @@ from evaluation import plots  # noqa: E402
 from evaluation.plots import plot_passkey, plot_stream  # noqa: E402
 
 SCHEMES = ["alibi", "fire", "fox", "rope/PPPN", "kerple", "pope", "prope", "rope", "shaw", "xpos", "t5"]
-
-
-@pytest.fixture
-def figures(monkeypatch):
-    """Every figure a plot function saves, kept open for the test to read."""
-    saved, real = [], matplotlib.figure.Figure.savefig
-
-    def keep(fig, *args, **kwargs):
-        saved.append(fig)
-        return real(fig, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
-    return saved
 
 
 def compare_rows(seeds: int) -> list[dict]:

@@ -307,21 +307,6 @@ def test_an_unwritable_out_dir_is_one_line(tmp_path):
 # ---- the figures of what was asked past what a run can do ----
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """Every figure a plot function saves, drawn and kept open for the test to read."""
-    import matplotlib.figure
-
-    saved, real = [], matplotlib.figure.Figure.savefig
-
-    def keep(fig, *args, **kwargs):
-        saved.append(fig)
-        return real(fig, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
-    return saved
-
-
 def shown_labels(axis) -> list[str]:
     """The tick labels an axis shows within its limits (major and minor), as drawn."""
     lo, hi = sorted(axis.get_view_interval())
