@@ -8,9 +8,9 @@
 #   BATTERY="copy reverse mqar" bash runs/tasks.sh train.max_steps=3000 model=small   # more tasks, a larger recipe
 #
 # One task per run: the tiny model learns copy or reverse alone in 1,000 steps, and a mixture of tasks far more
-# slowly (dev/LOG.md). It resumes where it stopped: a finished run (its DONE file) is not trained again, an
-# interrupted one resumes from its checkpoint, an evaluated one (eval/tasks.json) is not evaluated again. A
-# random-position variant (Ruoss et al. 2023) trains at positions drawn from range(RANGE)
+# slowly (dev/LOG.md). Each run is scored as soon as it is trained. It resumes where it stopped: a finished run (its
+# DONE file) is not trained again, an interrupted one resumes from its checkpoint, an evaluated one (eval/tasks.json)
+# is not evaluated again. A random-position variant (Ruoss et al. 2023) trains at positions drawn from range(RANGE)
 # (positional.random_positions; a learned table that large). Runs go to <TASKS>/<task>/<scheme>[-random]-s<seed>;
 # the report to <TASKS>/eval/tasks.{json,txt,png} and <TASKS>/REPORT.md.
 set -euo pipefail
@@ -37,24 +37,25 @@ train() {  # run folder, then train.py overrides
   touch "$run/DONE"
 }
 
+evaluate() {  # run folder: scored as soon as it is trained, so a battery stopped midway has a report of what ran
+  [ -f "$1/eval/tasks.json" ] || "$PY" eval.py checkpoint="$1" eval.mode=tasks logger.wandb=false
+}
+
 for seed in $SEEDS; do
   for task in $BATTERY; do
     for scheme in $SCHEMES; do
-      train "$TASKS/$task/$scheme-s$seed" data.tasks="[$task]" positional="$scheme" seed="$seed" "$@"
+      run="$TASKS/$task/$scheme-s$seed"
+      train "$run" data.tasks="[$task]" positional="$scheme" seed="$seed" "$@"
+      evaluate "$run"
     done
     for scheme in $RANDOMIZED; do
       table=()
       [ "$scheme" = learned ] && table=(positional.max_positions="$RANGE")
-      train "$TASKS/$task/$scheme-random-s$seed" data.tasks="[$task]" positional="$scheme" seed="$seed" \
-        positional.random_positions="$RANGE" "${table[@]}" "$@"
+      run="$TASKS/$task/$scheme-random-s$seed"
+      train "$run" data.tasks="[$task]" positional="$scheme" seed="$seed" positional.random_positions="$RANGE" \
+        "${table[@]}" "$@"
+      evaluate "$run"
     done
-  done
-done
-
-for task in $BATTERY; do
-  for run in "$TASKS/$task"/*-s*/; do
-    run=${run%/}
-    [ -f "$run/eval/tasks.json" ] || "$PY" eval.py checkpoint="$run" eval.mode=tasks logger.wandb=false
   done
 done
 "$PY" -m evaluation.tasks "$TASKS"
