@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from evaluation import compare, grids, length, passkey, stream, tasks
-from utils import checkpoint, runtime, schema
+from utils import checkpoint, checks, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import start_wandb
 
@@ -92,11 +92,11 @@ def evaluate_one(path, cfg, rt) -> dict:
 
 
 def run(cfg: DictConfig, job_dir: Path | None = None):
-    schema.preflight(cfg)  # every setting, the checkpoints it names, and the rules that read them (a learned table)
+    checks.preflight(cfg)  # every setting, the checkpoints it names, and the rules that read them (a learned table)
     rt = runtime.setup(cfg.device, cfg.dtype, 0)
     if cfg.sweep_dir:
         results = []
-        for p in schema.checkpoints(cfg):
+        for p in checks.checkpoints(cfg):
             torch._dynamo.reset()  # each model's compiled flex versions are its own: never add up to the cap
             results.append(evaluate_one(p, cfg, rt))
         if cfg.eval.mode == "length":

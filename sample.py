@@ -25,12 +25,12 @@ from model.generate import generate
 from model.kv_cache import CacheError, build_cache, cache_sizes
 from model.variant import Variant
 from positional.rope_scaling import Scaling, refusal
-from utils import checkpoint, runtime, schema
+from utils import checkpoint, checks, runtime
 from utils.errors import UserError, cli, hydra_cli
 
 
 def read_prompt(prompt: str) -> str:
-    """prompt=text, or prompt=@file: the text of the file (that it exists: schema.preflight)."""
+    """prompt=text, or prompt=@file: the text of the file (that it exists: checks.preflight)."""
     if not prompt.startswith("@"):
         return prompt
     path = Path(prompt[1:]).expanduser()
@@ -75,7 +75,7 @@ def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
 
 
 def sample(cfg: DictConfig):
-    schema.preflight(cfg)  # every setting, the checkpoint, and the cache's sizes against its training length
+    checks.preflight(cfg)  # every setting, the checkpoint, and the cache's sizes against its training length
     text = read_prompt(cfg.prompt)
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     model, ckpt = checkpoint.load_model(cfg.checkpoint, rt.device)

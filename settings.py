@@ -76,8 +76,8 @@ class Rule:
     """A check between settings, declared in the RULES of the class that holds them: keys are paths from that class
     (a dot reaches into a sub-config), ok(*their values, *the facts it needs) says whether they fit, and message says
     why not and what to do, its {0}, {1}, ... each key as key=value, {<fact>} each fact. needs: facts only a running
-    entry point gives (schema.preflight): running (a rule of what a run needs rather than of what a config may say:
-    the docs' commands are composed without it), or those of the checkpoint the config reads (schema.facts:
+    entry point gives (checks.preflight): running (a rule of what a run needs rather than of what a config may say:
+    the docs' commands are composed without it), or those of the checkpoint the config reads (checks.facts:
     train_length, max_positions, n_prefix, run). Such a rule is checked then, and skipped by a walk without them."""
 
     keys: tuple[str, ...]
@@ -275,7 +275,7 @@ def read(node, f, key: str):
 def problem(node, prefix: str = "", only=None, facts: dict | None = None, values_only: bool = False) -> str | None:
     """The first setting of node (a composed config, or a dataclass instance) outside its declared range or rules,
     as one line, or None. Sub-configs are walked by their own class; only: check the fields of this node named here
-    (its rules still see every field); facts: a checkpoint's (schema.facts), which the rules that need them read;
+    (its rules still see every field); facts: a checkpoint's (checks.facts), which the rules that need them read;
     values_only: the values alone, no rule."""
     cls = config_type(node)
     if cls is None:  # a plain dict (a config with no schema: data/prepare.py's) holds typed ones

@@ -40,7 +40,7 @@ from data.shards import load_meta
 from evaluation import probes as probing
 from model.generate import generate
 from model.kv_cache import DenseCache
-from utils import checkpoint, finetune, optim, parallel, runtime, schema
+from utils import checkpoint, checks, finetune, optim, parallel, runtime, schema
 from utils.compiling import should_compile
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, start_wandb
@@ -185,7 +185,7 @@ def check_resume(ckpt: dict, run: dict, path):
             return {**OLDER[k], **ckpt[k]}
         return ckpt.get(k, OLDER.get(k))
 
-    if message := schema.resume_mismatch({k: saved(k) for k in MATCH_KEYS}, {k: run[k] for k in MATCH_KEYS}, path):
+    if message := checks.resume_mismatch({k: saved(k) for k in MATCH_KEYS}, {k: run[k] for k in MATCH_KEYS}, path):
         raise UserError(message)
 
 
@@ -538,8 +538,8 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
     evaluation and logged beside the validation loss (evaluation/probes.py); train.sink_metric adds SinkProbe."""
     cfg.out_dir, out_dir, tr = str(out_dir), Path(out_dir), cfg.train
     init = finetune.read_init(cfg)  # init_from's checkpoint, mapped; it gives positional.original_length its value
-    schema.check(cfg)  # every range and rule, before any data is read
-    schema.check_model(cfg)
+    checks.check(cfg)  # every range and rule, before any data is read
+    checks.check_model(cfg)
     if cfg.data.source == "grids":  # train.seq_len against its grid size
         schema.check_grid_row(cfg.data, tr.seq_len)
     probes = [*(probes or []), *([probing.SinkProbe()] if tr.sink_metric else [])]

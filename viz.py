@@ -18,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from utils import schema
+from utils import checks, schema
 from utils.errors import UserError, cli, hydra_cli
 
 # matplotlib and the drawing code are imported where they are used (torch comes with utils.schema: each scheme's
@@ -96,8 +96,8 @@ def subjects_and_folder(cfg):
     from utils import checkpoint
 
     out = cfg.viz.out
-    if cfg.sweep_dir:  # it holds runs: schema.preflight
-        found = schema.checkpoints(cfg)
+    if cfg.sweep_dir:  # it holds runs: checks.preflight
+        found = checks.checkpoints(cfg)
         return (trained_subject(p, cfg) for p in found), Path(out or Path(cfg.sweep_dir) / "pictures")
     if cfg.checkpoint:
         run_dir = checkpoint.checkpoint_path(cfg.checkpoint).parent
@@ -110,7 +110,7 @@ def subjects_and_folder(cfg):
 def run(cfg: DictConfig, command: str = "python viz.py") -> Path:
     from gallery.draw import Options, draw, write_index
 
-    schema.preflight(cfg)  # every setting, the paths, the model at init or the checkpoints' training lengths
+    checks.preflight(cfg)  # every setting, the paths, the model at init or the checkpoints' training lengths
     heads = None if cfg.viz.heads is None else [list(pair) for pair in cfg.viz.heads]
     options = Options(cfg.viz.factor, cfg.viz.samples, heads, cfg.viz.seed)
     subjects, out = subjects_and_folder(cfg)

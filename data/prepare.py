@@ -25,7 +25,7 @@ from data.grids import write_grids
 from data.passkey import write_passkey
 from data.shards import SPLITS, seal, write_token_split
 from data.tasks import write_tasks
-from utils import schema  # registers the types of data= and tokenizer= (configs/data/*.yaml name them)
+from utils import checks, schema  # registers the types of data= and tokenizer= (configs/data/*.yaml name them)
 from utils.errors import UserError, cli, hydra_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +128,7 @@ def _batched(it, n):
 @hydra.main(version_base="1.3", config_path="../configs", config_name="prepare")
 def main(cfg: DictConfig):
     def run():
-        schema.check(cfg)
+        checks.check(cfg)
         print(prepare(schema.plain(cfg.data), schema.plain(cfg.tokenizer)))
 
     cli(run)

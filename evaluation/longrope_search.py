@@ -33,7 +33,7 @@ from evaluation.length import score
 from evaluation.pieces import Region, default_lengths
 from model.variant import Variant
 from positional.rope_scaling import Scaling, longrope_scale
-from utils import checkpoint, runtime, schema
+from utils import checkpoint, checks, runtime
 from utils.errors import UserError, cli, hydra_cli
 from utils.progress import progress, say
 
@@ -218,7 +218,7 @@ def search(cfg: DictConfig, rt) -> dict:
 
 
 def run(cfg: DictConfig) -> Path:
-    schema.preflight(cfg)  # every setting, the checkpoint, and target_length against its training length
+    checks.preflight(cfg)  # every setting, the checkpoint, and target_length against its training length
     rt = runtime.setup(cfg.device, cfg.dtype, 0)
     record = search(cfg, rt)
     path = longrope.save(checkpoint.checkpoint_path(cfg.checkpoint).parent, record)

@@ -24,7 +24,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from evaluation import doc_tables
-from utils import schema
+from utils import checks
 from utils.errors import UserError
 
 DOCS = doc_tables.docs()
@@ -32,24 +32,24 @@ DOCS = doc_tables.docs()
 
 def check_train(cfg):
     """train.py's checks before any work: every range and rule, then the model built on the meta device."""
-    schema.check(cfg)
-    schema.check_model(cfg)
+    checks.check(cfg)
+    checks.check_model(cfg)
 
 
 def check_viz(cfg):
     """viz.py's: the model of a scheme drawn at init is built too."""
-    schema.check(cfg)
+    checks.check(cfg)
     if not (cfg.checkpoint or cfg.sweep_dir):
-        schema.check_model(cfg)
+        checks.check_model(cfg)
 
 
 ENTRY = {  # script or module -> (config name, its checks before any work)
     "train.py": ("train", check_train),
-    "eval.py": ("eval", schema.check),
-    "sample.py": ("sample", schema.check),
+    "eval.py": ("eval", checks.check),
+    "sample.py": ("sample", checks.check),
     "viz.py": ("viz", check_viz),
-    "data.prepare": ("prepare", schema.check),
-    "evaluation.longrope_search": ("longrope", schema.check),
+    "data.prepare": ("prepare", checks.check),
+    "evaluation.longrope_search": ("longrope", checks.check),
 }
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 CODE = re.compile(r"`([^`\n]+)`")
@@ -154,7 +154,7 @@ def check_command(words: list[str]) -> int:
         n = 0
         for key in ("EVAL_ARGS", "STREAM_ARGS", "PASSKEY_ARGS"):
             if key in env:
-                n += compose_all("eval", ["checkpoint=out/rope", *shlex.split(env[key])], schema.check)
+                n += compose_all("eval", ["checkpoint=out/rope", *shlex.split(env[key])], checks.check)
         if args[0] == "runs/study.sh":  # its trailing words are train.py overrides for every run
             scheme = env.get("SCHEMES", "rope").split()[0]
             n += compose_all("train", [f"positional={scheme}", "seed=1", *args[1:]], check_train)

@@ -11,7 +11,7 @@ from conftest import ROOT, SCHEMES, run
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from utils import schema
+from utils import checks
 from utils.errors import UserError, compose_message
 
 TRAIN = ["train.py", "device=cpu", "logger.wandb=false"]
@@ -104,13 +104,13 @@ def composed(name: str, *overrides):
 
 def check(name: str, *overrides):
     """What an entry point checks before any work, in process: the config composes (its error worded as hydra_cli
-    words it), then schema.preflight: every setting passes the walk, the paths exist, the model builds on the meta
+    words it), then checks.preflight: every setting passes the walk, the paths exist, the model builds on the meta
     device, and the rules that read a checkpoint hold."""
     try:
         cfg = composed(name, *overrides)
     except ConfigCompositionException as e:
         raise UserError(compose_message(e, name)) from None
-    schema.preflight(cfg)
+    checks.preflight(cfg)
 
 
 @pytest.mark.parametrize(
@@ -223,12 +223,12 @@ def test_resuming_another_scheme_names_the_key_and_the_setting_that_resumes():
     """What train.py's resume must match, worded: the first setting that differs, both values, the fix."""
     saved = {"model_config": {"n_layer": 2, "positional": {"name": "rope", "base": 10000.0}}, "seq_len": 32}
     run = {"model_config": {"n_layer": 2, "positional": {"name": "alibi"}}, "seq_len": 32}
-    message = schema.resume_mismatch(saved, run, "out/rope/ckpt.pt")
+    message = checks.resume_mismatch(saved, run, "out/rope/ckpt.pt")
     assert message.startswith("positional.name=alibi does not match this run's checkpoint out/rope/ckpt.pt")
     assert message.endswith("trained with rope; resume with positional=rope, or start afresh in another out_dir")
-    longer = schema.resume_mismatch(saved, {**saved, "seq_len": 64}, "x")
+    longer = checks.resume_mismatch(saved, {**saved, "seq_len": 64}, "x")
     assert longer.startswith("train.seq_len=64 ") and "resume with train.seq_len=32" in longer
-    assert schema.resume_mismatch(saved, saved, "x") is None
+    assert checks.resume_mismatch(saved, saved, "x") is None
     table = {"model_config": {"positional": {"name": "learned", "max_positions": 32}}, "seq_len": 32}
     wider = {"model_config": {"positional": {"name": "learned", "max_positions": 64}}, "seq_len": 64}
-    assert schema.resume_mismatch(table, wider, "x").startswith("train.seq_len=64 ")  # what the user set, first
+    assert checks.resume_mismatch(table, wider, "x").startswith("train.seq_len=64 ")  # what the user set, first

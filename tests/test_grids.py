@@ -17,7 +17,7 @@ from evaluation.grids import held_out_grids, score_size, training_first_rows
 from model.kv_cache import DenseCache, SinkCache
 from model.static_decode import StaticDecoder
 from positional import PositionAxesError
-from utils import schema
+from utils import checks, schema
 from utils.errors import UserError
 
 T = 24
@@ -188,7 +188,7 @@ def test_grid_options_fail_with_one_line_naming_the_key():
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=["data=grids", "data.rule=300", "out_dir=x"])
     with pytest.raises(UserError, match="data.rule=300 must be <= 255"):
-        schema.check(cfg)
+        checks.check(cfg)
     with pytest.raises(UserError, match="train.seq_len=28") as e:
         schema.check_grid_row(OmegaConf.create({**GRID, "height": 5}), 28)
     assert "\n" not in str(e.value)

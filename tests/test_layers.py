@@ -17,7 +17,7 @@ from model.gpt import GPTConfig
 from model.kv_cache import DenseCache, SinkCache
 from positional import build_layers
 from positional.nope import NoPE
-from utils import schema
+from utils import checks, schema
 from utils.errors import UserError
 
 W = 5
@@ -170,8 +170,8 @@ def composed(*overrides):
 def test_bad_layer_options_are_one_line_errors(overrides, key):
     with pytest.raises(UserError) as e:
         cfg = composed(*overrides)
-        schema.check(cfg)
-        schema.check_model(cfg)
+        checks.check(cfg)
+        checks.check_model(cfg)
     assert key in str(e.value) and "\n" not in str(e.value)
 
 
@@ -180,8 +180,8 @@ def test_irope_is_one_word(size):
     """positional=irope: RoPE with NoPE in every 4th layer (Llama 4's 3, 7, 11), the temperature's floor at the
     training length."""
     cfg = composed("positional=irope", f"model={size}")
-    schema.check(cfg)
-    schema.check_model(cfg)
+    checks.check(cfg)
+    checks.check_model(cfg)
     resolved = schema.plain(cfg)
     spec, n_layer = resolved["positional"], resolved["model"]["n_layer"]
     model_cfg = GPTConfig(**schema.model_config(resolved, vocab_size=97))

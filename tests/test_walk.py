@@ -32,7 +32,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 import settings
 from model.kv_cache import CacheError
 from positional import PositionLimitError
-from utils import schema
+from utils import checks, schema
 from utils.errors import UserError, compose_message, group_value_message, groups
 
 HUGE = str(10**18)
@@ -157,7 +157,7 @@ def outcome(base: DictConfig, name: str, overrides: list[str], override: str) ->
             raise
         return None, group_value_message([override])
     try:
-        schema.preflight(cfg)
+        checks.preflight(cfg)
     except (UserError, PositionLimitError, CacheError) as e:
         return None, str(e)
     return cfg, None
@@ -192,7 +192,7 @@ def test_every_value_of_every_setting_is_accepted_in_range_or_refused_in_one_lin
     overrides = [o.format(**places) for o in overrides]
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         base = compose(name, overrides=overrides)
-    schema.preflight(base)  # the variant itself passes
+    checks.preflight(base)  # the variant itself passes
     first = VARIANTS[name][0]  # walked there: a variant walks what its option adds
     seen = set() if overrides == [o.format(**places) for o in first] else set(map(id, fields_of(name, first, places)))
     failures, walked = [], 0

@@ -47,9 +47,9 @@ def sweep_jobs(config: DictConfig) -> tuple[list[list[str]], set[str]]:
 
 
 def check_run(config: DictConfig):
-    from utils import schema
+    from utils import checks
 
-    schema.preflight(task_config(config))
+    checks.preflight(task_config(config))
     folder = Path(config.hydra.run.dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -61,7 +61,7 @@ def check_run(config: DictConfig):
 def check_sweep(config: DictConfig):
     from hydra.core.global_hydra import GlobalHydra
 
-    from utils import schema
+    from utils import checks
 
     jobs, swept = sweep_jobs(config)
     loader = GlobalHydra.instance().config_loader()
@@ -72,7 +72,7 @@ def check_sweep(config: DictConfig):
         except CompactHydraException as e:  # an option that does not exist (positional=alibii)
             raise UserError(f"{compose_message(e, config.hydra.job.config_name)} (job {n} of {len(jobs)})") from None
         try:
-            schema.preflight(task_config(job))
+            checks.preflight(task_config(job))
         except UserError as e:
             raise UserError(f"{e} (job {n} of {len(jobs)}: {which})") from None
 
