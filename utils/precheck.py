@@ -1,5 +1,5 @@
-"""Every job is checked before any runs: a Hydra callback that makes the entry point's check (utils/schema.py check)
-on the config of each job, before Hydra makes its folder.
+"""Every job is checked before any runs: a Hydra callback that makes the entry point's check (utils/checks.py
+preflight) on the config of each job, before Hydra makes its folder.
 
 python train.py -m train.seq_len=256,0     error: train.seq_len=0 must be >= 1; ... (job 2 of 2: ...), before job 1
 python train.py out_dir=notes.txt          error: out_dir=notes.txt is a file, not a folder; ...
