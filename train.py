@@ -253,7 +253,9 @@ def row_sampler(cfg, data_dir: Path, split: str, seed: int, aligned: bool, axes:
     position axes the scheme reads from a dataset that has them, data=grids), or one task sample per row, answers
     the only targets and positions drawn at random under positional.random_positions (data/tasks.py)."""
     if cfg.data.source == "tasks":
-        return tasks.TaskRows(TokenSplit(data_dir, split), cfg.train.seq_len, seed, cfg.positional.random_positions)
+        tr = cfg.train  # batches of one sample length: rows bucketed by batch_size
+        rows = TokenSplit(data_dir, split)
+        return tasks.TaskRows(rows, tr.seq_len, seed, cfg.positional.random_positions, tr.batch_size)
     if cfg.positional.random_positions is not None:
         raise UserError(
             f"positional.random_positions={cfg.positional.random_positions} draws the positions of data=tasks rows "

@@ -220,17 +220,22 @@ def write_tasks(tmp: Path, data: dict, log):
 
 
 WIDTH_STEP = 16  # batch widths are multiples of it: at most 7 shapes up to a 98-token row
+WINDOW = 64  # batches whose samples are sorted by length together, so that a batch holds one length
 
 
 class TaskRows:
     """Training rows of a tasks split (data/loader.py TokenSplit): one whole sample per row from its BOS, padded
-    with PAD to seq_len + 1 tokens; targets -1 except the answer span. Row k of a run is a pure function of
-    (seed, k), as in RowSampler, so a checkpoint's data position is the count of rows consumed."""
+    with PAD; targets -1 except the answer span. Row k of a run is a pure function of (seed, k), as in RowSampler, so
+    a checkpoint's data position is the count of rows consumed. Given batch_size, each epoch's shuffled samples are
+    sorted by length within windows of WINDOW batches and cut into batches, taken in a random order: a batch holds
+    samples of one length (Ruoss et al. 2023 train each batch at one length, which random positions rely on: the
+    positions drawn fit its samples exactly), and is narrower."""
 
-    def __init__(self, split, seq_len: int, seed: int, random_positions: int | None = None):
+    def __init__(self, split, seq_len: int, seed: int, random_positions: int | None = None, batch_size=None):
         self.split, self.seq_len, self.seed, self.random_positions = split, seq_len, seed, random_positions
-        self.n_rows = len(split.doc_starts)
-        longest = int(np.diff(np.append(split.doc_starts, split.n_tokens)).max())
+        self.n_rows, self.batch_size = len(split.doc_starts), batch_size
+        self.lengths = np.diff(np.append(split.doc_starts, split.n_tokens))
+        longest = int(self.lengths.max())
         if longest > seq_len + 1:
             raise UserError(
                 f"train.seq_len={seq_len}: a row holds one whole sample, and the longest here is {longest} tokens (BOS "
@@ -243,11 +248,24 @@ class TaskRows:
             )
         self._epoch, self._order = -1, None
 
+    def order(self, epoch: int) -> np.ndarray:
+        """The samples of an epoch in row order: shuffled, then (given batch_size) bucketed by length."""
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(self.n_rows)
+        if self.batch_size is None:
+            return order
+        batches, window = [], WINDOW * self.batch_size
+        for w in range(0, self.n_rows, window):
+            part = order[w : w + window]
+            part = part[np.argsort(self.lengths[part], kind="stable")]
+            cut = [part[i : i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+            batches += [cut[i] for i in rng.permutation(len(cut))]
+        return np.concatenate(batches)
+
     def _doc(self, k: int) -> np.ndarray:
         epoch, i = divmod(k, self.n_rows)
         if epoch != self._epoch:
-            self._order = np.random.default_rng([self.seed, epoch]).permutation(self.n_rows)
-            self._epoch = epoch
+            self._order, self._epoch = self.order(epoch), epoch
         return self.split.document(int(self._order[i]))
 
     def width(self, first_row: int, n: int) -> int:
@@ -272,10 +290,13 @@ class TaskRows:
 
     def positions(self, first_row: int, n: int, device="cpu") -> torch.Tensor | None:
         """None (the model's 0..T-1), or with random_positions=L one sorted random subset of range(L), as many as
-        the batch is wide, for the whole batch (Ruoss et al. draw as many as the sequence is long), from a generator
-        seeded by (seed, first_row): a resumed run draws the same."""
+        the batch's longest sample has inputs, for the whole batch (Ruoss et al. draw one per batch, as long as its
+        sequences), from a generator seeded by (seed, first_row): a resumed run draws the same. The slots past the
+        longest sample (the width's rounding) repeat the last position: only PAD sits there, after every sample."""
         if self.random_positions is None:
             return None
+        longest = max(len(self._doc(first_row + j)) for j in range(n)) - 1
         rng = np.random.default_rng([self.seed, first_row, 0x706F73])  # a stream apart from the rows' order
-        ids = np.sort(rng.choice(self.random_positions, size=self.width(first_row, n), replace=False))
+        ids = np.sort(rng.choice(self.random_positions, size=longest, replace=False))
+        ids = np.append(ids, np.full(self.width(first_row, n) - longest, ids[-1]))
         return torch.from_numpy(ids).to(device)

@@ -270,9 +270,11 @@ def test_random_positions_are_sorted_distinct_in_range_and_per_batch(every_task)
     assert tasks.TaskRows(split, 100, seed=1).positions(0, 8) is None
     rows = tasks.TaskRows(split, 100, seed=1, random_positions=512)
     first, second = rows.positions(0, 8), rows.positions(8, 8)
-    for pos in (first, second):
-        assert pos.shape == (rows.width(0 if pos is first else 8, 8),) and pos.dtype == torch.int64
-        assert (pos.diff() > 0).all() and pos.min() >= 0 and pos.max() < 512
+    for at, pos in ((0, first), (8, second)):
+        inputs = max(len(rows._doc(at + j)) for j in range(8)) - 1  # the longest sample's, drawn exactly
+        assert pos.shape == (rows.width(at, 8),) and pos.dtype == torch.int64
+        assert (pos[:inputs].diff() > 0).all() and pos.min() >= 0 and pos.max() < 512
+        assert (pos[inputs:] == pos[inputs - 1]).all()  # the width's rounding: PAD only, after every sample
     assert not torch.equal(first, second) and first.max() > 100  # beyond the row: positions of longer samples
     assert torch.equal(tasks.TaskRows(split, 100, seed=1, random_positions=512).positions(8, 8), second)
     assert not torch.equal(tasks.TaskRows(split, 100, seed=2, random_positions=512).positions(8, 8), second)
@@ -281,6 +283,23 @@ def test_random_positions_are_sorted_distinct_in_range_and_per_batch(every_task)
     assert torch.isfinite(loss)
     with pytest.raises(UserError, match="random_positions=64"):
         tasks.TaskRows(split, 100, seed=1, random_positions=64)
+
+
+def test_batches_hold_one_length_and_an_epoch_every_sample_once(tmp_path):
+    """Given batch_size, an epoch's rows are bucketed by length: (almost) every batch holds samples of one length,
+    the batches come in no length order, and the epoch still holds every sample once, a function of the seed."""
+    split = TokenSplit(write(tmp_path / "copy", ["copy"]), "train")  # 16 lengths, 25 samples each on average
+    rows = tasks.TaskRows(split, 100, seed=1, batch_size=8)
+    order = rows.order(0)
+    assert sorted(order.tolist()) == list(range(rows.n_rows))
+    assert np.array_equal(order, tasks.TaskRows(split, 100, seed=1, batch_size=8).order(0))
+    assert not np.array_equal(order, rows.order(1))
+    lengths = [rows.lengths[order[i : i + 8]] for i in range(0, rows.n_rows, 8)]
+    one = [len(set(b.tolist())) == 1 for b in lengths]
+    assert sum(one) >= 0.7 * len(one)  # a batch straddles two lengths only where a length's samples run out
+    assert not all(np.diff([b.max() for b in lengths]) >= 0)  # not sorted from short to long
+    x, _ = rows.batch(8, 8)
+    assert x.shape[1] < tasks.TaskRows(split, 100, seed=1).batch(8, 8)[0].shape[1]  # narrower than mixed lengths
 
 
 @pytest.mark.parametrize("scheme", ["rope", "learned"])
