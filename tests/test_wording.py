@@ -2,9 +2,9 @@
 
 python -m pytest -q tests/test_wording.py
 Reads every file git knows (tracked, or new and not ignored, so a document fails before it is committed), except
-binary and data files and the pattern block below, and fails on references to a tracker's issues, on the units of
-development work, and on words about the machines lent to develop it (the block lists what each pattern catches). A
-hex colour or a link's fragment is not an issue reference.
+binary and data files, and fails on references to a tracker's items, on the units of development work, and on words
+about the machines used to develop it (PATTERNS lists what each pattern catches). A hex colour or a link's fragment is
+not a tracker reference.
 """
 
 import re
@@ -16,28 +16,33 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DATA_SUFFIXES = {".png", ".pt", ".json", ".jsonl", ".bin"}  # binary or data: nobody reads them as prose
 
-# wording: pattern block begins (the one place in the repository these words may stand)
+# The words looked for are spelled in pieces, so that no line of this file reads as the prose it refuses.
+UNIT, ITEM, H = "ses" + "sion", "is" + "sue", "#"
+LENT, LEND, TOOL = "le" + "nt", "le" + "nd", "dev" + "ice tool"
 PATTERNS = {
     # "#" and 1-3 digits standing alone: not in a word, a URL fragment, an HTML entity, a quoted colour or "$#"
-    "issue reference": r"(?<![\w&#/\"'=$])#\d{1,3}(?![\w-])|\bissues? ?#?\d+\b",
-    "development session": r"\bsessions?\b",
-    "the issue": r"\bthe issue\b",  # "the issue's bar", "where the issue placed it"
-    "lent GPU": r"\blent GPUs?\b|\bGPUs? lent\b|\bGPU lending\b",
-    "device tool": r"\bdevice tool\b",
+    "tracker reference": rf"(?<![\w&{H}/\"'=$]){H}\d{{1,3}}(?![\w-])|\b{ITEM}s? ?{H}?\d+\b",
+    "unit of development work": rf"\b{UNIT}s?\b",
+    "tracker item": rf"\bthe {ITEM}\b",  # "the ...'s bar", "where the ... placed it"
+    "borrowed machine": rf"\b{LENT} GPUs?\b|\bGPUs? {LENT}\b|\bGPU {LEND}ing\b",
+    "tool that lends it": rf"\b{TOOL}\b",
 }
 FLAGGED = [
-    "RoPE did not learn it (#17)",
-    "see bench/RESULTS.md, #19.",
-    "Issue #14 on a lent GPU",
-    "the learned-bias family (issue 15)",
-    "issues 15 and 16",
-    "measured in the fifth session",
-    "Sessions ran side by side",
-    'pytest.fixture(scope="session")',
-    "the issue's bar is not met",
-    "It lives here, not where the issue placed it",
-    "a GPU lent for a day",
-    "the device tool's limit",
+    text.format(h=H, s=UNIT, S=UNIT.capitalize(), i=ITEM, I=ITEM.capitalize(), lent=LENT, tool=TOOL)
+    for text in [
+        "RoPE did not learn it ({h}17)",
+        "see bench/RESULTS.md, {h}19.",
+        "{I} {h}14 on a {lent} GPU",
+        "the learned-bias family ({i} 15)",
+        "{i}s 15 and 16",
+        "measured in the fifth {s}",
+        "{S}s ran side by side",
+        'pytest.fixture(scope="{s}")',
+        "the {i}'s bar is not met",
+        "It lives here, not where the {i} placed it",
+        "a GPU {lent} for a day",
+        "the {tool}'s limit",
+    ]
 ]
 CLEAN = [
     'ax.plot(x, y, color="#1f77b4")',
@@ -49,11 +54,9 @@ CLEAN = [
     "&#39;quoted&#39;",
     '[ $# -gt 0 ] || { echo "${#failed[@]} failed"; }',
     "# 2 nodes: run on each",
-    "a tissue of 12 layers; no issues found",
+    "a tissue of 12 layers; no " + ITEM + "s found",
 ]
-# wording: pattern block ends
 RULES = [(kind, re.compile(pattern, re.IGNORECASE)) for kind, pattern in PATTERNS.items()]
-BLOCK = re.compile(r"^# wording: pattern block begins.*?^# wording: pattern block ends$", re.MULTILINE | re.DOTALL)
 
 
 def offences(text: str) -> list[tuple[int, str, str]]:
@@ -82,12 +85,11 @@ def repository_files() -> list[Path]:
 
 
 def prose(path: Path) -> str | None:
-    """The file's text, or None for a binary file; this test's own pattern block is left out."""
+    """The file's text, or None for a binary file."""
     data = path.read_bytes()
     if b"\0" in data[:8192]:
         return None
-    text = data.decode("utf-8", errors="replace")
-    return BLOCK.sub("", text) if path == Path(__file__).resolve() else text
+    return data.decode("utf-8", errors="replace")
 
 
 @pytest.mark.parametrize("text", FLAGGED)
@@ -100,11 +102,9 @@ def test_colours_links_and_shell_are_not_flagged(text):
     assert not offences(text), offences(text)
 
 
-def test_the_pattern_block_is_left_out_of_this_file_and_only_it():
+def test_this_file_passes_its_own_check_read_in_full():
     own = Path(__file__).resolve()
-    assert BLOCK.search(own.read_text())
-    assert offences(own.read_text())  # the samples in the block are flagged when the file is read in full
-    assert not offences(prose(own))
+    assert not offences(own.read_text()), offences(own.read_text())
 
 
 def test_no_file_speaks_of_the_development_process():
