@@ -262,19 +262,27 @@ class TaskRows:
             batches += [cut[i] for i in rng.permutation(len(cut))]
         return np.concatenate(batches)
 
-    def _doc(self, k: int) -> np.ndarray:
+    def _sample(self, k: int) -> int:
+        """The index of row k's sample in the split."""
         epoch, i = divmod(k, self.n_rows)
         if epoch != self._epoch:
             self._order, self._epoch = self.order(epoch), epoch
-        return self.split.document(int(self._order[i]))
+        return int(self._order[i])
+
+    def _doc(self, k: int) -> np.ndarray:
+        return self.split.document(self._sample(k))
+
+    def inputs(self, first_row: int, n: int) -> int:
+        """The input tokens of the batch's longest sample (its last token predicts nothing), from the recorded
+        sample lengths: no sample is read."""
+        return int(max(self.lengths[self._sample(first_row + j)] for j in range(n))) - 1
 
     def width(self, first_row: int, n: int) -> int:
         """The row width of a batch: its longest sample less its last token (no row predicts from it), rounded up to
         a multiple of WIDTH_STEP (a few shapes, for a compiled model), at most seq_len. The model is causal, so the
         PAD after a sample changes none of its scores: a narrower batch computes the same loss, in less time (a
         mixture of copy, reverse and add fills 35 of the 98 tokens a row holds for vt or needle)."""
-        longest = max(len(self._doc(first_row + j)) for j in range(n)) - 1
-        return min(self.seq_len, -(-longest // WIDTH_STEP) * WIDTH_STEP)
+        return min(self.seq_len, -(-self.inputs(first_row, n) // WIDTH_STEP) * WIDTH_STEP)
 
     def batch(self, first_row: int, n: int, device="cpu"):
         """(x, y) of rows first_row.. first_row + n - 1, each (n, width): inputs, and targets -1 but the answers."""
@@ -295,7 +303,7 @@ class TaskRows:
         longest sample (the width's rounding) repeat the last position: only PAD sits there, after every sample."""
         if self.random_positions is None:
             return None
-        longest = max(len(self._doc(first_row + j)) for j in range(n)) - 1
+        longest = self.inputs(first_row, n)
         rng = np.random.default_rng([self.seed, first_row, 0x706F73])  # a stream apart from the rows' order
         ids = np.sort(rng.choice(self.random_positions, size=longest, replace=False))
         ids = np.append(ids, np.full(self.width(first_row, n) - longest, ids[-1]))
