@@ -169,6 +169,13 @@ SCHEMES = [  # (positional=, what it does, the study that measured it: results/<
     ("prope", "p-RoPE: only the fastest 75% of RoPE's frequencies turn (Barbero et al. 2025)", "study-breadth"),
     ("pope", "PoPE: magnitude from content, phase from position (Gopalakrishnan et al. 2025)", "study-breadth"),
     ("irope", "iRoPE: RoPE, and NoPE with a length temperature in every 4th layer (Llama 4)", "study-breadth"),
+    ("cope", "CoPE: positions counted by gates on the scores (Golovneva et al. 2024)", None),
+    (
+        "stickbreaking",
+        "stick-breaking attention: the nearest key takes its share first, no softmax (Tan et al. 2024)",
+        None,
+    ),
+    ("path", "PaTH: keys transformed by Householder-like matrices of the tokens between (Yang et al. 2025)", None),
     ("rope2d", "axial 2D RoPE over (row, column) positions (Heo et al. 2024)", "grids"),
     ("mrope", "M-RoPE: RoPE's pairs in temporal, height and width sections (Qwen2-VL, Wang et al. 2024)", "grids"),
     ("sinusoidal2d`, `sinusoidal3d", "fixed sinusoids per position axis", None),

@@ -52,6 +52,9 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
         q, k = plan.queries(q), plan.keys(k)
         bias = dense_bias(plan.pe, plan.q_pos, plan.k_pos, True, attn.n_head, plan.window)
         state = None if attn.pe_layer is None else attn.pe_layer(x)
+        if plan.pe.content_weights is not None:  # CoPE, stick-breaking, PaTH give the weights themselves
+            probs.append(plan.pe.content_weights(q, k, bias, state, attn.pe_layer, plan))
+            continue
         content = attn.content(q, state, plan)  # a bias that reads q or the input (Shaw, FoX): this layer's own
         if content is not None:
             bias = bias + content_grid(content, q.size(0), q.size(1), q.size(2), k.size(2), q.device)

@@ -23,6 +23,11 @@ sink logit. The plan keeps what the layers share (positions, mask, static bias, 
 add fn over the (B, H, Tq, Tk) index grid to the plan's bias, flex adds it in a per-layer score_mod that reads the
 scheme's (B, H, Tq, ...) tables. Schemes without one take exactly the paths they took before.
 
+A scheme that gives the weights itself (positional/base.py content_weights: CoPE, stick-breaking, PaTH) reads every
+score of a query before it weighs any key, so its layers attend through content_attention over the plan's dense mask:
+make_plan gives such a scheme the sdpa backend's dense bias (auto picks it; flex is refused, since its score_mod sees
+one score at a time). Memory: one fp32 B x H x Tq x Tk tensor of weights per layer, on a GPU as on the CPU.
+
 A plan with far scores (plan.far: ReRoPE's two windows, model/rerope_attention.py) rotates queries and keys twice and
 attends through plan.far, which this module only calls.
 
@@ -118,7 +123,14 @@ def make_plan(
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
     plain = pe.score_bias is None and pe.content_bias is None and not sink and (not causal or q_pos is k_pos)
-    plain = plain and window is None and far is None
+    plain = plain and window is None and far is None and pe.content_weights is None
+    if pe.content_weights is not None and backend == "flex":
+        raise ValueError(
+            f"model.attn_backend=flex: positional={pe.name} weighs keys by every score of the query, which flex's "
+            f"score_mod does not see; pass model.attn_backend=auto (a dense mask)"
+        )
+    if backend == "auto" and pe.content_weights is not None:
+        backend = "sdpa"
     if backend == "auto":
         backend = "flex" if q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES else "sdpa"
     if rot is None:
@@ -130,7 +142,8 @@ def make_plan(
     elif backend == "sdpa" and plain:
         mask = Mask(is_causal=causal)
     else:
-        blocks = diagonal_blocks(len(q_pos)) if backend == "sdpa" and causal and q_pos is k_pos else None
+        own = pe.content_weights is not None  # content_attention takes every key for every query at once
+        blocks = diagonal_blocks(len(q_pos)) if backend == "sdpa" and causal and q_pos is k_pos and not own else None
         mask = Mask(bias=dense_bias(pe, q_pos, k_pos, causal, n_head, window), blocks=blocks)
     plan = AttnPlan(pe, q_pos, k_pos, backend, mask, *rot, window=window)
     if far is not None:
@@ -203,6 +216,20 @@ def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
 
         return torch.cat([block(s, e) for s, e in plan.mask.blocks], dim=2)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan.mask.is_causal, enable_gqa=gqa)
+
+
+def content_attention(q, k, v, plan: AttnPlan, state=None, layer=None) -> torch.Tensor:
+    """Attention under the weights the plan's scheme gives (positional/base.py content_weights), over its dense mask:
+    (B, H, Tq, Dh). What a row's weights leave goes to the layer module's rest (H, Dh) where it has one."""
+    bias = plan.mask.bias
+    if bias is None:  # not causal, nothing hidden
+        bias = q.new_zeros(1, q.size(2), k.size(2), dtype=torch.float32)
+    weights = plan.pe.content_weights(q, k, bias, state, layer, plan)
+    out = weighted_values(weights, v, torch.float32)
+    rest = getattr(layer, "rest", None)
+    if rest is not None:
+        out = out + (1.0 - weights.sum(-1, keepdim=True)) * rest.float()[:, None, :]
+    return out.to(q.dtype)
 
 
 def with_nothing_slot(k, v, mask, sink, n_queries: int):

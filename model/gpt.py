@@ -34,7 +34,7 @@ import settings
 from positional import PositionAxesError
 from settings import Rule, choices, setting
 
-from .attention import BACKENDS, add_window, attend, make_plan
+from .attention import BACKENDS, add_window, attend, content_attention, make_plan
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
 from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
@@ -190,7 +190,10 @@ class Attention(nn.Module):
         else:
             k, v, state = step.update(self.layer_idx, k, v, state, plan)
         q = self.scale_queries(plan.queries(q), plan)  # a query's scale is its far logits' scale too (ReRoPE)
-        y = attend(q, k, v, plan, self.sink, self.content(q, state, plan))
+        if plan.pe.content_weights is not None:  # the scheme gives the weights (CoPE, stick-breaking, PaTH)
+            y = content_attention(q, k, v, plan, state, self.pe_layer)
+        else:
+            y = attend(q, k, v, plan, self.sink, self.content(q, state, plan))
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
     def scale_queries(self, q, plan):
@@ -235,6 +238,13 @@ class GPT(nn.Module):
         self.cfg = cfg
         # the scheme, and NoPE for the N layers of positional.layers (None without any)
         self.pe, self.pe_nope = positional.build_layers(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model)
+        if self.pe.content_weights is not None:  # it gives the weights: no softmax slot, no flex score_mod
+            if cfg.sink_logit:
+                raise ValueError(
+                    f"model.sink_logit=true adds a slot to a softmax, and positional={self.pe.name} weighs the keys "
+                    f"itself; pass model.sink_logit=false"
+                )
+            make_plan(self.pe, torch.arange(1), torch.arange(1), True, cfg.n_head, cfg.attn_backend)  # flex: refused
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         schemes = [self.pe_nope if cfg.layer_nope(i) else self.pe for i in range(cfg.n_layer)]
         self.blocks = nn.ModuleList(Block(cfg, i, pe) for i, pe in enumerate(schemes))

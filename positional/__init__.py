@@ -27,12 +27,14 @@ import settings
 
 from .alibi import ALiBi
 from .base import Positional, PositionalOptions, PositionAxesError, PositionLimitError
+from .cope import CoPE
 from .fire import FIRE
 from .fox import FoX
 from .kerple import KERPLE
 from .learned import Learned
 from .mrope import MRoPE
 from .nope import NoPE
+from .path import PaTH
 from .pope import PoPE
 from .prope import PRoPE
 from .rope import RoPE
@@ -43,12 +45,14 @@ from .sink import Sink
 from .sinusoidal import Sinusoidal
 from .sinusoidal2d import Sinusoidal2D
 from .sinusoidal3d import Sinusoidal3D
+from .stickbreaking import StickBreaking
 from .t5 import T5
 from .xpos import XPos
 
 SCHEMES = {
     cls.name: cls
     for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5, KERPLE, FIRE, Shaw, FoX, XPos, PRoPE, PoPE)
+    + (CoPE, StickBreaking, PaTH)  # weights that read the scores (base.py content_weights)
     + (RoPE2D, MRoPE, Sinusoidal2D, Sinusoidal3D)  # multi-axis positions (grids, images): pos (axes, T)
 }
 
@@ -147,7 +151,7 @@ def build_layers(spec, n_head: int, head_dim: int, d_model: int) -> tuple[Positi
     pe = build(spec, n_head, head_dim, d_model)
     if "N" not in pattern:
         return pe, None
-    acts = pe.rotary or pe.score_bias is not None or pe.content_bias is not None
+    acts = pe.rotary or pe.score_bias is not None or pe.content_bias is not None or pe.content_weights is not None
     if not acts:  # learned and sinusoidal add positions to the embeddings every layer reads; nope has none
         raise ValueError(
             f"positional.layers={pattern} leaves positions out of the N layers, but positional={pe.name} has none in "

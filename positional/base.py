@@ -14,11 +14,21 @@ A bias that reads content (Shaw's q . a_(i-j), FoX's data-dependent forget gates
 layer has its own queries and input, by two more hooks (the plan, shared by the layers, keeps positions and mask):
   layer_module()                 an nn.Module each attention layer keeps (FoX: its forget gate), or None; it maps
                                  the layer input (B, T, D) to a per-token state (B, state_dim, T), which a KV
-                                 cache stores beside the keys (slot order) and hands back for every cached key
+                                 cache stores beside the keys (slot order) and hands back for every cached key;
+                                 a module of parameters only returns None (CoPE: its position vectors)
   content_bias(q, state, plan)   -> fn(b, h, i, j): the bias for batch b, head h, query row i, key row j (rows of
                                  q and of the keys, not positions; plan.q_pos[i] and plan.k_pos[j] give those),
                                  written with broadcasting tensor ops over tensors it captures, like score_bias:
                                  the dense paths call it on index grids, flex calls it from its score_mod
+A weight that reads the scores themselves (CoPE's gates count the keys a query chooses, stick-breaking breaks a stick
+from the nearest key back, PaTH transforms keys by what lies between key and query) is no bias on a softmax: such a
+scheme gives the weights, by one more hook (model/attention.py content_attention applies them):
+  content_weights(q, k, bias, state, layer, plan) -> (B, H, Tq, Tk) fp32 weights over the keys, in place of
+                                 softmax(q . k / sqrt(d) + bias); bias (H or 1, Tq, Tk) is the plan's mask, -inf
+                                 where hidden; layer the scheme's layer_module() of this layer, state its output.
+                                 Rows may sum to less than one: the rest goes to layer.rest (H, Dh) where the layer
+                                 module has it (stick-breaking), else to nothing. It reads every score, so it runs
+                                 on the dense paths only (a T x T tensor per layer, on a GPU too)
 Positions are explicit integer tensors: (T,), one per token, or (axes, T) for a scheme that reads several axes
 (rope2d: row, column; mrope: temporal, height, width). A token given one id, (T,), carries it on every axis (M-RoPE's
 rule for text), so every scheme reads a text sequence. A scheme also states what it supports:
@@ -108,6 +118,12 @@ class PositionalOptions:
     )
 
 
+def scores(q, k) -> torch.Tensor:
+    """q . k / sqrt(Dh) in fp32 (B, H, Tq, Tk), each key head shared by its group of query heads (GQA)."""
+    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
+    return q.float() @ k.float().transpose(-2, -1) / q.size(-1) ** 0.5
+
+
 class PositionLimitError(ValueError):
     """A position past what the scheme covers (a learned table)."""
 
@@ -125,6 +141,7 @@ class Positional(nn.Module):
     n_prefix = 0
     score_bias = None  # subclasses with a bias define a method score_bias(h, q_pos, k_pos) -> Tensor
     content_bias = None  # subclasses whose bias reads q or the layer input define content_bias(q, state, plan)
+    content_weights = None  # subclasses that give the weights define content_weights(q, k, bias, state, layer, plan)
     state_dim = 0  # channels of the per-token state layer_module() computes (a KV cache keeps them per key)
 
     def __init__(self, n_head: int, head_dim: int, d_model: int):
@@ -154,6 +171,14 @@ class Positional(nn.Module):
 
     def layer_module(self) -> nn.Module | None:
         return None
+
+    def key_order(self, plan):
+        """(order, inverse) that sort the plan's keys by position and back, or None where they are in order: a full
+        forward's are; a cache's slots are in any order (a sink cache's ring, a static step's empty slots last)."""
+        if plan.q_pos is plan.k_pos:
+            return None
+        order = plan.k_pos.argsort()
+        return order, order.argsort()
 
     def rotation(self, pos: torch.Tensor, scaling=None):
         return None

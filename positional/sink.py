@@ -48,6 +48,8 @@ class Sink(Positional):
             self.score_bias = inner.score_bias
         if inner.content_bias is not None:  # Shaw, FoX: their bias reads queries or the layer input
             self.content_bias, self.state_dim = inner.content_bias, inner.state_dim
+        if inner.content_weights is not None:  # CoPE, stick-breaking, PaTH: they give the weights
+            self.content_weights, self.state_dim = inner.content_weights, inner.state_dim
 
     def layer_module(self):
         return self.inner.layer_module()

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent  # the project, installed with pip
 SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"]
 SCHEMES += ["kerple", "fire", "shaw", "fox"]  # the learned-bias family
 SCHEMES += ["xpos", "prope", "pope"]  # the rotary family
+SCHEMES += ["cope", "stickbreaking", "path"]  # weights that read the scores (positional/base.py content_weights)
 SCHEMES += ["rope2d", "mrope", "sinusoidal2d", "sinusoidal3d"]  # multi-axis (data=grids); here on text: (T,) positions,
 # the same id on every axis (tests/test_grids.py gives them real multi-axis ids)
 ABSOLUTE = ["learned", "sinusoidal", "sinusoidal2d", "sinusoidal3d"]

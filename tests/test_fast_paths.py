@@ -51,6 +51,39 @@ def scores_plain(pe, attn, h, q, k, pos):
     return scores
 
 
+def weights_plain(pe, attn, h, q, k, pos, bias):
+    """The weights of the schemes that give them (CoPE, stick-breaking, PaTH) as their papers write them: CoPE's
+    interpolated vectors e[p] added to the keys, stick-breaking's product over the keys between, PaTH's product of
+    Householder-like matrices applied to each key; softmax(scores + bias) for every other scheme."""
+    scheme = getattr(pe, "inner", pe)
+    z = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)
+    p_i, p_j, p_t = pos[:, None, None], pos[None, :, None], pos[None, None, :]
+    if scheme.name == "cope":  # p_ij = sum over j <= t <= i of sigmoid(z_it); logits q_i . (k_j + e[p_ij])
+        p = torch.einsum("ijt,bhit->bhij", ((p_j <= p_t) & (p_t <= p_i)).float(), torch.sigmoid(z))
+        p = p.clamp(max=scheme.max_count)
+        e, lo = attn.pe_layer.e, p.floor().long()
+        vec = e[lo] * (1 - (p - lo))[..., None] + e[(lo + 1).clamp(max=scheme.max_count)] * (p - lo)[..., None]
+        return (z + torch.einsum("bhid,bhijd->bhij", q, vec) / math.sqrt(attn.head_dim) + bias).softmax(-1)
+    if scheme.name == "stickbreaking":  # beta_ij prod over j < t < i of (1 - beta_it), keys j < i
+        between = ((p_j < p_t) & (p_t < p_i)).float()
+        log_w = F.logsigmoid(z) + torch.einsum("ijt,bhit->bhij", between, F.logsigmoid(-z))
+        return log_w.exp() * (pos[None, :] < pos[:, None])
+    if scheme.name == "path":  # q_i^T H_i ... H_(j+1) k_j, H_t = I - beta_t w_t w_t^T
+        layer, (B, H, T, Dh) = attn.pe_layer, q.shape
+        w = F.normalize(layer.w(h).view(B, T, H, Dh), dim=-1).transpose(1, 2)
+        beta = 2 * torch.sigmoid(layer.beta(h)).transpose(1, 2)
+        rows = []
+        for i in range(T):
+            keys = k.clone()
+            for t in range(1, i + 1):  # H_t acts on the keys before t: H_(j+1) first, H_i last
+                before, w_t = keys[:, :, :t], w[:, :, t, None]  # (B, H, t, Dh), (B, H, 1, Dh)
+                hk = before - beta[:, :, t, None, None] * w_t * (before @ w_t.transpose(-2, -1))
+                keys = torch.cat((hk, keys[:, :, t:]), dim=2)
+            rows.append(q[:, :, i : i + 1] @ keys.transpose(-2, -1))
+        return (torch.cat(rows, dim=2) / math.sqrt(Dh) + bias).softmax(-1)
+    return (scores_plain(pe, attn, h, q, k, pos) + bias).softmax(-1)
+
+
 def plain_forward(model, idx, targets, reduction="mean"):
     """The model as written before the fast paths: separate projections, concatenated halves, full logits."""
     pe, cfg = model.pe, model.cfg
@@ -69,8 +102,11 @@ def plain_forward(model, idx, targets, reduction="mean"):
         q, k = rotate_plain(q, pe, pos), rotate_plain(k, pe, pos, key=True)
         groups = cfg.n_head // cfg.n_kv_head
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        att = (scores_plain(pe, a, h, q, k, pos) + bias).softmax(-1)
-        x = x + a.c_proj((att @ v).transpose(1, 2).reshape(B, -1, cfg.d_model))
+        att = weights_plain(pe, a, h, q, k, pos, bias)
+        out = att @ v
+        if hasattr(a.pe_layer, "rest"):  # stick-breaking: what a row leaves goes to the head's vector
+            out = out + (1 - att.sum(-1, keepdim=True)) * a.pe_layer.rest[:, None]
+        x = x + a.c_proj(out.transpose(1, 2).reshape(B, -1, cfg.d_model))
         x = x + block.mlp.c_proj(F.relu(block.mlp.c_fc(rms(x))).square())
     logits = model.lm_head(rms(x[:, pe.n_prefix :]))
     logits = cfg.softcap * torch.tanh(logits / cfg.softcap)

@@ -5,6 +5,7 @@ import pytest
 import torch
 from conftest import ABSOLUTE, SCHEMES, SHIFT_INVARIANT, random_model
 
+import positional
 from model.attention import make_plan
 from model.gpt import GPT, GPTConfig
 from model.kv_cache import DenseCache
@@ -44,6 +45,8 @@ def test_absolute_schemes_are_not(name):
 @pytest.mark.parametrize("name", SCHEMES)
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 def test_backends_agree_with_the_fp32_reference(name, backend):
+    if backend == "flex" and positional.SCHEMES[name].content_weights is not None:
+        pytest.skip("weights that read every score refuse flex (tests/test_content_weights.py)")
     ref = random_model(name, attn_backend="reference")
     other = random_model(name, attn_backend=backend)
     idx = tokens()

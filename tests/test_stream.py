@@ -40,7 +40,7 @@ def test_sink_cache_equals_dense_while_it_fits(name):
     assert torch.allclose(dense, chunked, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["rope", "alibi", "nope", "fire", "fox", "shaw"])
+@pytest.mark.parametrize("name", ["rope", "alibi", "nope", "fire", "fox", "shaw", "cope", "stickbreaking", "path"])
 def test_one_layer_reindexing_is_exact(name):
     """Past capacity, a one-layer model's next-token logits equal a fresh forward over the first S tokens and
     the last W tokens at positions 0..S+W-1: its cached keys depend on their own token alone. FIRE's normaliser
@@ -282,7 +282,7 @@ def test_absolute_scheme_streams_dense_and_says_why_not_the_rest(runs):
     assert refused == [False, True, True, True, False]
 
 
-@pytest.mark.parametrize("name", ["rope", "alibi", "sink", "learned", "shaw", "fox"])
+@pytest.mark.parametrize("name", ["rope", "alibi", "sink", "learned", "shaw", "fox", "cope", "path"])
 def test_attention_probs_reproduce_each_layers_output(name):
     """The probabilities the sink diagnostic reads are the ones the model uses: probs @ V through c_proj gives
     each attention layer's output, rows sum to one and no query sees a later key."""

@@ -1,0 +1,75 @@
+"""Contextual Position Encoding (CoPE, Golovneva et al. 2024): a position counts the keys a query chooses to count.
+
+python train.py positional=cope
+gate g_ij = sigmoid(z_ij), z_ij = q_i . k_j / sqrt(d) the query's score of a visible key (0 for a hidden one);
+position p_ij = sum of g_it over the visible keys t from key j up to the query (j and the query's own key included),
+clamped to positional.max_count, so p counts "how many keys like this one since j" rather than tokens;
+weight = softmax_j(z_ij + q_i . e[p_ij] / sqrt(d)), e[p] interpolated between the learned vectors at floor(p) and
+ceil(p). As the paper computes it, q_i . e[n] is a (B, H, Tq, max_count + 1) table per layer, read at floor and
+ceil of p: no T x T x Dh tensor. Each layer has its own vectors (its layer module), shared by its heads, zero at
+init: CoPE starts as NoPE. No position is read anywhere, so a sink cache's re-indexing changes nothing; the cache
+counts over the kept keys (what a fresh forward over them counts). The gates read every score of a row before any
+weight is known, so the weights are computed whole (positional/base.py content_weights; dense on every device).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from settings import setting
+
+from .base import Positional, PositionalOptions, scheme, scores
+
+
+class CountVectors(nn.Module):
+    """One layer's position vectors e[0..max_count] (max_count + 1, Dh); no per-token state."""
+
+    def __init__(self, max_count: int, head_dim: int):
+        super().__init__()
+        self.e = nn.Parameter(torch.zeros(max_count + 1, head_dim))
+
+    def forward(self, x):
+        return None
+
+
+@dataclass
+class CoPEOptions(PositionalOptions):
+    name: str = scheme("cope")
+    # p_max: counts past it share e[max_count] (the paper's npos_max); a count is at most the keys a query sees
+    max_count: int = setting(64, "pass the largest count with a vector of its own", ge=1, le=2**16)
+
+
+class CoPE(Positional):
+    name = "cope"
+    Options = CoPEOptions
+    relative = True  # reads no position: a shift of all of them changes nothing
+
+    def __init__(self, n_head, head_dim, d_model, max_count: int = 64):
+        super().__init__(n_head, head_dim, d_model)
+        self.max_count = int(max_count)
+
+    def layer_module(self):
+        return CountVectors(self.max_count, self.head_dim)
+
+    def counts(self, scores, hidden, plan):
+        """p_ij (B, H, Tq, Tk): the gates of the visible keys from key j to the query, summed in order of position."""
+        gates = torch.sigmoid(scores).masked_fill(hidden, 0.0)
+        order = self.key_order(plan)
+        if order is None:
+            return gates.flip(-1).cumsum(-1).flip(-1)
+        ahead = gates[..., order[0]].flip(-1).cumsum(-1).flip(-1)  # keys sorted by position
+        return ahead[..., order[1]]
+
+    def content_weights(self, q, k, bias, state, layer, plan):
+        hidden = torch.isneginf(bias)
+        z = scores(q, k) + bias.masked_fill(hidden, 0.0)
+        p = self.counts(z, hidden, plan).clamp(max=self.max_count)
+        table = (q.float() @ layer.e.float().t()) / math.sqrt(q.size(-1))  # (B, H, Tq, max_count + 1)
+        low = p.floor()
+        frac = p - low
+        low = low.long()
+        high = (low + 1).clamp(max=self.max_count)
+        z = z + table.gather(-1, low) * (1 - frac) + table.gather(-1, high) * frac
+        return z.masked_fill(hidden, float("-inf")).softmax(-1)

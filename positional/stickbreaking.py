@@ -1,0 +1,63 @@
+"""Stick-breaking attention (Tan et al. 2024, "Scaling Stick-Breaking Attention"): no positional encoding and no
+softmax; a query breaks a stick from its nearest key back.
+
+python train.py positional=stickbreaking
+beta_ij = sigmoid(z_ij), z_ij = q_i . k_j / sqrt(d), over the keys before the query (its own key is not one of them);
+weight_ij = beta_ij x prod of (1 - beta_it) over the keys t between j and the query, so the nearest key takes its
+share first and each farther one a share of what is left: order comes from the product, not from positions. The
+rows sum to 1 - prod(1 - beta), less than one; the rest goes to a learned vector per head (the layer module's
+`rest`, zero at init), as the authors' released model does. Computed in log space: log beta_ij plus the sum of
+log(1 - beta_it) = logsigmoid(-z_it) over the visible keys t after j, a cumulative sum over keys in order of
+position. A hidden key (the mask, a window) is no key: it takes nothing and breaks nothing. The first token of a
+sequence sees no key and gives its head's rest vector. A sink cache keeps some keys and drops others: the product
+runs over the kept ones, what a fresh forward over them computes. The sum reads every score of a row, so the
+weights are computed whole (positional/base.py content_weights): dense, one T x T tensor per layer on any device
+(the authors' Triton kernel fuses it; it is not used here).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Positional, PositionalOptions, scheme, scores
+
+
+class Rest(nn.Module):
+    """One layer's vector per head for what a query's stick leaves, (H, Dh); no per-token state."""
+
+    def __init__(self, n_head: int, head_dim: int):
+        super().__init__()
+        self.rest = nn.Parameter(torch.zeros(n_head, head_dim))
+
+    def forward(self, x):
+        return None
+
+
+@dataclass
+class StickBreakingOptions(PositionalOptions):
+    name: str = scheme("stickbreaking")
+
+
+class StickBreaking(Positional):
+    name = "stickbreaking"
+    Options = StickBreakingOptions
+    relative = True  # reads no position but their order
+
+    def layer_module(self):
+        return Rest(self.n_head, self.head_dim)
+
+    def content_weights(self, q, k, bias, state, layer, plan):
+        own = plan.k_pos[None, :] == plan.q_pos[:, None]  # a query's own key is not before it
+        hidden = torch.isneginf(bias) | own
+        z = scores(q, k) + bias.masked_fill(hidden, 0.0)
+        log_beta = F.logsigmoid(z).masked_fill(hidden, float("-inf"))
+        log_keep = F.logsigmoid(-z).masked_fill(hidden, 0.0)
+        order = self.key_order(plan)
+        if order is not None:
+            log_keep = log_keep[..., order[0]]
+        after = F.pad(log_keep[..., 1:].flip(-1).cumsum(-1).flip(-1), (0, 1))  # the keys nearer the query than j
+        if order is not None:
+            after = after[..., order[1]]
+        return (log_beta + after).exp()
