@@ -1,7 +1,8 @@
 """Perplexity at and far beyond the training length, as a table, a JSON file and a plot.
 
 python eval.py checkpoint=out/rope                            lengths 0.5..16 x training length, two modes
-python eval.py checkpoint=out/rope eval.rope_scaling=all      + linear, ntk, dynamic_ntk and yarn extension
+python eval.py checkpoint=out/rope eval.rope_scaling=all      + linear, ntk, dynamic_ntk, yarn, yarn_released, llama3
+python eval.py checkpoint=out/rope 'eval.hf_rope_scaling={rope_type: yarn, factor: 4}'   + a Hugging Face dict's row
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   factors searched beforehand
                                                               (python -m evaluation.longrope_search, its docstring)
 python eval.py checkpoint=out/rope eval.rope_scaling=rerope   + ReRoPE (or leaky_rerope; eval.rerope_window, _leak)

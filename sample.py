@@ -5,10 +5,17 @@ python sample.py checkpoint=out/sink cache=sink max_new_tokens=-1      (streams 
 python sample.py checkpoint=out/alibi prompt=@scene.txt num_samples=3
 python sample.py checkpoint=out/rope static=true      (a compiled fixed-shape decode step: CUDA graphs on a GPU)
 python sample.py checkpoint=out/rope rope_scaling=rerope max_new_tokens=2000    (ReRoPE past the training length)
+python sample.py checkpoint=out/rope rope_scaling=yarn_released                 (or linear, ntk, yarn, llama3, longrope)
+python sample.py checkpoint=out/rope 'hf_rope_scaling={rope_type: llama3, factor: 8}'   (a Hugging Face dict)
 cache=dense keeps every token and stops at the scheme's limit; cache=sink keeps cache.sinks first tokens plus
 a window of the cache.window most recent ones and never stops. The last line gives tokens/s and peak memory.
-rope_scaling=rerope|leaky_rerope (positional/rerope.py; rerope_window, rerope_leak as eval.py's) extends a rotary
-model without training; leaky_rerope's automatic k is the one for the cache's capacity.
+rope_scaling=<kind> extends a rotary model without training, at factor s = the cache's capacity / the training
+length: rerope|leaky_rerope (positional/rerope.py; rerope_window, rerope_leak as eval.py's; leaky_rerope's automatic k
+is the one for the cache's capacity), and every kind that rotates at fixed frequencies (positional/rope_scaling.py),
+so that the cache's keys, rotated once, are those a full forward would rotate; longrope reads the factors searched
+for that s (python -m evaluation.longrope_search). dynamic_ntk is refused: its frequencies move with the length.
+hf_rope_scaling: a Hugging Face rope_scaling dict, at its own factor (positional/hf_rope_scaling.py; longrope's short or
+long factors by the cache's capacity).
 """
 
 import codecs
@@ -21,10 +28,12 @@ import torch
 from omegaconf import DictConfig
 
 from data import tokenizer
+from evaluation import longrope
 from model.generate import generate
 from model.kv_cache import CacheError, build_cache, cache_sizes
 from model.variant import Variant
-from positional.rope_scaling import Scaling, refusal
+from positional import hf_rope_scaling, rerope
+from positional.rope_scaling import SEARCHED, Scaling, refusal
 from utils import checkpoint, checks, runtime
 from utils.errors import UserError, cli, hydra_cli
 
@@ -61,17 +70,35 @@ def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.
 
 
 def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
-    """rope_scaling=rerope|leaky_rerope as the variant a cache of this many tokens decodes under (leaky_rerope's
-    auto k keeps its longest distance within the trained ones), or None for the model as trained."""
-    kind, pe, train_length = cfg.rope_scaling, model.pe, ckpt["seq_len"]
+    """rope_scaling=<kind> or hf_rope_scaling={...} as the variant a cache of this many tokens decodes under (kinds:
+    at factor capacity / L; leaky_rerope's auto k keeps its longest distance within the trained ones), or None for
+    the model as trained."""
+    pe, train_length, hf = model.pe, ckpt["seq_len"], cfg.get("hf_rope_scaling")
+    given = hf_rope_scaling.given(hf)
+    kind = hf_rope_scaling.kind(hf) if given else cfg.rope_scaling
     if kind == "none":
         return None
     trained = ckpt["model_config"]["positional"].get("scaling", "none")
-    if why := refusal("rope_scaling", kind, pe, None if trained == "none" else trained):
+    trained = None if trained == "none" else trained
+    if given:
+        key, named, off = "hf_rope_scaling.rope_type", hf_rope_scaling.rope_type(hf), "leave hf_rope_scaling out"
+    else:
+        key, named, off = "rope_scaling", kind, None
+    if why := refusal(key, named, pe, trained, off):
         raise UserError(why)
-    leak = None if cfg.rerope_leak == "auto" else float(cfg.rerope_leak)
-    factor = (capacity - pe.n_prefix) / train_length
-    return Variant(Scaling(kind, factor, train_length, window=cfg.rerope_window, leak=leak))
+    length = capacity - pe.n_prefix  # the text positions the cache holds
+    if given:
+        try:
+            return Variant(hf_rope_scaling.scaling(hf, train_length, length, pe, "hf_rope_scaling"))
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    if kind in SEARCHED:
+        run_dir = checkpoint.checkpoint_path(cfg.checkpoint).parent
+        return Variant(longrope.scaling(longrope.load(run_dir, length / train_length, train_length, "rope_scaling")))
+    far = {}
+    if kind in rerope.KINDS:
+        far = {"window": cfg.rerope_window, "leak": None if cfg.rerope_leak == "auto" else float(cfg.rerope_leak)}
+    return Variant(Scaling(kind, length / train_length, train_length, **far))
 
 
 def sample(cfg: DictConfig):

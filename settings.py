@@ -144,7 +144,11 @@ def field_of(cls, name: str):
 
 def value_type(cls, name: str):
     """The declared type of cls.name, less an Optional's None."""
-    kind = typing.get_type_hints(cls).get(name, Any)
+    return not_optional(typing.get_type_hints(cls).get(name, Any))
+
+
+def not_optional(kind):
+    """A type less an Optional's None (list[float] | None -> list[float])."""
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(kind) if a is not type(None)]
         kind = args[0] if len(args) == 1 else Any
@@ -175,8 +179,9 @@ def invalid(e, key: str | None = None) -> str:
     f = field_of(cls, name)
     example = None if f is None or f.default_factory is MISSING else f.default_factory()
     kind = value_type(cls, name) if f else Any
-    if re.search(r"\[\d+\]$", key) and typing.get_origin(e.ref_type) is list:  # an element: its own type
-        kind = typing.get_args(e.ref_type)[0]
+    listed = not_optional(e.ref_type)
+    if re.search(r"\[\d+\]$", key) and typing.get_origin(listed) is list:  # an element: its own type
+        kind = typing.get_args(listed)[0]
     words, fix = wanted(kind, example)
     hint = f.metadata.get("hint") if f and not words.startswith("is not one of") else None
     return f"{key}={show(e.value)} {words}; {hint or fix}"

@@ -28,6 +28,7 @@ from evaluation import bootstrap, plots, report
 from evaluation.heldout import held_out_works
 from evaluation.pieces import Region, default_lengths, regions, scoring_pieces
 from evaluation.variants import note_search_overlap, plan_variants
+from positional import hf_rope_scaling
 from utils import checkpoint, runtime
 from utils.errors import UserError
 from utils.progress import progress, say
@@ -195,6 +196,7 @@ def evaluate_lengths(path, cfg, rt) -> dict:
         "seconds": round(time.time() - t0, 1),
         "results": rows,
         "nll_by_position": by_position,
+        "hf_rope_scaling": hf_rope_scaling.as_dict(ev.hf_rope_scaling) or None,  # its row's keys, where given
     }
 
 

@@ -2,6 +2,7 @@
 
 python -m evaluation.longrope_search checkpoint=out/rope target_length=1024   writes out/rope/longrope_x4.json
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   reads it
+python sample.py checkpoint=out/rope rope_scaling=longrope cache.max_len=1024              and so does sample.py
 One file per extension factor s = target length / training length, beside the checkpoint: longrope_x<s>.json holds
 the factors (one per rotary pair), start_tokens, the cos/sin scale, the fitness, the search settings and the
 windows it was scored on. eval.py finds the file for each length's factor; a missing one stops it with the command
@@ -51,14 +52,15 @@ NUMBER = (int, float)
 REQUIRED = {"factors": list, "start_tokens": int, "attn_scale": NUMBER, "original_length": int, "factor": NUMBER}
 
 
-def load(run_dir: Path, factor: float, train_length: int) -> dict:
+def load(run_dir: Path, factor: float, train_length: int, key: str = "eval.rope_scaling") -> dict:
     """The record for this factor, or a one-line UserError: missing (with the command that makes it), unreadable,
-    or searched for another training length."""
+    or searched for another training length. key: the setting that asked for it (sample.py's rope_scaling)."""
     path = Path(run_dir) / file_name(factor)
     target = round(factor * train_length)
     if not path.exists():
+        where = "eval length" if key.startswith("eval.") else "a cache of"
         raise UserError(
-            f"eval.rope_scaling=longrope at eval length {target} ({factor:g} x {train_length}) needs {path}; "
+            f"{key}=longrope at {where} {target} ({factor:g} x {train_length}) needs {path}; "
             f"make it with: {make_command(run_dir, target)}"
         )
     try:

@@ -4,8 +4,9 @@ python eval.py checkpoint=out/rope eval.rope_scaling=all eval.rerope=true eval.l
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.rope_scaling=rerope
 eval.rope_scaling picks RoPE extensions (positional/rope_scaling.py: one kind, or `all` closed-form kinds, and a
 searched kind where its search files exist), eval.rerope adds ReRoPE's two rows, eval.log_scaling a `log` row
-(model/log_scaling.py). The length table (evaluation/length.py) and passkey mode (evaluation/passkey.py) score the
-same list: plan_variants gives it, and at(variant, length) the Variant a cell passes into the forward.
+(model/log_scaling.py), eval.hf_rope_scaling a Hugging Face rope_scaling dict's row, hf_<rope_type>
+(positional/hf_rope_scaling.py). The length table (evaluation/length.py) and passkey mode (evaluation/passkey.py)
+score the same list: plan_variants gives it, and at(variant, length) the Variant a cell passes into the forward.
 """
 
 import torch
@@ -13,7 +14,7 @@ import torch
 from evaluation import longrope, report
 from evaluation.pieces import read_span
 from model.variant import AS_TRAINED, Variant
-from positional import rerope
+from positional import hf_rope_scaling, rerope
 from positional.rope_scaling import KINDS, SEARCHED, Scaling, refusal
 from utils import checkpoint
 from utils.errors import UserError
@@ -78,6 +79,26 @@ def with_rerope(variants: list[str], requested: bool, pe, trained: str | None) -
     return variants + [k for k in rerope.KINDS if k not in variants]
 
 
+def with_hf(variants: list[str], hf, pe, trained: str | None) -> list[str]:
+    """The variants plus the row of a Hugging Face rope_scaling dict (eval.hf_rope_scaling), last, where one is
+    given: asked for by its keys, so refused as eval.rope_scaling=<kind> is for a model it cannot apply to."""
+    if not hf_rope_scaling.given(hf):
+        return variants
+    key, off = "eval.hf_rope_scaling.rope_type", "leave eval.hf_rope_scaling out"
+    if hf_rope_scaling.kind(hf) != "none" and (why := refusal(key, hf_rope_scaling.rope_type(hf), pe, trained, off)):
+        raise UserError(why)
+    return variants + [hf_rope_scaling.row_name(hf)]
+
+
+def hf_scalings(hf, pe, lengths: list[int], train_length: int) -> dict:
+    """{length: the Scaling transformers computes for eval.hf_rope_scaling at that eval length}, all made before any
+    scoring, so a dict that does not fit this model (a factor list of the wrong length) stops the run at once."""
+    try:
+        return {n: hf_rope_scaling.scaling(hf, train_length, n, pe, "eval.hf_rope_scaling") for n in lengths}
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def searched_scalings(path, pe, variants, lengths, factor_of, train_length: int) -> dict:
     """{(variant, length): its search record} for the SEARCHED variants past the training length, read from the
     files their search wrote beside the checkpoint (evaluation/longrope.py), all before any scoring: a missing or
@@ -109,9 +130,10 @@ def note_search_overlap(searched: dict, pieces, max_len: int):
 
 
 def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
-    """The variants to score (eval.rope_scaling, eval.log_scaling, eval.rerope), the SEARCHED ones' records, and
-    at(variant, length) -> (the Variant value a cell passes into the forward, what its row records of it: ReRoPE's
-    w and k). A fine-tuned model's built-in scaling is what `none` scores; resolve_variants allows no other."""
+    """The variants to score (eval.rope_scaling, eval.log_scaling, eval.rerope, eval.hf_rope_scaling), the SEARCHED
+    ones' records, and at(variant, length) -> (the Variant value a cell passes into the forward, what its row
+    records of it: ReRoPE's w and k). A fine-tuned model's built-in scaling is what `none` scores; resolve_variants
+    allows no other."""
     pe, train_length = model.pe, ckpt["seq_len"]
     trained = report.trained_scaling(ckpt["model_config"])
     variants = with_log_scaling(resolve_variants(ev.rope_scaling, pe, trained), ev.log_scaling, ckpt)
@@ -121,7 +143,12 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
 
     variants = with_searched(variants, ev.rope_scaling, path, [factor_of(n) for n in lengths])
     variants = with_rerope(variants, ev.rerope, pe, trained)
+    variants = with_hf(variants, ev.hf_rope_scaling, pe, trained)
     searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
+    given = hf_rope_scaling.given(ev.hf_rope_scaling)
+    hf_row, hf = hf_rope_scaling.row_name(ev.hf_rope_scaling), {}
+    if given:
+        hf = hf_scalings(ev.hf_rope_scaling, pe, lengths, train_length)
     leak = None if ev.rerope_leak == "auto" else ev.rerope_leak
 
     def at(variant: str, length: int) -> tuple[Variant, dict]:
@@ -129,6 +156,8 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
             return AS_TRAINED, {}
         if variant == LOG:
             return Variant(log_length=train_length), {}
+        if given and variant == hf_row:
+            return Variant(hf[length]), {}
         if (variant, length) in searched:
             return Variant(longrope.scaling(searched[variant, length])), {}
         far = {"window": ev.rerope_window, "leak": leak} if variant in rerope.KINDS else {}

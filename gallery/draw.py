@@ -156,16 +156,19 @@ def draw_vectors(s: Subject, o: Options, numbers, path: Path):
 def draw_decay(s: Subject, o: Options, numbers, path: Path):
     """A panel per scaling variant, over the unscaled curve."""
     d, curves = numbers
-    fig, axes = plt.subplots(2, 2, figsize=(8, 5.2), sharex=True, sharey=True, layout="constrained")
     variants = [kind for kind in curves if kind != "none"]
-    for ax, kind in zip(axes.flat, variants, strict=True):
+    rows = -(-len(variants) // 2)  # two panels a row, as many rows as the variants fill
+    fig, axes = plt.subplots(rows, 2, figsize=(8, 2.6 * rows), sharex=True, sharey=True, layout="constrained")
+    for ax in axes.flat[len(variants) :]:
+        ax.set_visible(False)
+    for ax, kind in zip(axes.flat, variants, strict=False):
         ax.plot(d.numpy(), curves["none"].numpy(), color="0.6", lw=0.9, label="no scaling")
         ax.plot(d.numpy(), curves[kind].numpy(), color="C1", lw=0.9, label=f"{kind} x{o.factor:g}")
         mark_length(ax, s.length)
         ax.axhline(0, color="0.8", lw=0.8)
         log_distance(ax, d)
         ax.legend(fontsize=7, loc="upper right")
-    for ax in axes[1]:
+    for ax in axes[-1]:
         ax.set_xlabel("distance (query position - key position; log scale)")
     for ax in axes[:, 0]:
         ax.set_ylabel("mean logit q.k / sqrt(width)")

@@ -141,7 +141,8 @@ class RoPE(Positional):
             inv_freq = inv_freq.to(self.inv_freq.device)
         if scaling.kind == "dynamic_ntk":
             dims, length = self.freq_dim(), pos.max() + 1
-            inv_freq = self.arrange(rope_scaling.dynamic_inv_freq(dims, self.base, scaling.original_length, length))
+            inv_freq = rope_scaling.dynamic_inv_freq(dims, self.base, scaling.original_length, length, scaling.alpha)
+            inv_freq = self.arrange(inv_freq)
         angles = self.angles(pos.float() * pos_scale, inv_freq)
         cos, sin = angles.cos() * cos_scale, angles.sin() * cos_scale
         if scaling.start_tokens:  # LongRoPE: the first positions rotate as in training, unscaled (as its release)

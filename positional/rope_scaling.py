@@ -1,24 +1,41 @@
 """Context extension for rotary embeddings: a Scaling value, passed to a scheme's rotation or built into a model.
 
-python eval.py checkpoint=out/rope eval.rope_scaling=yarn      (or linear, ntk, dynamic_ntk, all)
+python eval.py checkpoint=out/rope eval.rope_scaling=yarn      (or linear, ntk, dynamic_ntk, yarn_released, llama3, all)
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope  (after python -m evaluation.longrope_search ...)
+python eval.py checkpoint=out/rope 'eval.hf_rope_scaling={rope_type: llama3, factor: 4}'   (hf_rope_scaling.py)
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4   (built in)
 A Scaling is a frozen value: eval.py passes one per cell into the forward (model/variant.py), a fine-tune's
 positional.scaling is built into its scheme once, and nothing rewrites a scheme's frequencies in place.
-With s = factor (>1 to extend), d = head dim and theta_i = base^(-2i/d):
-  linear       positional interpolation (Chen et al. 2023): positions / s
-  ntk          NTK-aware: base' = base * s^(d/(d-2))
-  dynamic_ntk  NTK with s = max(1, current length / original length), recomputed from the positions
-  yarn         (Peng et al. 2023) per-frequency ramp on r_i = L_orig / wavelength_i between beta_slow=1
-               and beta_fast=32: theta_i' = theta_i * ((1 - g)/s + g), g = clamp((r - 1)/(32 - 1), 0, 1),
-               and cos, sin multiplied by 0.1 ln s + 1 (attention logits scaled by its square)
-  longrope     (Ding et al. 2024) searched factors lambda_i, one per rotary pair, theta_i' = theta_i / lambda_i, and
-               the first `start_tokens` positions at the unscaled theta_i; cos, sin multiplied by
-               sqrt(1 + ln s / ln L_orig), so the logits are scaled by 1 + ln s / ln L_orig (the released code's "su"
-               scale, microsoft/LongRoPE rope/longrope.py, as HF's Phi-3 applies it). Not closed-form: the factors
-               come from evaluation/longrope_search.py, so it is a SEARCHED kind, never part of eval's `all`
-At s <= 1 every variant returns the plain RoPE frequencies unchanged. dynamic_ntk is meant for full forwards
-(as eval.py runs them): a KV cache would hold keys rotated at the scale of the step that stored them.
+With s = factor (>1 to extend), d = head dim, theta_i = base^(-2i/d) and r_i = L_orig theta_i / (2 pi), the rotations
+pair i makes over the original length (L_orig / its wavelength):
+  linear         positional interpolation (Chen et al. 2023): positions / s
+  ntk            NTK-aware: base' = base * s^(d/(d-2))
+  dynamic_ntk    NTK with s = alpha x max(1, current length / L_orig) - (alpha - 1), recomputed from the positions
+                 (alpha = 1 by default: s = max(1, length / L_orig); HF transformers' `dynamic` reads its `factor` as
+                 alpha)
+  yarn           (Peng et al. 2023, arXiv 2309.00071 Def. 2) the paper's ramp, linear in r_i between beta_slow=1 and
+                 beta_fast=32: theta_i' = theta_i * ((1 - g)/s + g), g = clamp((r_i - beta_slow) / (beta_fast -
+                 beta_slow), 0, 1), and cos, sin multiplied by 0.1 ln s + 1 (attention logits scaled by its square)
+  yarn_released  YaRN as its authors' released code (jquesnelle/yarn) and HF transformers' `rope_type: yarn`
+                 compute it: the ramp is linear in the pair index i, not in r_i, from floor(d(beta_fast)) to
+                 ceil(d(beta_slow)), where d(beta) = d ln(L_orig / (2 pi beta)) / (2 ln base) is the (fractional) pair
+                 that turns beta times over L_orig (truncate=False keeps d(beta) unrounded); the same cos/sin scale.
+                 Both ramps meet at the ends (keep every pair with r_i >= beta_fast, interpolate every pair with
+                 r_i <= beta_slow) and differ between them
+  llama3         Llama 3.1's wavelength bands (low_freq_factor 1, high_freq_factor 4): keep a wavelength below
+                 L_orig / high, divide by s above L_orig / low, and between them theta_i ((1 - g)/s + g) with
+                 g = (r_i - low)/(high - low); no cos/sin scale. That is yarn's ramp with beta_fast = high and
+                 beta_slow = low (the same ramp in r_i), so it is computed by it
+  longrope       (Ding et al. 2024) searched factors lambda_i, one per rotary pair, theta_i' = theta_i / lambda_i, and
+                 the first `start_tokens` positions at the unscaled theta_i; cos, sin multiplied by
+                 sqrt(1 + ln s / ln L_orig), so the logits are scaled by 1 + ln s / ln L_orig (the released code's "su"
+                 scale, microsoft/LongRoPE rope/longrope.py, as HF's Phi-3 applies it). Not closed-form: the factors
+                 come from evaluation/longrope_search.py (or a HF rope_scaling dict's short/long factors), so it is a
+                 SEARCHED kind, never part of eval's `all`
+At s <= 1 every variant returns the plain RoPE frequencies unchanged (longrope: unless its factors are given), and an
+explicit attn_scale (HF's attention_factor) is applied at any s. dynamic_ntk is meant for full forwards (as eval.py
+runs them): a KV cache would hold keys rotated at the scale of the step that stored them; every other kind rotates
+at fixed frequencies, so a KV cache decodes it as a full forward would.
 """
 
 import math
@@ -29,16 +46,24 @@ import torch
 
 from . import rerope
 
-KINDS = ("none", "linear", "ntk", "dynamic_ntk", "yarn")  # closed-form: a factor is all they need
+# closed-form: a factor is all they need (their options have defaults)
+KINDS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "yarn_released", "llama3")
 SEARCHED = ("longrope",)  # their per-pair factors are searched for one model and length, then read from a file
 ALL_KINDS = KINDS + SEARCHED + rerope.KINDS  # rerope's keep the frequencies and add a far rotation (rerope.py)
+# the kinds that ramp between interpolated and kept frequencies, and their (beta_fast, beta_slow) by default: rotations
+# over the original length (llama3: its high_freq_factor and low_freq_factor, the same bounds)
+RAMPS = {"yarn": (32.0, 1.0), "yarn_released": (32.0, 1.0), "llama3": (4.0, 1.0)}
+SCALED = ("yarn", "yarn_released")  # cos, sin multiplied by 0.1 ln s + 1 unless attn_scale says otherwise
 
 
 @dataclass(frozen=True)
 class Scaling:
-    """A rope scaling kind at factor s from original_length, and its options: rescale, start_tokens, attn_scale, a
-    SEARCHED kind's parameters (longrope: a factor per rotated pair, how many first positions keep the unscaled
-    frequencies, its cos/sin scale, None for the default); window, leak: rerope / leaky_rerope's w and k (rerope.py),
+    """A rope scaling kind at factor s from original_length, and its options: rescale, start_tokens, a SEARCHED
+    kind's parameters (longrope: a factor per rotated pair, how many first positions keep the unscaled frequencies);
+    attn_scale: the cos/sin scale in place of the kind's own (longrope's searched one, HF's attention_factor), None
+    for the kind's; beta_fast, beta_slow: the ramp's bounds in rotations over original_length (yarn, yarn_released,
+    llama3; None for the kind's, RAMPS); truncate: yarn_released rounds its ramp's ends to whole pairs (the released
+    code); alpha: dynamic_ntk's factor (HF's `dynamic`); window, leak: rerope / leaky_rerope's w and k (rerope.py),
     resolved here when not given (w = L/2, k for a target of s x L)."""
 
     kind: str = "none"
@@ -47,6 +72,10 @@ class Scaling:
     rescale: tuple[float, ...] | None = None
     start_tokens: int = 0
     attn_scale: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    truncate: bool = True
+    alpha: float = 1.0
     window: int | None = None
     leak: float | None = None
 
@@ -63,6 +92,11 @@ class Scaling:
         fix("start_tokens", int(self.start_tokens) if self.factor > 1.0 else 0)
         if self.rescale is not None:
             fix("rescale", tuple(float(x) for x in torch.as_tensor(self.rescale, dtype=torch.float64).flatten()))
+        if self.kind in RAMPS:
+            fast, slow = RAMPS[self.kind]
+            fix("beta_fast", float(fast if self.beta_fast is None else self.beta_fast))
+            fix("beta_slow", float(slow if self.beta_slow is None else self.beta_slow))
+        check_options(self)
         if self.kind in rerope.KINDS:
             fix("window", rerope.window(self.original_length, self.window))
             fix("leak", rerope.leak(self.kind, self.window, self.original_length, self.factor, self.leak))
@@ -74,11 +108,56 @@ class Scaling:
 
     def frequencies(self, head_dim: int, base: float) -> tuple[torch.Tensor, float, float]:
         """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) of this scaling's static frequencies
-        (dynamic_ntk: the unscaled ones, rescaled from the length at each rotation; rerope: the unscaled ones)."""
-        kind = "none" if self.far else self.kind
-        return static_frequencies(
-            kind, head_dim, base, self.factor, self.original_length, self.rescale, self.attn_scale
+        (dynamic_ntk: the unscaled ones, rescaled from the length at each rotation; rerope: the unscaled ones); the
+        cos/sin scale is attn_scale where given, else the kind's own."""
+        inv_freq, pos_scale, scale = self.own_frequencies(head_dim, base)
+        return inv_freq, pos_scale, scale if self.attn_scale is None else float(self.attn_scale)
+
+    def own_frequencies(self, head_dim: int, base: float) -> tuple[torch.Tensor, float, float]:
+        """frequencies() with the kind's own cos/sin scale."""
+        inv_freq = base_inv_freq(head_dim, base)
+        if self.kind == "longrope" and (self.factor > 1.0 or self.rescale is not None):
+            return (
+                inv_freq / check_rescale(self.rescale, len(inv_freq)),
+                1.0,
+                longrope_scale(self.factor, self.original_length),
+            )
+        if self.far or self.kind in ("none", "dynamic_ntk", "longrope") or self.factor <= 1.0:
+            return inv_freq, 1.0, 1.0
+        if self.kind == "linear":
+            return inv_freq, 1.0 / self.factor, 1.0
+        if self.kind == "ntk":
+            return base_inv_freq(head_dim, ntk_base(base, self.factor, head_dim)), 1.0, 1.0
+        g = self.kept(head_dim, base)
+        return inv_freq * ((1.0 - g) / self.factor + g), 1.0, yarn_scale(self.factor) if self.kind in SCALED else 1.0
+
+    def kept(self, head_dim: int, base: float) -> torch.Tensor:
+        """g_i of a ramp kind: 1 keeps pair i's frequency, 0 divides it by s, between them theta_i ((1 - g)/s + g)."""
+        if self.kind == "yarn_released":
+            dims = released_dims(head_dim, base, self.original_length, self.beta_fast, self.beta_slow, self.truncate)
+            return 1.0 - released_ramp(head_dim // 2, *dims)
+        # yarn's ramp in r_i; llama3's bands are the same ramp with beta_fast = high_freq_factor, beta_slow = low
+        return yarn_ramp(head_dim, base, self.original_length, self.beta_fast, self.beta_slow)
+
+
+def check_options(scaling: Scaling):
+    """ValueError where an option is given to a kind that does not read it, or is out of its range."""
+    kind = scaling.kind
+    if kind in RAMPS and not 0 < scaling.beta_slow < scaling.beta_fast:
+        raise ValueError(
+            f"rope scaling '{kind}': beta_slow={scaling.beta_slow:g} and beta_fast={scaling.beta_fast:g} must "
+            f"satisfy 0 < beta_slow < beta_fast (rotations over the original length)"
         )
+    if kind not in RAMPS and (scaling.beta_fast, scaling.beta_slow) != (None, None):
+        raise ValueError(f"beta_fast, beta_slow bound the ramp of {', '.join(RAMPS)}, not of '{kind}'")
+    if not scaling.truncate and kind != "yarn_released":
+        raise ValueError(f"truncate=False is an option of yarn_released's ramp, not of '{kind}'")
+    if scaling.alpha != 1.0 and kind != "dynamic_ntk":
+        raise ValueError(f"alpha is dynamic_ntk's factor, not an option of '{kind}'")
+    if not scaling.alpha > 0:
+        raise ValueError(f"dynamic_ntk's alpha={scaling.alpha} must be > 0")
+    if scaling.attn_scale is not None and not scaling.attn_scale > 0:
+        raise ValueError(f"attn_scale={scaling.attn_scale} must be > 0 (it multiplies cos and sin)")
 
 
 NONE = Scaling()
@@ -92,10 +171,39 @@ def ntk_base(base: float, factor, head_dim: int):
     return base * factor ** (head_dim / (head_dim - 2))
 
 
+def yarn_scale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's cos/sin multiplier 0.1 mscale ln s + 1 (1 at s <= 1); the logits get its square."""
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
 def yarn_ramp(head_dim: int, base: float, original_length: int, beta_fast=32.0, beta_slow=1.0):
-    """g_i in [0, 1]: 0 = interpolate this frequency fully, 1 = keep it (high frequencies)."""
+    """g_i in [0, 1], linear in r_i = L / wavelength_i: 0 = interpolate this frequency fully, 1 = keep it (high
+    frequencies)."""
     rotations = original_length * base_inv_freq(head_dim, base) / (2 * math.pi)  # r_i = L / wavelength_i
     return ((rotations - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
+
+
+def turning_pair(beta: float, head_dim: int, base: float, original_length: int) -> float:
+    """The (fractional) pair index i whose frequency turns beta times over original_length: L theta_i = 2 pi beta,
+    theta_i = base^(-2i/d), so i = d ln(L / (2 pi beta)) / (2 ln base)."""
+    return head_dim * math.log(original_length / (2 * math.pi * beta)) / (2 * math.log(base))
+
+
+def released_dims(head_dim, base, original_length, beta_fast, beta_slow, truncate=True) -> tuple[float, float]:
+    """The released code's ramp ends, in pairs: from the pair that turns beta_fast times to the one that turns
+    beta_slow times, widened to whole pairs (floor, ceil) unless truncate is off, clamped to [0, head_dim - 1] (the
+    released code's bound, in dims although the ramp runs over pairs), and never empty (high += 0.001)."""
+    low = turning_pair(beta_fast, head_dim, base, original_length)
+    high = turning_pair(beta_slow, head_dim, base, original_length)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    return low, high + 0.001 if low == high else high
+
+
+def released_ramp(pairs: int, low: float, high: float) -> torch.Tensor:
+    """(pairs,) 0 at pair index i <= low (kept), rising linearly in i to 1 at i >= high (interpolated)."""
+    return ((torch.arange(pairs, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
 
 
 def longrope_scale(factor: float, original_length: int) -> float:
@@ -118,53 +226,47 @@ def check_rescale(rescale, pairs: int) -> torch.Tensor:
 
 
 def static_frequencies(
-    kind: str, head_dim: int, base: float, factor: float, original_length: int, rescale=None, attn_scale=None
+    kind: str, head_dim: int, base: float, factor: float, original_length: int, **options
 ) -> tuple[torch.Tensor, float, float]:
-    """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) for the length-independent variants;
-    rescale: longrope's factors (head_dim/2 of them); attn_scale: its cos/sin scale, None for longrope_scale's."""
+    """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) for the length-independent variants (and
+    dynamic_ntk's unscaled ones); options: Scaling's (rescale: longrope's factors, attn_scale, beta_fast, ...)."""
     if kind not in KINDS + SEARCHED:
         raise ValueError(f"unknown rope scaling '{kind}'; choose one of: {', '.join(KINDS + SEARCHED)}")
-    inv_freq = base_inv_freq(head_dim, base)
-    if kind == "longrope" and factor > 1.0:  # (at s <= 1 it is plain RoPE: no factors are searched for it)
-        lam = check_rescale(rescale, len(inv_freq))
-        scale = longrope_scale(factor, original_length) if attn_scale is None else float(attn_scale)
-        return inv_freq / lam, 1.0, scale
-    if kind in ("none", "dynamic_ntk", "longrope") or factor <= 1.0:
-        return inv_freq, 1.0, 1.0
-    if kind == "linear":
-        return inv_freq, 1.0 / factor, 1.0
-    if kind == "ntk":
-        return base_inv_freq(head_dim, ntk_base(base, factor, head_dim)), 1.0, 1.0
-    g = yarn_ramp(head_dim, base, original_length)
-    return inv_freq * ((1.0 - g) / factor + g), 1.0, 0.1 * math.log(factor) + 1.0
+    return Scaling(kind, factor, original_length, **options).frequencies(head_dim, base)
 
 
-def dynamic_inv_freq(head_dim: int, base: float, original_length: int, length: torch.Tensor) -> torch.Tensor:
+def dynamic_inv_freq(
+    head_dim: int, base: float, original_length: int, length: torch.Tensor, alpha: float = 1.0
+) -> torch.Tensor:
     """Dynamic NTK frequencies for the current length (a tensor: no host sync). Computed in float64 so that at
-    s = 1 they equal the plain frequencies bit for bit; returned as float32."""
+    s = 1 they equal the plain frequencies bit for bit; returned as float32. alpha scales the length ratio as HF's
+    dynamic factor does, base' = base (alpha n / L - (alpha - 1))^(d/(d-2)) with n at least L: at alpha = 1 the
+    shift is exactly 1.0 x s - 0.0, so the frequencies are those of s = max(1, n / L) bit for bit."""
     s = (length.double() / original_length).clamp(min=1.0)
+    s = alpha * s - (alpha - 1.0)
     exponent = torch.arange(0, head_dim, 2, device=length.device, dtype=torch.float64) / head_dim
     return ((base * s ** (head_dim / (head_dim - 2))) ** (-exponent)).float()
 
 
 def equivalent_factors(kind: str, head_dim: int, base: float, factor: float, original_length: int) -> torch.Tensor:
     """A closed-form kind's frequencies as LongRoPE factors, lambda_i = theta_i / (theta_i' x position scale):
-    s everywhere for linear, s^(2i/(d-2)) for ntk, 1 / ((1 - g_i)/s + g_i) for yarn. The search starts from these.
-    (yarn's own cos/sin scale is not carried over: every LongRoPE candidate takes LongRoPE's.)"""
+    s everywhere for linear, s^(2i/(d-2)) for ntk, 1 / ((1 - g_i)/s + g_i) for the ramps. The search starts from
+    these. (yarn's own cos/sin scale is not carried over: every LongRoPE candidate takes LongRoPE's.)"""
     inv_freq, pos_scale, _ = static_frequencies(kind, head_dim, base, factor, original_length)
     return base_inv_freq(head_dim, base) / (inv_freq * pos_scale)
 
 
-def refusal(key: str, kind: str, pe, trained: str | None) -> str | None:
+def refusal(key: str, kind: str, pe, trained: str | None, off: str | None = None) -> str | None:
     """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None if it can. One
     wording for eval.py and sample.py: it needs a rotary scheme, and a model fine-tuned with positional.scaling
-    (`trained`) has that scaling built into its frequencies, which another one would replace, not compose with."""
+    (`trained`) has that scaling built into its frequencies, which another one would replace, not compose with.
+    off: how to ask for no scaling instead (default: {key}=none)."""
     if kind == "none":
         return None
     if trained:
         return (
             f"{key}={kind}: this model was trained with positional.scaling={trained}, built into it; another scaling "
-            f"would replace it, not compose with it: pass {key}=none"
+            f"would replace it, not compose with it: {off or f'pass {key}=none'}"
         )
     if not pe.rotary:
         return f"{key}={kind} applies to rotary schemes (rope, prope, xpos, pope, sink over rope), not {pe.name}"

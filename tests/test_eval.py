@@ -184,7 +184,7 @@ def test_eval_writes_table_json_and_plot(checkpoints):
     assert result["stride"] == "L/2" and result["scheme"] == "rope"
     assert len(result["works"]) == 4 and len(result["pieces"]) == 4  # 1024 asked: one 512-token piece per play
     rows = result["results"]
-    assert len(rows) == 5 * 6 * 2  # variants x lengths x modes
+    assert len(rows) == 7 * 6 * 2  # variants x lengths x modes
     assert {r["tokens"] for r in rows} == {2048}
     for r in rows:
         assert {"variant", "length", "mode", "ppl", "nll", "tokens", "ci", "piece_nll"} <= r.keys()
@@ -265,10 +265,10 @@ def test_unprepared_data_is_named(checkpoints, tmp_path):
 
 
 TRAIN_LEN = 16
-STATIC = {"linear", "ntk", "yarn"}  # a fixed rescaling of every frequency: in-range logits change too
+STATIC = {"linear", "ntk", "yarn", "yarn_released", "llama3"}  # a fixed rescaling: in-range logits change too
 
 
-@pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic_ntk", "yarn"])
+@pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic_ntk", "yarn", "yarn_released", "llama3"])
 @pytest.mark.parametrize("scheme", ["rope", "sink"])
 def test_rope_scaling_changes_the_model_past_the_training_length(scheme, kind):
     """Through the whole model (and through the sink wrapper, which must pass the scaling on to its RoPE): at

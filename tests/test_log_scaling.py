@@ -176,7 +176,10 @@ def test_eval_scores_a_log_row_beside_none(tiny_checkpoint):
     rt = runtime.setup("cpu", "fp32", 0)
     with initialize_config_dir(config_dir=str(entry.Path(entry.__file__).parent / "configs"), version_base="1.3"):
         cfg = compose("eval", ["eval.tokens=256", "eval.lengths=[32,128]", "device=cpu", "eval.log_scaling=true"])
-    for kinds, want in (("all", ["none", "log", "linear", "ntk", "dynamic_ntk", "yarn"]), ("ntk", ["log", "ntk"])):
+    for kinds, want in (
+        ("all", ["none", "log", "linear", "ntk", "dynamic_ntk", "yarn", "yarn_released", "llama3"]),
+        ("ntk", ["log", "ntk"]),
+    ):
         cfg.eval.rope_scaling = kinds
         rows = length.evaluate_lengths(tiny_checkpoint, cfg, rt)["results"]
         assert list(dict.fromkeys(r["variant"] for r in rows)) == want
@@ -206,7 +209,7 @@ def test_eval_rerope_adds_both_rerope_rows_equal_to_asking_for_each_by_name(tiny
         cfg = compose("eval", ["eval.tokens=256", "eval.lengths=[32,128]", "device=cpu", "eval.rope_scaling=all"])
     cfg.eval.rerope = True
     rows = length.evaluate_lengths(tiny_checkpoint, cfg, rt)["results"]
-    want = ["none", "linear", "ntk", "dynamic_ntk", "yarn", "rerope", "leaky_rerope"]
+    want = ["none", "linear", "ntk", "dynamic_ntk", "yarn", "yarn_released", "llama3", "rerope", "leaky_rerope"]
     assert list(dict.fromkeys(r["variant"] for r in rows)) == want
     ppl = {(r["variant"], r["length"], r["mode"]): r["ppl"] for r in rows}
     for kind in ("rerope", "leaky_rerope"):

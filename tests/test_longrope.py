@@ -244,7 +244,7 @@ def test_search_bad_input_is_one_line(tiny_checkpoint, tmp_path, capsys):
 
 
 def test_all_adds_longrope_only_where_every_factor_has_been_searched(tmp_path):
-    closed = ["none", "linear", "ntk", "dynamic_ntk", "yarn"]
+    closed = list(rope_scaling.KINDS)
     factors = [0.5, 1.0, 2.0, 4.0]
     (tmp_path / longrope.file_name(2.0)).write_text("{}")
     assert variants.with_searched(closed, "all", tmp_path, factors) == closed  # x4 not searched yet

@@ -218,7 +218,18 @@ def test_passkey_eval_scores_each_extension_with_the_model_set_up_for_it(tiny_ch
                        "eval.rope_scaling=all", "eval.rerope=true", "eval.log_scaling=true", "eval.rerope_window=16"],
         )  # fmt: skip
     first = eval_entry.run(cfg)
-    variants = ["none", "log", "linear", "ntk", "dynamic_ntk", "yarn", "rerope", "leaky_rerope"]
+    variants = [
+        "none",
+        "log",
+        "linear",
+        "ntk",
+        "dynamic_ntk",
+        "yarn",
+        "yarn_released",
+        "llama3",
+        "rerope",
+        "leaky_rerope",
+    ]
     expected = []
     for v in variants:
         for factor in (2.0, 3.0):  # lengths 64 and 96 over the training length 32

@@ -27,7 +27,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 import positional
 import settings
 from model.gpt import ModelConfig
-from positional import rerope
+from positional import hf_rope_scaling, rerope
+from positional.hf_rope_scaling import HFRopeScaling
 from positional.rope_scaling import KINDS, SEARCHED
 from settings import Rule, choices, fixed, group, number, setting
 from utils import checkpoint
@@ -49,7 +50,9 @@ TokenizerKind = choices("TokenizerKind", "bpe", "tiktoken")
 Mode = choices("Mode", "length", "stream", "passkey", "grids", "tasks")
 # eval.py: the closed-form kinds, the searched ones (longrope: searched first), rerope's, and all (the closed-form)
 RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *rerope.KINDS, "all")
-SampleScaling = choices("SampleScaling", "none", *rerope.KINDS)  # sample.py: training-free decoding past L
+# sample.py: training-free decoding past L through a KV cache, which holds keys rotated once: every kind but
+# dynamic_ntk, which a rule refuses by name (its frequencies move with the length)
+SampleScaling = choices("SampleScaling", *KINDS, *SEARCHED, *rerope.KINDS)
 
 
 # upper bounds on what sizes one allocation or one loop: a value past them would exhaust memory or never end, and is
@@ -506,9 +509,13 @@ class Eval(Scoring):
     stride: int | None = setting(  # sliding-window stride at every length; null: half of each length (L/2)
         None, "pass a token count, or null for half the training length", ge=1, le=MAX_TOKENS
     )
-    # a RoPE extension (rotary schemes): linear | ntk | dynamic_ntk | yarn | longrope (searched first) | rerope |
-    # leaky_rerope | all (the closed-form ones, and longrope where its search files exist for every length)
+    # a RoPE extension (rotary schemes): linear | ntk | dynamic_ntk | yarn | yarn_released | llama3 | longrope
+    # (searched first) | rerope | leaky_rerope | all (the closed-form ones, and longrope where its search files exist
+    # for every length)
     rope_scaling: RopeScaling = "none"
+    # a Hugging Face rope_scaling dict, e.g. {rope_type: yarn, factor: 4}: one more row, hf_<rope_type>, computed as
+    # transformers computes it (positional/hf_rope_scaling.py); its factor is its own, not eval.rope_factor
+    hf_rope_scaling: HFRopeScaling = field(default_factory=HFRopeScaling)
     rope_factor: Any = setting(  # auto: eval length / training length
         "auto",
         "e.g. eval.rope_factor=4",
@@ -709,6 +716,13 @@ class LongRoPEConfig:
 # ---- sample.py ----
 
 
+DYNAMIC_IN_CACHE = (  # sample.py decodes through a KV cache
+    "{0} rescales the frequencies with the current length, and a KV cache keeps every key rotated at the scale of "
+    "the step that stored it, so old and new keys would disagree; use ntk, its fixed form (eval.py scores dynamic NTK "
+    "in full forwards)"
+)
+
+
 @dataclass
 class DenseCache:  # every token kept (KV cache); stops at the scheme's limit or max_len
     kind: CacheKind = fixed("dense", "cache")
@@ -746,7 +760,10 @@ class SampleConfig:
     seed: int = seed()
     num_samples: int = setting(1, "pass how many samples to write", ge=1, le=MAX_COUNT)
     static: bool = False  # true: a compiled fixed-shape decode step (CUDA graphs on a GPU); compiles once, first
-    rope_scaling: SampleScaling = "none"  # training-free extension of a rotary model (positional/rerope.py)
+    # training-free extension of a rotary model (positional/rope_scaling.py, rerope.py) at factor capacity / L
+    rope_scaling: SampleScaling = "none"
+    # or a Hugging Face rope_scaling dict (positional/hf_rope_scaling.py), e.g. {rope_type: llama3, factor: 8}
+    hf_rope_scaling: HFRopeScaling = field(default_factory=HFRopeScaling)
     rerope_window: int | None = rerope_window()  # the window w of exact distances
     rerope_leak: Any = leak("rerope_leak")  # leaky_rerope's k; auto: keeps the cache's longest distance trained
     device: str = device()
@@ -760,6 +777,14 @@ class SampleConfig:
             ("max_new_tokens", "cache.kind"),
             lambda n, kind: n >= 0 or kind == "sink",
             "{0} streams without end, which only a constant-size cache can, and {1} cannot; use cache=sink",
+        ),
+        Rule(("rope_scaling",), lambda kind: kind != "dynamic_ntk", DYNAMIC_IN_CACHE),
+        Rule(("hf_rope_scaling.rope_type",), lambda kind: kind != "dynamic", DYNAMIC_IN_CACHE),
+        Rule(("hf_rope_scaling.type",), lambda kind: kind != "dynamic", DYNAMIC_IN_CACHE),
+        Rule(
+            ("rope_scaling", "hf_rope_scaling"),
+            lambda kind, hf: kind == "none" or not hf_rope_scaling.given(hf),
+            "{0} and a hf_rope_scaling dict are two scalings; pass one of them",
         ),
     )
 

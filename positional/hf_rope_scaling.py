@@ -1,0 +1,235 @@
+"""A Hugging Face `rope_scaling` dict, as a model's config.json holds it, and the Scaling transformers computes from it.
+
+python eval.py checkpoint=out/rope 'eval.hf_rope_scaling={rope_type: yarn, factor: 4, beta_fast: 32, beta_slow: 1}'
+python sample.py checkpoint=out/rope 'hf_rope_scaling={rope_type: llama3, factor: 8}'
+HFRopeScaling is its typed config (eval.py's eval.hf_rope_scaling, sample.py's hf_rope_scaling): the keys transformers
+reads for the six rope types below, `type` being the legacy name of `rope_type`. A key the rope_type does not read
+(transformers warns and ignores it), an unknown key or rope_type, a factor below 1 are refused in one line naming the
+key. scaling() maps the dict onto what transformers computes (modeling_rope_utils.py, 5.x: _compute_*_parameters),
+as a Scaling of positional/rope_scaling.py, with L = original_max_position_embeddings and s = factor:
+  default   none
+  linear    linear at s (transformers divides the frequencies by s; PI divides the positions: the same angles)
+  dynamic   dynamic_ntk with alpha = s: base' = base (s n / L - (s - 1))^(d/(d-2)), n the current length, at least L
+  yarn      yarn_released, the released code's ramp (linear in the pair index), not the paper's (nanopos's yarn):
+            beta_fast (32), beta_slow (1), truncate (true: the ramp's ends rounded to whole pairs), and cos, sin
+            multiplied by attention_factor, else by (0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1) where both
+            are given and non-zero, else by 0.1 ln s + 1
+  longrope  longrope with short_factor where the length scored is at most L and long_factor past it (one factor per
+            rotary pair), cos, sin multiplied by attention_factor, else by sqrt(1 + ln s / ln L) (1 at s <= 1);
+            factor omitted: the length scored / L (transformers': max_position_embeddings / L)
+  llama3    llama3 with low_freq_factor (1), high_freq_factor (4)
+L, where omitted, is the checkpoint's training length: transformers falls back to max_position_embeddings, the length
+a model was trained at (`dynamic` always reads that one; here original_max_position_embeddings may set it too). The
+length scored is eval.py's eval length, or sample.py's cache capacity: transformers switches longrope's factors as the
+sequence grows, which a KV cache would mix; one set per row keeps every cached key at one frequency.
+"""
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from omegaconf import DictConfig, OmegaConf
+
+from settings import Rule, choices, setting
+
+from . import rope_scaling
+from .rope_scaling import Scaling
+
+RopeType = choices("RopeType", "default", "linear", "dynamic", "yarn", "longrope", "llama3")
+KIND = {  # rope_type -> the rope_scaling kind that computes what transformers does
+    "default": "none",
+    "linear": "linear",
+    "dynamic": "dynamic_ntk",
+    "yarn": "yarn_released",
+    "longrope": "longrope",
+    "llama3": "llama3",
+}
+READ_BY = {  # key -> the rope types that read it
+    "factor": ("linear", "dynamic", "yarn", "longrope", "llama3"),
+    "original_max_position_embeddings": ("dynamic", "yarn", "longrope", "llama3"),
+    "low_freq_factor": ("llama3",),
+    "high_freq_factor": ("llama3",),
+    "beta_fast": ("yarn",),
+    "beta_slow": ("yarn",),
+    "short_factor": ("longrope",),
+    "long_factor": ("longrope",),
+    "attention_factor": ("yarn", "longrope"),
+    "mscale": ("yarn",),
+    "mscale_all_dim": ("yarn",),
+    "truncate": ("yarn",),
+}
+NEED_FACTOR = ("linear", "dynamic", "yarn", "llama3")  # transformers requires it; longrope derives it from lengths
+LENGTH = 2**24  # the longest original length taken (utils/schema.py MAX_TOKENS)
+
+
+def named_type(rope_type, legacy) -> str:
+    """The rope type a dict names: rope_type, else its legacy name type, else transformers' default."""
+    return str(rope_type or legacy or "default")
+
+
+def read_rule(key: str) -> Rule:
+    """The rule that refuses key under a rope type that does not read it (transformers warns and ignores it)."""
+    types = READ_BY[key]
+    return Rule(
+        (key, "rope_type", "type"),
+        lambda value, rope_type, legacy: value is None or named_type(rope_type, legacy) in types,
+        f"{{0}} is read by rope_type {' or '.join(types)} only (transformers would ignore it here); drop it, or "
+        f"name {'that rope_type' if len(types) == 1 else 'one of them'}",
+    )
+
+
+def ordered(high, low, default_high: float, default_low: float) -> bool:
+    """Whether a ramp's upper bound is above its lower one, each its default where not given."""
+    return (default_high if high is None else high) > (default_low if low is None else low)
+
+
+@dataclass
+class HFRopeScaling:
+    """A rope_scaling dict of Hugging Face transformers (every key null: none given). One row of eval.py's table
+    (hf_<rope_type>), or the scaling sample.py decodes with."""
+
+    rope_type: RopeType | None = None  # rope_type and type both null: default
+    type: RopeType | None = None  # the legacy name of rope_type (older config.json files)
+    factor: float | None = setting(None, "pass the extension factor s >= 1, e.g. factor: 4", ge=1)
+    # null: the checkpoint's training length
+    original_max_position_embeddings: int | None = setting(
+        None,
+        "pass the length the unscaled frequencies were trained at, or omit it for the checkpoint's",
+        ge=2,
+        le=LENGTH,
+    )
+    low_freq_factor: float | None = setting(None, "pass llama3's low_freq_factor, e.g. 1", gt=0)  # null: 1
+    high_freq_factor: float | None = setting(None, "pass llama3's high_freq_factor, e.g. 4", gt=0)  # null: 4
+    beta_fast: float | None = setting(None, "pass yarn's beta_fast in rotations, e.g. 32", gt=0)  # null: 32
+    beta_slow: float | None = setting(None, "pass yarn's beta_slow in rotations, e.g. 1", gt=0)  # null: 1
+    short_factor: list[float] | None = setting(  # longrope: one per rotary pair, up to the original length
+        None, "pass one positive factor per rotary pair, e.g. short_factor: [1.0, 1.0, ...]", gt=0, nonempty=True
+    )
+    long_factor: list[float] | None = setting(  # longrope: one per rotary pair, past the original length
+        None, "pass one positive factor per rotary pair, e.g. long_factor: [1.0, 1.5, ...]", gt=0, nonempty=True
+    )
+    # cos, sin multiplied by it (yarn, longrope); null: the rope type's own
+    attention_factor: float | None = setting(None, "pass a positive multiplier of cos and sin, e.g. 1.1", gt=0)
+    mscale: float | None = setting(None, "pass yarn's mscale, e.g. 1 (with mscale_all_dim)", ge=0)
+    mscale_all_dim: float | None = setting(None, "pass yarn's mscale_all_dim, e.g. 1 (with mscale)", ge=0)
+    truncate: bool | None = None  # yarn: the ramp's ends rounded to whole pairs; null: true
+
+    RULES: ClassVar = (
+        Rule(
+            ("rope_type", "type"),
+            lambda rope_type, legacy: rope_type is None or legacy is None or rope_type == legacy,
+            "{0} and {1} name two rope types; pass one (type is rope_type's legacy name)",
+        ),
+        *(read_rule(key) for key in READ_BY),
+        Rule(
+            ("factor", "rope_type", "type"),
+            lambda factor, rope_type, legacy: factor is not None or named_type(rope_type, legacy) not in NEED_FACTOR,
+            "{0}: this rope_type needs it (transformers requires it for linear, dynamic, yarn and llama3); pass "
+            "factor: s, e.g. 4",
+        ),
+        Rule(
+            ("short_factor", "long_factor", "rope_type", "type"),
+            lambda short, long, rope_type, legacy: (
+                named_type(rope_type, legacy) != "longrope" or None not in (short, long)
+            ),
+            "{0} and {1}: rope_type longrope needs both, one factor per rotary pair",
+        ),
+        Rule(
+            ("high_freq_factor", "low_freq_factor"),
+            lambda high, low: ordered(high, low, *rope_scaling.RAMPS["llama3"]),
+            "{0} must be above {1} (null: 4 and 1): the band between them is where frequencies are blended",
+        ),
+        Rule(
+            ("beta_fast", "beta_slow"),
+            lambda fast, slow: ordered(fast, slow, *rope_scaling.RAMPS["yarn_released"]),
+            "{0} must be above {1} (null: 32 and 1): the ramp runs from the pairs turning beta_slow times over the "
+            "original length to those turning beta_fast times",
+        ),
+        Rule(
+            ("mscale", "mscale_all_dim"),
+            lambda mscale, all_dim: (mscale is None) == (all_dim is None),
+            "{0} and {1}: transformers reads them only as a pair, the cos/sin scale being (0.1 mscale ln s + 1) / "
+            "(0.1 mscale_all_dim ln s + 1); pass both, or attention_factor",
+        ),
+    )
+
+
+def given(hf) -> bool:
+    """Whether a dict was given (any key set; None: no such setting)."""
+    return hf is not None and any(getattr(hf, f.name) is not None for f in fields(HFRopeScaling))
+
+
+def rope_type(hf) -> str:
+    return named_type(hf.rope_type, hf.type)
+
+
+def kind(hf) -> str:
+    """The rope_scaling kind that computes this dict's rope type."""
+    return KIND[rope_type(hf)]
+
+
+def row_name(hf) -> str:
+    """The dict's row in eval.py's tables and files: hf_<rope_type>."""
+    return f"hf_{rope_type(hf)}"
+
+
+def as_dict(hf) -> dict:
+    """The keys given, as plain values (for a result file)."""
+    plain = OmegaConf.to_container(hf, enum_to_str=True) if isinstance(hf, DictConfig) else vars(hf)
+    return {k: v for k, v in plain.items() if v is not None}
+
+
+def rotary_pairs(pe) -> int:
+    """The pairs a rotary scheme turns per head: longrope's factor lists hold one factor per pair."""
+    return len(pe.scaling_factors("none", 1.0, 2))
+
+
+def yarn_attention(factor: float, attention_factor, mscale, mscale_all_dim) -> float:
+    """transformers' yarn cos/sin scale: attention_factor if given, else the mscale ratio where both are non-zero
+    (as transformers tests them), else 0.1 ln s + 1."""
+    if attention_factor is not None:
+        return float(attention_factor)
+    if mscale and mscale_all_dim:
+        return rope_scaling.yarn_scale(factor, mscale) / rope_scaling.yarn_scale(factor, mscale_all_dim)
+    return rope_scaling.yarn_scale(factor)
+
+
+def longrope_factors(hf, length: int, original: int, pairs: int, key: str) -> list[float]:
+    """The dict's short_factor at lengths up to the original, long_factor past it; ValueError naming the key unless
+    it holds one factor per rotary pair of this model."""
+    name = "short_factor" if length <= original else "long_factor"
+    factors = list(getattr(hf, name))
+    if len(factors) != pairs:
+        raise ValueError(
+            f"{key}.{name} holds {len(factors)} factors and this model rotates {pairs} pairs per head; pass "
+            f"{pairs}, one per pair"
+        )
+    return factors
+
+
+def scaling(hf, train_length: int, length: int, pe, key: str) -> Scaling:
+    """The Scaling transformers computes for this dict, for a row scoring `length` tokens of a model trained at
+    train_length (pe: its scheme, whose rotary pairs longrope's factors number); key: the setting that holds the
+    dict, for its errors."""
+    original = hf.original_max_position_embeddings or train_length
+    which = rope_type(hf)
+    factor = hf.factor if hf.factor is not None else length / original  # only longrope may omit it
+    if which == "default":
+        return rope_scaling.NONE
+    if which in ("linear", "llama3"):
+        bounds = {"beta_fast": hf.high_freq_factor, "beta_slow": hf.low_freq_factor} if which == "llama3" else {}
+        return Scaling(KIND[which], factor, original, **bounds)
+    if which == "dynamic":
+        return Scaling("dynamic_ntk", factor, original, alpha=factor)
+    if which == "yarn":
+        return Scaling(
+            "yarn_released",
+            factor,
+            original,
+            beta_fast=hf.beta_fast,
+            beta_slow=hf.beta_slow,
+            truncate=hf.truncate is not False,
+            attn_scale=yarn_attention(factor, hf.attention_factor, hf.mscale, hf.mscale_all_dim),
+        )
+    factors = longrope_factors(hf, length, original, rotary_pairs(pe), key)
+    scale = rope_scaling.longrope_scale(factor, original) if hf.attention_factor is None else hf.attention_factor
+    return Scaling("longrope", factor, original, rescale=factors, attn_scale=scale)
