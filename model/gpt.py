@@ -15,6 +15,8 @@ model.qk_norm: rms (gain-free: every logit within +-sqrt(head dim)), learned (a 
 k, 1 at init), none. model.sink_logit: a learned per-head logit for attending to nothing (model/attention.py).
 model.window=W: layers marked S in model.window_pattern (tiled over the layers; L = full attention) see only the
 W most recent keys, themselves included: q_pos - k_pos < W. Any scheme, every backend, both caches.
+model.chunk=C instead: the S layers see the keys of their own chunk only, floor(q_pos / C) == floor(k_pos / C), as
+Llama 4's RoPE layers do (python train.py experiment=llama4). Any scheme, every backend, the dense cache.
 positional.layers (positional/__init__.py): layers marked N in the pattern (tiled like model.window_pattern) use
 NoPE, with its query temperature, instead of the scheme; they read plan.nope, the plan of their scheme.
 model.ssmax, and eval.py's training-free eval.log_scaling (Variant.log_length), multiply each query by a factor of
@@ -34,7 +36,7 @@ import settings
 from positional import PositionAxesError
 from settings import Rule, choices, setting
 
-from .attention import BACKENDS, add_window, attend, make_plan
+from .attention import BACKENDS, Chunk, add_window, attend, make_plan
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
 from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
@@ -70,6 +72,9 @@ class ModelConfig:
     window_pattern: str = setting(  # tiled over the layers: S window, L full (SSSL: three windowed, as nanochat)
         "S", "e.g. SSSL", match=r"[SL]+", must="hold only S (sliding window) and L (full)"
     )
+    chunk: int | None = setting(  # C: the S layers attend within fixed chunks of C positions (Llama 4), not a window
+        None, "pass a positive chunk in tokens, or null for none", ge=1, le=2**24
+    )
     ssmax: bool = False  # true: Scalable-Softmax, logits x s_h ln n with s_h learned per head (model/log_scaling.py)
 
     RULES: ClassVar = (
@@ -78,6 +83,11 @@ class ModelConfig:
             ("n_head", "n_kv_head"),
             lambda h, kv: h % kv == 0,
             "{1} does not divide {0}: each key/value head serves a group of query heads (GQA); pick a divisor",
+        ),
+        Rule(
+            ("window", "chunk"),
+            lambda window, chunk: window is None or chunk is None,
+            "{0} and {1} both say how the S layers of model.window_pattern see; pass one of them and null the other",
         ),
     )
 
@@ -100,9 +110,10 @@ class GPTConfig(ModelConfig):
         return self.d_model // self.n_head
 
     def layer_window(self, layer: int) -> int | None:
-        """Layer's sliding window: model.window where the tiled pattern says S, else None (full attention)."""
+        """Layer's local attention where the tiled pattern says S: model.window (a sliding window), or a Chunk of
+        model.chunk (model/attention.py); else None (full attention)."""
         short = self.window_pattern[layer % len(self.window_pattern)] == "S"
-        return self.window if short else None
+        return (self.window if self.chunk is None else Chunk(self.chunk)) if short else None
 
     def layer_nope(self, layer: int) -> bool:
         """Whether the layer is an N layer of positional.layers (NoPE instead of the scheme)."""
@@ -110,7 +121,7 @@ class GPTConfig(ModelConfig):
         return pattern[layer % len(pattern)] == "N"
 
     def windows(self, nope: bool = False) -> list[int]:
-        """The distinct sliding windows of the scheme's layers (nope: of the N layers)."""
+        """The distinct sliding windows and chunks of the scheme's layers (nope: of the N layers)."""
         layers = [i for i in range(self.n_layer) if self.layer_nope(i) == nope]
         return sorted({w for w in map(self.layer_window, layers) if w is not None})
 

@@ -22,7 +22,10 @@ class StaticDecoder:
 
     def __init__(self, model, cache, compile: bool = True):
         if getattr(cache, "ring", None):
-            raise CacheError("static decoding keeps no window rings; use cache=sink or static=false for model.window")
+            raise CacheError(
+                "static decoding keeps no window rings; use cache=sink or static=false for model.window, "
+                "static=false for model.chunk"
+            )
         self.model, self.cache = model, cache
         device = cache.k.device
         self.q_pos = torch.zeros(1, dtype=torch.long, device=device)
