@@ -17,6 +17,8 @@ made once per forward. It may also carry a per-query factor on the logits (q_sca
 which the layers multiply into their queries before attend(), so every backend sees the same scaled queries.
 The N layers of positional.layers (NoPE in an iRoPE model) read plan.nope: a plan of their own scheme over the same
 positions (its rotation state is NoPE's query temperature; its mask carries no scheme bias), with its own windows.
+The full-attention layers of a scheme with positional.global_base (Gemma 3) read plan.long: the same scheme at that
+base (positional/__init__.py build_long), its rotation state made once per forward beside the scheme's own.
 
 A content-dependent bias (positional/base.py content_bias: Shaw's q . a_clip(i-j), FoX's forget gates) differs per
 layer, so it is not in the plan: each layer passes attend() its own fn(b, h, i, j) beside the plan, as it passes its
@@ -72,6 +74,7 @@ class AttnPlan:
     window: int | None = None  # this plan's sliding window (None: full causal attention)
     windows: dict | None = None  # window -> the plan of the layers with that window (see add_window)
     nope: "AttnPlan | None" = None  # the plan of positional.layers' N layers (NoPE), over the same positions
+    long: "AttnPlan | None" = None  # the plan of the full-attention layers at positional.global_base (Gemma 3)
     q_scale: torch.Tensor | None = None  # (Tq, 1) eval-time log-length factor of the queries (model/log_scaling.py)
     log_n: torch.Tensor | None = None  # (Tq, 1) ln(q_pos + 1), which model.ssmax multiplies by each head's s
     far: object = None  # far scores (model/rerope_attention.py Far): a second rotation and its attention
