@@ -9,13 +9,16 @@ make_plan picks the backend from the scheme and the positions:
              (CUDA, bias or non-trivial mask, Tq >= 128): no dense H x T x T tensor is ever built
   reference  explicit softmax in fp32 over the dense bias, for tests
 A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False); in a sliding-window
-layer (model.window=W) also only iff q_pos[i] - k_pos[j] < W. Layers with a window read plan.windows[W], a plan
-of its own (one mask per distinct window) that shares the rotation state when it attends over the same keys.
+layer (model.window=W) also only iff q_pos[i] - k_pos[j] < W; in a chunked one (model.chunk=C, a Chunk) only iff
+floor(q_pos[i] / C) == floor(k_pos[j] / C). Layers with a window read plan.windows[W], a plan of its own (one mask per
+distinct window or chunk) that shares the rotation state when it attends over the same keys.
 A plan rotates what the layers and caches give it (queries(), keys(), new_keys()) with the scheme's rotation state,
 made once per forward. It may also carry a per-query factor on the logits (q_scale, log_n: model/log_scaling.py),
 which the layers multiply into their queries before attend(), so every backend sees the same scaled queries.
 The N layers of positional.layers (NoPE in an iRoPE model) read plan.nope: a plan of their own scheme over the same
 positions (its rotation state is NoPE's query temperature; its mask carries no scheme bias), with its own windows.
+The full-attention layers of a scheme with positional.global_base (Gemma 3) read plan.long: the same scheme at that
+base (positional/__init__.py build_long), its rotation state made once per forward beside the scheme's own.
 
 A content-dependent bias (positional/base.py content_bias: Shaw's q . a_clip(i-j), FoX's forget gates) differs per
 layer, so it is not in the plan: each layer passes attend() its own fn(b, h, i, j) beside the plan, as it passes its
@@ -76,6 +79,7 @@ class AttnPlan:
     window: int | None = None  # this plan's sliding window (None: full causal attention)
     windows: dict | None = None  # window -> the plan of the layers with that window (see add_window)
     nope: "AttnPlan | None" = None  # the plan of positional.layers' N layers (NoPE), over the same positions
+    long: "AttnPlan | None" = None  # the plan of the full-attention layers at positional.global_base (Gemma 3)
     q_scale: torch.Tensor | None = None  # (Tq, 1) eval-time log-length factor of the queries (model/log_scaling.py)
     log_n: torch.Tensor | None = None  # (Tq, 1) ln(q_pos + 1), which model.ssmax multiplies by each head's s
     far: object = None  # far scores (model/rerope_attention.py Far): a second rotation and its attention
@@ -97,6 +101,34 @@ class AttnPlan:
         return near if self.far is None else torch.cat((near, self.far.new_keys(self.pe, k)), dim=-1)
 
 
+class Chunk(int):
+    """model.chunk=C where a layer's window goes (GPTConfig.layer_window): its query sees the keys of its own chunk of
+    C positions only, floor(q_pos / C) == floor(k_pos / C), causally (Llama 4's chunked local attention). As an int it
+    is C: a chunk's keys lie within the C positions up to its query, so every bound that a sliding window of C keys
+    sets holds for it too (a dense cache's ring of C keys, a query block's first key); the masks ask which rule it
+    is (outside). It never equals a plain window of the same size: each has its own plan in plan.windows."""
+
+    def __eq__(self, other):
+        return isinstance(other, Chunk) and int(self) == int(other)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash((Chunk, int(self)))
+
+    def __repr__(self):
+        return f"Chunk({int(self)})"
+
+
+def outside(window: int, q_pos, k_pos):
+    """Where a key at k_pos lies outside the span of a query at q_pos that a local layer sees (True: hidden), for
+    keys at or before the query: W or more back for a sliding window of W, another chunk for a Chunk."""
+    if isinstance(window, Chunk):
+        return q_pos // int(window) != k_pos // int(window)  # floor division: chunks stay aligned below position 0
+    return q_pos - k_pos >= window
+
+
 def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int, window: int | None = None) -> torch.Tensor | None:
     qp, kp = q_pos[None, :, None], k_pos[None, None, :]
     bias = None
@@ -106,7 +138,7 @@ def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int, window: int | None =
     if causal:
         hidden = kp > qp
         if window is not None:
-            hidden = hidden | (qp - kp >= window)
+            hidden = hidden | outside(window, qp, kp)
         if bias is None:
             bias = torch.zeros(hidden.shape, device=q_pos.device)
         bias = bias.masked_fill(hidden, float("-inf"))
@@ -356,7 +388,7 @@ def flex_mask(pe, q_pos, k_pos, causal, window=None, near=None) -> Mask:
     def mask_mod(b, h, q_idx, kv_idx):
         visible = k_pos[kv_idx] <= q_pos[q_idx]
         if window is not None:
-            visible = visible & (q_pos[q_idx] - k_pos[kv_idx] < window)
+            visible = visible & ~outside(window, q_pos[q_idx], k_pos[kv_idx])
         visible = visible if causal else k_pos[kv_idx] < PAD_POSITION
         return visible if near is None else visible & (q_pos[q_idx] - k_pos[kv_idx] < near)
 

@@ -15,8 +15,12 @@ model.qk_norm: rms (gain-free: every logit within +-sqrt(head dim)), learned (a 
 k, 1 at init), none. model.sink_logit: a learned per-head logit for attending to nothing (model/attention.py).
 model.window=W: layers marked S in model.window_pattern (tiled over the layers; L = full attention) see only the
 W most recent keys, themselves included: q_pos - k_pos < W. Any scheme, every backend, both caches.
+model.chunk=C instead: the S layers see the keys of their own chunk only, floor(q_pos / C) == floor(k_pos / C), as
+Llama 4's RoPE layers do (python train.py experiment=llama4). Any scheme, every backend, the dense cache.
 positional.layers (positional/__init__.py): layers marked N in the pattern (tiled like model.window_pattern) use
 NoPE, with its query temperature, instead of the scheme; they read plan.nope, the plan of their scheme.
+positional.global_base (positional/__init__.py build_long): the full-attention layers (no window or chunk) rotate at a
+RoPE base of their own, reading plan.long, as Gemma 3's global layers do (python train.py experiment=gemma3).
 model.ssmax, and eval.py's training-free eval.log_scaling (Variant.log_length), multiply each query by a factor of
 the log of its position (model/log_scaling.py), in every layer, N layers included.
 """
@@ -34,7 +38,7 @@ import settings
 from positional import PositionAxesError
 from settings import Rule, choices, setting
 
-from .attention import BACKENDS, add_window, attend, content_attention, make_plan
+from .attention import BACKENDS, Chunk, add_window, attend, content_attention, make_plan
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
 from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
@@ -70,6 +74,9 @@ class ModelConfig:
     window_pattern: str = setting(  # tiled over the layers: S window, L full (SSSL: three windowed, as nanochat)
         "S", "e.g. SSSL", match=r"[SL]+", must="hold only S (sliding window) and L (full)"
     )
+    chunk: int | None = setting(  # C: the S layers attend within fixed chunks of C positions (Llama 4), not a window
+        None, "pass a positive chunk in tokens, or null for none", ge=1, le=2**24
+    )
     ssmax: bool = False  # true: Scalable-Softmax, logits x s_h ln n with s_h learned per head (model/log_scaling.py)
 
     RULES: ClassVar = (
@@ -78,6 +85,11 @@ class ModelConfig:
             ("n_head", "n_kv_head"),
             lambda h, kv: h % kv == 0,
             "{1} does not divide {0}: each key/value head serves a group of query heads (GQA); pick a divisor",
+        ),
+        Rule(
+            ("window", "chunk"),
+            lambda window, chunk: window is None or chunk is None,
+            "{0} and {1} both say how the S layers of model.window_pattern see; pass one of them and null the other",
         ),
     )
 
@@ -100,17 +112,24 @@ class GPTConfig(ModelConfig):
         return self.d_model // self.n_head
 
     def layer_window(self, layer: int) -> int | None:
-        """Layer's sliding window: model.window where the tiled pattern says S, else None (full attention)."""
+        """Layer's local attention where the tiled pattern says S: model.window (a sliding window), or a Chunk of
+        model.chunk (model/attention.py); else None (full attention)."""
         short = self.window_pattern[layer % len(self.window_pattern)] == "S"
-        return self.window if short else None
+        return (self.window if self.chunk is None else Chunk(self.chunk)) if short else None
 
     def layer_nope(self, layer: int) -> bool:
         """Whether the layer is an N layer of positional.layers (NoPE instead of the scheme)."""
         pattern = positional.layer_pattern(self.positional)
         return pattern[layer % len(pattern)] == "N"
 
+    def layer_long(self, layer: int) -> bool:
+        """Whether the layer is a full-attention layer of the scheme (not N, no window or chunk) that
+        positional.global_base gives a RoPE base of its own (Gemma 3's global layers)."""
+        long = self.positional.get("global_base") is not None
+        return long and not self.layer_nope(layer) and self.layer_window(layer) is None
+
     def windows(self, nope: bool = False) -> list[int]:
-        """The distinct sliding windows of the scheme's layers (nope: of the N layers)."""
+        """The distinct sliding windows and chunks of the scheme's layers (nope: of the N layers)."""
         layers = [i for i in range(self.n_layer) if self.layer_nope(i) == nope]
         return sorted({w for w in map(self.layer_window, layers) if w is not None})
 
@@ -153,6 +172,7 @@ class Attention(nn.Module):
         self.pe_layer = None if pe is None else pe.layer_module()
         self.window = cfg.layer_window(layer_idx)
         self.nope = cfg.layer_nope(layer_idx)
+        self.long = cfg.layer_long(layer_idx)
 
     def project(self, x):
         """Queries, keys (QK-normed, not yet rotated) and values, each (B, heads, T, head dim).
@@ -174,8 +194,9 @@ class Attention(nn.Module):
 
     def own_plan(self, plan):
         """This layer's plan out of the one the model made: its scheme's (plan.nope for an N layer of
-        positional.layers), and within that, its window's."""
-        plan = plan.nope if self.nope else plan
+        positional.layers, plan.long for a full-attention layer at positional.global_base), and within that, its
+        window's."""
+        plan = plan.nope if self.nope else plan.long if self.long else plan
         return plan if self.window is None else plan.windows[self.window]
 
     def forward(self, x, plan, step=None):
@@ -245,8 +266,11 @@ class GPT(nn.Module):
                     f"itself; pass model.sink_logit=false"
                 )
             make_plan(self.pe, torch.arange(1), torch.arange(1), True, cfg.n_head, cfg.attn_backend)  # flex: refused
+        # and the scheme at positional.global_base for the full-attention layers (None without any)
+        long = any(map(cfg.layer_long, range(cfg.n_layer)))
+        self.pe_long = positional.build_long(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model) if long else None
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        schemes = [self.pe_nope if cfg.layer_nope(i) else self.pe for i in range(cfg.n_layer)]
+        schemes = [self.layer_scheme(i) for i in range(cfg.n_layer)]
         self.blocks = nn.ModuleList(Block(cfg, i, pe) for i, pe in enumerate(schemes))
         # the distinct windows of each scheme's layers (N: positional.layers' NoPE), once: plan() runs per token
         self.scheme_windows = {False: cfg.windows(False)}
@@ -254,6 +278,12 @@ class GPT(nn.Module):
             self.scheme_windows[True] = cfg.windows(True)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._init_weights()
+
+    def layer_scheme(self, layer: int):
+        """The scheme the layer's positions go through: NoPE (an N layer), the scheme at positional.global_base (a
+        full-attention layer), or the scheme."""
+        c = self.cfg
+        return self.pe_nope if c.layer_nope(layer) else self.pe_long if c.layer_long(layer) else self.pe
 
     @torch.no_grad()
     def _init_weights(self):
@@ -327,7 +357,8 @@ class GPT(nn.Module):
     def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None, ids=None, variant=None):
         """The attention plan every layer shares, with one per distinct sliding window (over window_k_pos, the keys
         a cache keeps for its window layers, default k_pos), and plan.nope, the same for the N layers of
-        positional.layers (their own rotation state, NoPE's query temperature, and mask: no scheme bias).
+        positional.layers (their own rotation state, NoPE's query temperature, and mask: no scheme bias), and
+        plan.long for the full-attention layers at positional.global_base (the scheme's rotation at that base).
         q_pos and k_pos (T,) order the tokens (mask, windows); ids = (query ids, key ids) are the positions the
         scheme rotates at, (axes, T) for a multi-axis one (default: q_pos and k_pos themselves). variant: an
         evaluation variant (model/variant.py), the model as trained by default."""
@@ -337,28 +368,32 @@ class GPT(nn.Module):
         q_scale = None if v.log_length is None else log_length_factor(q_pos, v.log_length)
         log_n = log_positions(q_pos) if c.ssmax else None
         q_ids, k_ids = (q_pos, k_pos) if ids is None else ids
-        rotation = partial(self.pe.rotation, scaling=v.scaling)  # the scheme's rotation state, once per forward
-        q_rot = rotation(q_ids)
-        rot = (q_rot, q_rot if k_ids is q_ids else rotation(k_ids))
-        far = None
-        if v.scaling is not None and v.scaling.far is not None:  # ReRoPE: a second rotation (rerope_attention.py)
-            if self.pe.content_bias is not None:
-                raise ValueError(f"far scores (rope scaling {v.scaling.kind}) read no content bias ({self.pe.name})")
-            far = Far.at(self.pe, q_pos, k_pos, v.scaling)
 
-        def scheme_plan(pe, nope: bool):  # the N layers have no rotation to scale, and no far scores
-            rotate = pe.rotation if nope else rotation
-            own = {} if nope else {"rot": rot, "far": far}
+        def rotary(pe):  # a scheme's rotation state under the variant, once per forward, and its far scores
+            rotation = partial(pe.rotation, scaling=v.scaling)
+            q_rot = rotation(q_ids)
+            rot = (q_rot, q_rot if k_ids is q_ids else rotation(k_ids))
+            far = None
+            if v.scaling is not None and v.scaling.far is not None:  # ReRoPE: a second rotation (rerope_attention.py)
+                if pe.content_bias is not None:
+                    raise ValueError(f"far scores (rope scaling {v.scaling.kind}) read no content bias ({pe.name})")
+                far = Far.at(pe, q_pos, k_pos, v.scaling)
+            return rotation, {"rot": rot, "far": far}
+
+        def scheme_plan(pe, windows, nope: bool = False):  # the N layers have no rotation to scale, nor far scores
+            rotate, own = (pe.rotation, {}) if nope else rotary(pe)
             plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit, **own)
             plan.q_scale, plan.log_n = q_scale, log_n  # before add_window, which hands them on
             ring_rot = None if window_k_pos is None else rotate(window_k_pos)
-            for w in self.scheme_windows[nope]:
+            for w in windows:
                 add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos, ring_rot)
             return plan
 
-        plan = scheme_plan(self.pe, False)
+        plan = scheme_plan(self.pe, self.scheme_windows[False])
         if True in self.scheme_windows:  # some layer is an N layer
-            plan.nope = scheme_plan(self.pe_nope, True)
+            plan.nope = scheme_plan(self.pe_nope, self.scheme_windows[True], nope=True)
+        if self.pe_long is not None:  # the full-attention layers at positional.global_base: no window
+            plan.long = scheme_plan(self.pe_long, [])
         return plan
 
     def _head(self, x, targets=None, reduction="mean"):

@@ -27,6 +27,8 @@ Sliding-window layers (model.window): the dense cache keeps each a ring of the W
 their positions) instead of a full row, so such a layer never holds more than W keys between steps; a step's
 queries see the ring plus the step's own keys, masked to the window. The sink cache keeps every layer's keys
 (constant memory anyway) and the window mask applies to their in-cache positions.
+Chunked layers (model.chunk=C) take a ring of C keys in the dense cache, masked to each query's chunk. The sink
+cache refuses them: its in-cache positions shift by one every step, and a chunk is a fixed span of the stream.
 """
 
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from positional import SCHEMES
+
+from .attention import Chunk
 
 
 class CacheError(ValueError):
@@ -120,20 +124,23 @@ class DenseCache(_Cache):
         windowed = [i for i in range(cfg.n_layer) if cfg.layer_window(i) is not None]
         full = [i for i in range(cfg.n_layer) if i not in windowed]
         if windowed and model.pe.state_dim:  # a ring would have to keep the gates too, in its own slot order
+            key = "model.chunk" if cfg.chunk is not None else "model.window"
             raise CacheError(
-                f"cache=dense keeps a ring of keys for model.window layers but not positional={model.pe.name}'s "
-                f"per-token state; use cache=sink, or a model without model.window"
+                f"cache=dense keeps a ring of keys for {key} layers but not positional={model.pe.name}'s "
+                f"per-token state; use cache=sink, or a model without {key}"
             )
         super().__init__(model, batch_size, capacity, dtype, device, n_layer=len(full), variant=variant)
         self.row = {layer: r for r, layer in enumerate(full)}  # a full layer's row of self.k
         self.ring = {layer: r for r, layer in enumerate(windowed)}  # a window layer's ring in self.wk
-        self.window = cfg.window
+        # a ring of W keys per window layer; a chunked layer's keys lie within the C positions up to its query
+        # (model/attention.py Chunk), so a ring of C keys holds them, and the chunk mask hides the older ones
+        self.window = cfg.window if cfg.chunk is None else cfg.chunk
         self.wk = self.wv = None  # window rings of keys and values, where needed
         if windowed:
-            shape = (len(windowed), *self.k.shape[1:3], cfg.window)
+            shape = (len(windowed), *self.k.shape[1:3], self.window)
             self.wk = self.k.new_zeros(*shape, self.k.size(-1))
             self.wv = self.v.new_zeros(*shape, self.v.size(-1))
-            self.ring_pos = torch.full((cfg.window,), EMPTY, device=self.k.device)
+            self.ring_pos = torch.full((self.window,), EMPTY, device=self.k.device)
 
     def nbytes(self) -> int:
         return super().nbytes() + sum(t.nbytes for t in (self.wk, self.wv) if t is not None)
@@ -196,6 +203,12 @@ class SinkCache(_Cache):
             )
         if window < 1 or sinks < 0:
             raise CacheError(f"cache.window must be >= 1 and cache.sinks >= 0, got window={window} sinks={sinks}")
+        cfg = model.cfg
+        if any(isinstance(cfg.layer_window(i), Chunk) for i in range(cfg.n_layer)):
+            raise CacheError(
+                f"cache=sink moves every kept key to an in-cache position, and model.chunk={cfg.chunk}'s chunks are "
+                f"fixed spans of the stream's positions; use cache=dense"
+            )
         super().__init__(model, batch_size, sinks + window, dtype, device, variant=variant)
         self.sinks, self.window = sinks, window
         self.seen = 0  # tokens fed so far, prefix included

@@ -32,6 +32,7 @@ from .attention import (
     dot_scores,
     flex_call,
     flex_positions,
+    outside,
     softmax_weights,
     weighted_values,
     with_nothing_slot,
@@ -115,13 +116,13 @@ class Far:
 
 
 def far_block_mask(q_pos, k_pos, w: int, window: int | None):
-    """flex's block mask of the far keys: d >= w >= 1 (causal, never a padded key or query), within a window."""
+    """flex's block mask of the far keys: d >= w >= 1 (causal, never a padded key or query), in the window or chunk."""
     q_pos, k_pos, _ = flex_positions(q_pos, k_pos)
 
     def far_mod(b, h, q_idx, kv_idx):
         distance = q_pos[q_idx] - k_pos[kv_idx]
         far = distance >= w
-        return far if window is None else far & (distance < window)
+        return far if window is None else far & ~outside(window, q_pos[q_idx], k_pos[kv_idx])
 
     return block_mask(far_mod, q_pos, k_pos)
 

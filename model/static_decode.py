@@ -22,7 +22,9 @@ class StaticDecoder:
 
     def __init__(self, model, cache, compile: bool = True):
         if getattr(cache, "ring", None):
-            raise CacheError("static decoding keeps no window rings; use cache=sink or static=false for model.window")
+            raise CacheError(
+                "static decoding keeps no window rings; pass static=false (for model.window, cache=sink serves too)"
+            )
         self.model, self.cache = model, cache
         device = cache.k.device
         self.q_pos = torch.zeros(1, dtype=torch.long, device=device)

@@ -10,6 +10,10 @@ positional.layers is a pattern tiled over the layers, as model.window_pattern is
 with no positions (NoPE), whose query temperature positional.attn_scale and positional.floor_scale set (nope.py).
 build_layers makes the two schemes; the model gives each layer its own and the attention plan one plan per scheme.
 
+Per-layer RoPE bases (Gemma 3): positional.global_base gives the full-attention layers (model.window_pattern's L, with
+model.window or model.chunk in the S layers) a base of their own; build_long makes that second instance of the scheme.
+python train.py experiment=gemma3                   (RoPE at base 10,000 in 5 sliding-window layers of 6, 1M in the 6th)
+
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4
 A spec may carry a RoPE extension made part of the model (SCALING_KEYS): build() gives it to the scheme, so
 every model built from a saved config (train, eval, sample) rotates at the same scaled frequencies.
@@ -64,6 +68,7 @@ __all__ = [
     "PositionLimitError",
     "build",
     "build_layers",
+    "build_long",
     "layer_pattern",
     "options",
     "spec_of",
@@ -84,7 +89,8 @@ def spec_of(opts) -> dict:
     spec = asdict(opts) if is_dataclass(opts) else dict(opts)
     if spec.get("scaling", "none") == "none":
         spec = {k: v for k, v in spec.items() if k not in SCALING_KEYS}
-    return {k: v for k, v in spec.items() if not (k in ("layers", "random_positions", *NOPE_OPTIONS) and v is None)}
+    off = ("layers", "random_positions", "global_base", *NOPE_OPTIONS)
+    return {k: v for k, v in spec.items() if not (k in off and v is None)}
 
 
 def options(spec, key: str = "positional") -> dict:
@@ -114,8 +120,12 @@ def rotary(spec: dict) -> bool:
 
 
 def build(spec, n_head: int, head_dim: int, d_model: int, key: str = "positional") -> Positional:
-    """Make a scheme from its options (a composed node or a dict: {'name': 'rope', 'base': 10000, ...})."""
+    """Make a scheme from its options (a composed node or a dict: {'name': 'rope', 'base': 10000, ...}). The options
+    that say which layers get which scheme (layers, global_base) are build_layers' and build_long's: ignored here, in
+    the model's own scheme, and refused in a wrapped one (no layer reads them there)."""
     spec = options(spec_of(spec), key)
+    if spec.pop("global_base", None) is not None and key != "positional":
+        raise ValueError(f"{key}.global_base is read from positional.global_base alone; set it there")
     scaling = {k: spec.pop(k) for k in SCALING_KEYS if k in spec}
     name = spec.pop("name")
     kind = scaling.get("scaling", "none")
@@ -163,3 +173,16 @@ def build_layers(spec, n_head: int, head_dim: int, d_model: int) -> tuple[Positi
             f"{head_dim}-wide ones in one KV cache; use positional=rope or prope"
         )
     return pe, NoPE(n_head, head_dim, d_model, **nope_spec)
+
+
+def build_long(spec, n_head: int, head_dim: int, d_model: int) -> Positional | None:
+    """The scheme of the full-attention layers where positional.global_base gives them a RoPE base of their own
+    (Gemma 3: 1,000,000 there, 10,000 in its sliding-window layers), else None.
+
+    A second instance of the scheme at that base, as build_layers makes NoPE for the N layers, rather than a base per
+    layer inside RoPE: its rotation() is the L layers' rotation state, made once per forward in a plan of its own
+    (model/gpt.py plan.long) as the scheme's own is, so the layers, both caches, every backend and the eval-time
+    scalings take it as they are. The rotary schemes hold no parameters, so it adds none."""
+    spec = options(spec_of(spec))
+    base = spec.pop("global_base", None)
+    return None if base is None else build({**spec, "base": base}, n_head, head_dim, d_model)

@@ -2,6 +2,7 @@
 
 python train.py positional=rope positional.base=10000
 python train.py positional=rope positional.rotary_fraction=0.25      (partial rotary, GPT-NeoX style)
+python train.py experiment=gemma3      (positional.global_base: the full-attention layers at base 1M, as Gemma 3)
 Scores then depend only on q_pos - k_pos. Context-extension variants (rope_scaling.py; ReRoPE: rerope.py) are values
 passed to rotation(pos, scaling) by the attention plan, or built in at construction (a fine-tune's
 positional.scaling). rotary_fraction < 1 rotates only the first fraction of each head's dimension pairs, at the
@@ -85,6 +86,11 @@ class RoPEOptions(PositionalOptions):
     # < 1: partial rotary (GPT-NeoX), only the first fraction of each head's pairs turn
     rotary_fraction: float = setting(
         1.0, "pass a fraction in (0, 1] of each head's dimension pairs to rotate", gt=0, le=1
+    )
+    # the base of the full-attention layers (no model.window or model.chunk there: model.window_pattern's L), a second
+    # instance of the scheme (positional/__init__.py build_long); null: base in every layer. Gemma 3: 1,000,000
+    global_base: float | None = setting(
+        None, "pass a positive base for the full-attention layers, or null for positional.base everywhere", gt=0
     )
 
 

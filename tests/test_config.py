@@ -126,7 +126,7 @@ COMPOSED = {  # every option of every group, in the entry points that have the g
         for group in ("positional", "model", "data", "tokenizer", "optim")
         for option in options_of(group)
     ]
-    + [["experiment=sinks"]],
+    + [[f"experiment={option}"] for option in options_of("experiment")],
     "eval": [[]],
     "sample": [[f"cache={option}"] for option in options_of("cache")],
     "viz": [[]] + [[f"positional={option}"] for option in options_of("positional")],
