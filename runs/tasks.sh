@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TASKS=${TASKS:-tasks}
 BATTERY=${BATTERY:-"copy reverse"}
-SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope t5 fire kerple"}
+SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope t5 fire kerple cope stickbreaking path"}
 RANDOMIZED=${RANDOMIZED:-"learned sinusoidal alibi rope"}
 SEEDS=${SEEDS:-"1 2 3"}
 RANGE=${RANGE:-1024}  # above the longest test sample of every task (data/tasks.py: 743 tokens, vt at n=128)
