@@ -19,6 +19,8 @@ import textwrap
 from functools import cache
 from pathlib import Path
 
+from data.tasks import TASKS
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 MARKER = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
@@ -367,6 +369,38 @@ def passkey() -> str:
     )
 
 
+def tasks() -> str:
+    """The task battery's headline: per scheme, exact match at each task's longest training length, 2x and 8x it,
+    seeds pooled (results/tasks/eval/tasks.json, written by python -m evaluation.tasks)."""
+    summary = load("tasks/eval/tasks.json")
+    by_task = summary["cells"]
+    head, columns = ["scheme"], []
+    for task in by_task:
+        first = TASKS[task].train[1]  # the longest training length, where a scheme must be right first
+        for n in (first, 2 * first, 8 * first):
+            head.append(f"{task} {n}" + ("" if n == first else f" ({n // first}x)"))
+            columns.append((task, str(n)))
+    labels = list(dict.fromkeys(label for groups in by_task.values() for label in groups))
+    body, trials = [], set()
+    for label in labels:
+        row = [label]
+        for task, n in columns:
+            c = by_task[task].get(label, {}).get(n)
+            row.append("n/a" if c is None else accuracy(round(c[0], 2)) + ("" if c[1] is None else f" ±{c[1]:.2f}"))
+            trials |= {c[3]} if c else set()
+        body.append(row)
+    return "\n".join(
+        markdown(head, body)
+        + [
+            "",
+            f"Exact match over {', '.join(map(str, sorted(trials)))} held-out samples per cell (a seed group's trials "
+            "pooled; ± the sd over seeds); the first column of a task is its longest training length, n/a a length "
+            "past a learned table or a random-position range. Wilson 95% intervals of every cell, and the heatmaps: "
+            "[results/tasks/REPORT.md](results/tasks/REPORT.md). From `results/tasks/eval/tasks.json`.",
+        ]
+    )
+
+
 TABLES = {
     "schemes": schemes,
     "core": core,
@@ -376,6 +410,7 @@ TABLES = {
     "passkey": passkey,
     "streams": streams,
     "sinks": sinks,
+    "tasks": tasks,
 }
 
 

@@ -145,3 +145,27 @@ def test_the_battery_trains_each_task_scheme_and_random_variant_once_and_resumes
     assert len(evals) == 12 and all("eval.mode=tasks" in c for c in evals)
     assert sum(c.startswith("-m evaluation.tasks") for c in calls) == 2  # the report, each time
     assert json.loads((tmp_path / "battery" / "add" / "rope-s1" / "eval" / "tasks.json").read_text()) == {}
+
+
+def test_the_readme_headline_is_written_from_the_battery_summary(tmp_path, monkeypatch):
+    """python -m evaluation.doc_tables writes the tasks table from results/tasks/eval/tasks.json: a row per scheme,
+    the longest training length, 2x and 8x per task, seeds pooled with their sd, n/a where a length was not scored."""
+    from evaluation import doc_tables
+
+    def result(scheme, seed, right):
+        out = fake_result(scheme, seed, right)
+        rows = [{**out["results"][0], "n": n, "accuracy": None if n == 128 else out["results"][0]["accuracy"]}
+                for n in (16, 32, 128)]  # fmt: skip
+        return {**out, "results": rows}
+
+    scoring.compare([result("rope", 1, [1, 0]), result("rope", 2, [1, 1]), result("alibi", 1, [0, 0])],
+                    tmp_path / "tasks" / "eval")  # fmt: skip
+    monkeypatch.setattr(doc_tables, "RESULTS", tmp_path)
+    doc_tables.load.cache_clear()
+    try:
+        lines = doc_tables.tasks().splitlines()
+    finally:
+        doc_tables.load.cache_clear()
+    assert lines[0] == "| scheme | copy 16 | copy 32 (2x) | copy 128 (8x) |"
+    assert lines[2] == "| rope | 0.75 ±0.35 | 0.75 ±0.35 | n/a |" and lines[3] == "| alibi | 0 | 0 | n/a |"
+    assert "over 2, 4 held-out samples per cell" in lines[5]
