@@ -386,17 +386,17 @@ def tasks() -> str:
         row = [label]
         for task, n in columns:
             c = by_task[task].get(label, {}).get(n)
-            row.append("n/a" if c is None else accuracy(round(c[0], 2)) + ("" if c[1] is None else f" ±{c[1]:.2f}"))
+            spread = "" if c is None or not c[1] else f" ±{c[1]:.2f}"  # the sd over seeds, where they differ
+            row.append("n/a" if c is None else accuracy(round(c[0], 2)) + spread)
             trials |= {c[3]} if c else set()
         body.append(row)
     return "\n".join(
         markdown(head, body)
         + [
             "",
-            f"Exact match over {', '.join(map(str, sorted(trials)))} held-out samples per cell (a seed group's trials "
-            "pooled; ± the sd over seeds); the first column of a task is its longest training length, n/a a length "
-            "past a learned table or a random-position range. Wilson 95% intervals of every cell, and the heatmaps: "
-            "[results/tasks/REPORT.md](results/tasks/REPORT.md). From `results/tasks/eval/tasks.json`.",
+            f"Exact match over {', '.join(map(str, sorted(trials)))} held-out samples per cell, seeds pooled (± their "
+            "sd where they differ); n/a: past a learned table. Wilson intervals and heatmaps: "
+            "[results/tasks/REPORT.md](results/tasks/REPORT.md), from `results/tasks/eval/tasks.json`.",
         ]
     )
 

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 TASKS=${TASKS:-tasks}
 BATTERY=${BATTERY:-"copy reverse"}
 SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope t5 fire kerple cope stickbreaking path"}
-RANDOMIZED=${RANDOMIZED:-"learned sinusoidal alibi rope"}
+RANDOMIZED=${RANDOMIZED-"learned sinusoidal alibi rope"}  # RANDOMIZED= (empty): no random-position runs
 SEEDS=${SEEDS:-"1 2 3"}
 RANGE=${RANGE:-1024}  # above the longest test sample of every task (data/tasks.py: 743 tokens, vt at n=128)
 PY=${PYTHON:-python}
