@@ -46,12 +46,12 @@ FLAGGED = [
 ]
 CLEAN = [
     'ax.plot(x, y, color="#1f77b4")',
-    "colors = ['#000', '#ff7f0e']",
+    "colors = ['" + H + "000', '" + H + "ff7f0e']",
     "fill: #1f77b4;",
     "https://github.com/owner/repo/blob/main/a.py#L10",
     "[evaluation](docs/evaluation.md#passkey-retrieval)",
     "http://example.org/page#12",
-    "&#39;quoted&#39;",
+    "&" + H + "39;quoted&" + H + "39;",
     '[ $# -gt 0 ] || { echo "${#failed[@]} failed"; }',
     "# 2 nodes: run on each",
     "a tissue of 12 layers; no " + ITEM + "s found",
