@@ -41,12 +41,15 @@ see the slot as key 0, a zero key and value whose score is s_h; flex rescales it
 sigmoid(lse - s_h) = sum / (sum + exp(s_h)), lse = log sum_k exp(score_k) being what flex returns beside it.
 """
 
-import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+from positional.base import key_order
+from positional.base import scores as dot_scores  # q . k / sqrt(Dq) in fp32, GQA heads shared: one definition
 
 BACKENDS = ("auto", "sdpa", "flex", "reference")
 BLOCK_MIN_ROWS = 64  # smallest query block of the dense causal path (32 was slower on the CPU: more calls)
@@ -93,6 +96,13 @@ class AttnPlan:
         """Keys (B, Hkv, Tk, Dh) at every key position k_pos, rotated as queries() rotates queries."""
         near = self.pe.rotate_key(k, self.k_pos, self.k_rot)
         return near if self.far is None else torch.cat((near, self.far.keys(self.pe, k)), dim=-1)
+
+    @cached_property
+    def key_order(self):
+        """(order, inverse) sorting k_pos and back, or None for a full forward (positional/base.py key_order): made
+        once per plan, on first use, for the layers whose scheme sums over keys in order (FoX, CoPE, stick-breaking,
+        PaTH)."""
+        return key_order(self.q_pos, self.k_pos)
 
     def new_keys(self, k):
         """A decoding step's own keys (B, Hkv, Tq, Dh), which sit at the queries' positions: what a dense KV cache
@@ -145,6 +155,16 @@ def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int, window: int | None =
     return bias
 
 
+def check_backend(pe, backend: str) -> None:
+    """ValueError where the scheme cannot take the backend: weights that read every score (positional/base.py
+    content_weights) need the dense mask, and flex's score_mod sees one score at a time."""
+    if pe.content_weights is not None and backend == "flex":
+        raise ValueError(
+            f"model.attn_backend=flex: positional={pe.name} weighs keys by every score of the query, which flex's "
+            f"score_mod does not see; pass model.attn_backend=auto (a dense mask)"
+        )
+
+
 def make_plan(
     pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto", sink=False, window=None, rot=None, far=None
 ) -> AttnPlan:
@@ -156,11 +176,7 @@ def make_plan(
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
     plain = pe.score_bias is None and pe.content_bias is None and not sink and (not causal or q_pos is k_pos)
     plain = plain and window is None and far is None and pe.content_weights is None
-    if pe.content_weights is not None and backend == "flex":
-        raise ValueError(
-            f"model.attn_backend=flex: positional={pe.name} weighs keys by every score of the query, which flex's "
-            f"score_mod does not see; pass model.attn_backend=auto (a dense mask)"
-        )
+    check_backend(pe, backend)
     if backend == "auto" and pe.content_weights is not None:
         backend = "sdpa"
     if backend == "auto":
@@ -291,12 +307,6 @@ def softmax_weights(scores, bias, sink=None) -> torch.Tensor:
 def attention_weights(q, k, bias, sink=None) -> torch.Tensor:
     """The fp32 softmax probabilities (B, H, Tq, Tk) of queries q over keys k (GQA heads shared), plus bias."""
     return softmax_weights(dot_scores(q, k), bias, sink)
-
-
-def dot_scores(q, k) -> torch.Tensor:
-    """q . k / sqrt(Dq) in fp32, (B, H, Tq, Tk), each key head shared by its group of query heads (GQA)."""
-    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1).float()
-    return q.float() @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
 
 
 def weighted_values(weights, v, dtype):

@@ -38,7 +38,7 @@ import settings
 from positional import PositionAxesError
 from settings import Rule, choices, setting
 
-from .attention import BACKENDS, Chunk, add_window, attend, content_attention, make_plan
+from .attention import BACKENDS, Chunk, add_window, attend, check_backend, content_attention, make_plan
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
 from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
@@ -265,7 +265,7 @@ class GPT(nn.Module):
                     f"model.sink_logit=true adds a slot to a softmax, and positional={self.pe.name} weighs the keys "
                     f"itself; pass model.sink_logit=false"
                 )
-            make_plan(self.pe, torch.arange(1), torch.arange(1), True, cfg.n_head, cfg.attn_backend)  # flex: refused
+            check_backend(self.pe, cfg.attn_backend)
         # and the scheme at positional.global_base for the full-attention layers (None without any)
         long = any(map(cfg.layer_long, range(cfg.n_layer)))
         self.pe_long = positional.build_long(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model) if long else None

@@ -118,6 +118,16 @@ class PositionalOptions:
     )
 
 
+def key_order(q_pos, k_pos):
+    """(order, inverse) that sort the keys by position and back, or None where they are in order: a full forward's
+    are (q_pos is k_pos); a cache's slots are in any order (a sink cache's ring, a static step's empty slots last).
+    The attention plan computes it once for its layers (plan.key_order), for the schemes that sum over keys in order."""
+    if q_pos is k_pos:
+        return None
+    order = k_pos.argsort()
+    return order, order.argsort()
+
+
 def scores(q, k) -> torch.Tensor:
     """q . k / sqrt(Dh) in fp32 (B, H, Tq, Tk), each key head shared by its group of query heads (GQA)."""
     k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)
@@ -171,14 +181,6 @@ class Positional(nn.Module):
 
     def layer_module(self) -> nn.Module | None:
         return None
-
-    def key_order(self, plan):
-        """(order, inverse) that sort the plan's keys by position and back, or None where they are in order: a full
-        forward's are; a cache's slots are in any order (a sink cache's ring, a static step's empty slots last)."""
-        if plan.q_pos is plan.k_pos:
-            return None
-        order = plan.k_pos.argsort()
-        return order, order.argsort()
 
     def rotation(self, pos: torch.Tensor, scaling=None):
         return None

@@ -56,7 +56,7 @@ class CoPE(Positional):
     def counts(self, scores, hidden, plan):
         """p_ij (B, H, Tq, Tk): the gates of the visible keys from key j to the query, summed in order of position."""
         gates = torch.sigmoid(scores).masked_fill(hidden, 0.0)
-        order = self.key_order(plan)
+        order = plan.key_order
         if order is None:
             return gates.flip(-1).cumsum(-1).flip(-1)
         ahead = gates[..., order[0]].flip(-1).cumsum(-1).flip(-1)  # keys sorted by position

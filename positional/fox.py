@@ -58,12 +58,12 @@ class FoX(Positional):
         return ForgetGate(self.d_model, self.n_head)
 
     def content_bias(self, q, log_f, plan):
-        if plan.q_pos is plan.k_pos:  # a full forward: keys in order of position, and the queries are the keys
+        if plan.key_order is None:  # a full forward: keys in order of position, and the queries are the keys
             f_q = f_k = log_f.cumsum(-1)
         else:  # a cache: slots in any order (a sink cache's ring, a static step's empty slots last)
-            order = plan.k_pos.argsort()
+            order, inverse = plan.key_order
             cum = log_f[..., order].cumsum(-1)
-            f_k = cum[..., order.argsort()]
+            f_k = cum[..., inverse]
             f_q = cum[..., torch.searchsorted(plan.k_pos[order], plan.q_pos)]  # a query's own key
 
         def bias(b, h, i, j):

@@ -54,7 +54,7 @@ class StickBreaking(Positional):
         z = scores(q, k) + bias.masked_fill(hidden, 0.0)
         log_beta = F.logsigmoid(z).masked_fill(hidden, float("-inf"))
         log_keep = F.logsigmoid(-z).masked_fill(hidden, 0.0)
-        order = self.key_order(plan)
+        order = plan.key_order
         if order is not None:
             log_keep = log_keep[..., order[0]]
         after = F.pad(log_keep[..., 1:].flip(-1).cumsum(-1).flip(-1), (0, 1))  # the keys nearer the query than j

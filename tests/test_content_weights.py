@@ -11,8 +11,14 @@ from conftest import random_model
 import positional
 from model.attention import dense_bias
 from model.gpt import GPT, GPTConfig
+from positional.base import key_order
 
 H, D, T = 2, 4, 7
+
+
+def plan_at(q_pos, k_pos):
+    """What the schemes read of an attention plan: positions, and the keys' order (None for a full forward)."""
+    return SimpleNamespace(q_pos=q_pos, k_pos=k_pos, key_order=key_order(q_pos, k_pos))
 
 
 def inputs(seed=0, n_kv=H):
@@ -76,7 +82,7 @@ def test_cope_matches_the_paper_written_out():
     layer = pe.layer_module()
     torch.nn.init.normal_(layer.e)
     pos, bias = causal(T)
-    got = pe.content_weights(q, k, bias, None, layer, SimpleNamespace(q_pos=pos, k_pos=pos))
+    got = pe.content_weights(q, k, bias, None, layer, plan_at(pos, pos))
     torch.testing.assert_close(got[0], cope_loop(q, k, layer.e.detach(), 3), atol=1e-5, rtol=1e-5)
 
 
@@ -84,7 +90,7 @@ def test_stickbreaking_matches_the_paper_written_out_and_leaves_the_rest():
     q, k = inputs(1)
     pe = positional.build({"name": "stickbreaking"}, H, D, 8)
     pos, bias = causal(T)
-    got = pe.content_weights(q, k, bias, None, pe.layer_module(), SimpleNamespace(q_pos=pos, k_pos=pos))
+    got = pe.content_weights(q, k, bias, None, pe.layer_module(), plan_at(pos, pos))
     torch.testing.assert_close(got[0], stick_loop(q, k), atol=1e-6, rtol=1e-5)
     assert (got[0, :, 0] == 0).all()  # the first token sees no key before it
     assert (got.sum(-1) < 1).all()  # a stick always leaves some of itself
@@ -98,7 +104,7 @@ def test_path_matches_the_product_of_householder_matrices():
     beta = 2 * torch.rand(H, T, generator=g)
     state = torch.cat((w.permute(1, 0, 2).reshape(T, H * D), beta.t()), dim=-1).t()[None]  # (1, H(D+1), T)
     pos, bias = causal(T)
-    got = pe.content_weights(q, k, bias, state, None, SimpleNamespace(q_pos=pos, k_pos=pos))
+    got = pe.content_weights(q, k, bias, state, None, plan_at(pos, pos))
     torch.testing.assert_close(got[0], path_loop(q, k, w, beta), atol=1e-5, rtol=1e-4)
 
 
@@ -111,9 +117,9 @@ def test_keys_in_any_slot_order_weigh_as_in_order(name):
     q, k, x = torch.randn(1, 4, T, 8, generator=g), torch.randn(1, 2, T, 8, generator=g), torch.randn(1, T, 32)
     state = layer(x)
     pos, bias = causal(T)
-    want = pe.content_weights(q[:, :, -2:], k, bias[:, -2:], state, layer, SimpleNamespace(q_pos=pos[-2:], k_pos=pos))
+    want = pe.content_weights(q[:, :, -2:], k, bias[:, -2:], state, layer, plan_at(pos[-2:], pos))
     perm = torch.randperm(T, generator=torch.Generator().manual_seed(5))
-    shuffled = SimpleNamespace(q_pos=pos[-2:], k_pos=pos[perm])
+    shuffled = plan_at(pos[-2:], pos[perm])
     state_p = None if state is None else state[..., perm]
     got = pe.content_weights(q[:, :, -2:], k[:, :, perm], bias[:, -2:][..., perm], state_p, layer, shuffled)
     torch.testing.assert_close(got, want[..., perm])

@@ -195,12 +195,14 @@ def test_fox_bias_is_the_sum_of_log_gates_between_key_and_query_in_any_slot_orde
     from types import SimpleNamespace
 
     from model.attention import content_grid
+    from positional.base import key_order
 
     pe = positional.build({"name": "fox"}, 2, 8, 16)
     log_f = -torch.rand(1, 2, 9)  # 9 keys in slot order
     k_pos = torch.tensor([0, 1, 2, 7, 8, 3, 4, 5, 6])  # 3 sinks, then a ring that wrapped
     q_pos = torch.tensor([7, 8])
-    got = content_grid(pe.content_bias(None, log_f, SimpleNamespace(q_pos=q_pos, k_pos=k_pos)), 1, 2, 2, 9, "cpu")
+    plan = SimpleNamespace(q_pos=q_pos, k_pos=k_pos, key_order=key_order(q_pos, k_pos))
+    got = content_grid(pe.content_bias(None, log_f, plan), 1, 2, 2, 9, "cpu")
     for i, qp in enumerate(q_pos.tolist()):
         for j, kp in enumerate(k_pos.tolist()):
             if kp <= qp:
