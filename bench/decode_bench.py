@@ -3,6 +3,7 @@
 python bench/decode_bench.py --checkpoint out/rope                       1K, 10K, 100K generated tokens
 python bench/decode_bench.py --checkpoint out/rope --static              + the compiled fixed-shape step
 python bench/decode_bench.py --model tiny --positional rope --tokens 1000 10000 --device cpu   (random weights)
+python bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --profile 50    (where a step's time goes)
 Generates greedily (batch 1) through each method and reports, at each mark, the speed of the last block of
 tokens before it and the memory held: the sink cache should stay flat, the dense cache grows (it stops at
 --dense-limit), re-computation pays a full forward of the window per token (it stops at --recompute-limit).
@@ -64,6 +65,24 @@ def run_recompute(model, window, n_tokens, block, device, autocast):
             t = time.perf_counter()
 
 
+@torch.no_grad()
+def profile(model, cache, n_steps, device, autocast, rows=25):
+    """Where an eager decoding step's time goes: torch.profiler over n_steps tokens (after as many unprofiled), the
+    ops by their own time on the device (CUDA) or the CPU, with the input shapes that took it."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    steps = iter(run_cached(model, cache, 2 * n_steps, 1, device, autocast))
+    for _ in range(n_steps):
+        next(steps)
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(n_steps):
+            next(steps)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=rows, max_name_column_width=50))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50))
+
+
 def fmt(v) -> str:
     return f"{v:,.2f}" if isinstance(v, float) else str(v)
 
@@ -95,6 +114,7 @@ def main():
         action="store_true",
         help="also time the compiled fixed-shape step (CUDA graphs on CUDA)",
     )
+    ap.add_argument("--profile", type=int, default=0, help="profile this many eager sink-cache steps, print, exit")
     ap.add_argument("--no-record", dest="record", action="store_false")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -110,6 +130,8 @@ def main():
         f"sink {args.sinks}+{window}": (lambda: SinkCache(model, 1, args.sinks, window, dtype), n),
         "dense": (lambda: DenseCache(model, 1, n_dense + 1, dtype), n_dense),
     }
+    if args.profile:
+        return profile(model, caches[f"sink {args.sinks}+{window}"][0](), args.profile, device, autocast)
     statics = [False, True] if args.static else [False]
 
     def cached(make, count, static):  # the cache is built only when its turn comes, so memory reads true

@@ -15,6 +15,7 @@ depend on the data.
 
 import argparse
 import time
+import traceback
 
 import torch
 
@@ -105,6 +106,23 @@ def bench_one(name, args, device, dtype, peak, extra=()):
     return row
 
 
+def bench_row(name, args, device, dtype, peak, extra) -> dict:
+    """bench_one's row, or the scheme's row with its error: one failure must not hide the other schemes' figures."""
+    try:
+        return bench_one(name, args, device, dtype, peak, extra)
+    except Exception as e:
+        traceback.print_exc()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"scheme": " ".join([name, *extra]), "T": args.seq, "error": error_line(e)}
+
+
+def error_line(e: Exception) -> str:
+    """An exception as one short table cell (an out-of-memory or compile failure)."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:100]}".replace("|", "/")
+
+
 @torch.no_grad()
 def eval_speed(model, args, device, autocast) -> float:
     """One forward at eval_len tokens (batch 1): does a long evaluation fit, and how fast."""
@@ -142,18 +160,21 @@ def main():
         keep_freed_memory()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     peak = peak_flops(device, dtype)
-    rows = []
-    for seq in args.seq:
-        args.seq = seq
-        names = args.schemes.split(",")
-        for name, extra in zip(names, args.set or [""] * len(names), strict=True):
-            rows.append(bench_one(name, args, device, dtype, peak, extra.split()))
-            print("  ".join(f"{k}={fmt(v)}" for k, v in rows[-1].items()), flush=True)
+    rows, stopped = [], ""
+    try:
+        for seq in args.seq:
+            args.seq = seq
+            names = args.schemes.split(",")
+            for name, extra in zip(names, args.set or [""] * len(names), strict=True):
+                rows.append(bench_row(name, args, device, dtype, peak, extra.split()))
+                print("  ".join(f"{k}={fmt(v)}" for k, v in rows[-1].items()), flush=True)
+    except KeyboardInterrupt:  # Ctrl-C (or timeout -s INT) keeps the rows measured so far, and says so
+        stopped = f"; stopped by an interrupt after {len(rows)} rows"
     args.seq = [r["T"] for r in rows]
     details = (
         f"model={args.model}, {dtype}, compile={args.compile}; MFU against the datasheet dense bf16 peak "
         f"({(datasheet_peak(device) or 0) / 1e12:.0f} TFLOP/s; n/a if unknown) and a measured "
-        f"{peak / 1e12:.1f} TFLOP/s matmul peak"
+        f"{peak / 1e12:.1f} TFLOP/s matmul peak{stopped}"
     )
     publish(rows, fmt, details, device, args.record)
 

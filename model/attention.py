@@ -41,8 +41,7 @@ see the slot as key 0, a zero key and value whose score is s_h; flex rescales it
 sigmoid(lse - s_h) = sum / (sum + exp(s_h)), lse = log sum_k exp(score_k) being what flex returns beside it.
 """
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -86,6 +85,7 @@ class AttnPlan:
     q_scale: torch.Tensor | None = None  # (Tq, 1) eval-time log-length factor of the queries (model/log_scaling.py)
     log_n: torch.Tensor | None = None  # (Tq, 1) ln(q_pos + 1), which model.ssmax multiplies by each head's s
     far: object = None  # far scores (model/rerope_attention.py Far): a second rotation and its attention
+    _key_order: tuple | None = field(default=None, repr=False)  # (key_order,) once made, see key_order
 
     def queries(self, q):
         """The queries (B, H, Tq, Dh) rotated at q_pos (and, with far scores, beside them at the far rotation)."""
@@ -97,12 +97,15 @@ class AttnPlan:
         near = self.pe.rotate_key(k, self.k_pos, self.k_rot)
         return near if self.far is None else torch.cat((near, self.far.keys(self.pe, k)), dim=-1)
 
-    @cached_property
+    @property
     def key_order(self):
         """(order, inverse) sorting k_pos and back, or None for a full forward (positional/base.py key_order): made
         once per plan, on first use, for the layers whose scheme sums over keys in order (FoX, CoPE, stick-breaking,
-        PaTH)."""
-        return key_order(self.q_pos, self.k_pos)
+        PaTH). Cached by hand: functools.cached_property takes a lock before Python 3.12, which torch.compile cannot
+        trace (a graph break)."""
+        if self._key_order is None:
+            self._key_order = (key_order(self.q_pos, self.k_pos),)
+        return self._key_order[0]
 
     def new_keys(self, k):
         """A decoding step's own keys (B, Hkv, Tq, Dh), which sit at the queries' positions: what a dense KV cache
@@ -370,7 +373,12 @@ def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None, content=None):
 
 def flex_positions(q_pos, k_pos):
     """Positions padded to flex_length: a padded query sits before every key and a padded key after every query,
-    so the causal rule alone hides them (and a non-causal mask tests it). Returns them and the pads."""
+    so the causal rule alone hides them (and a non-causal mask tests it). Returns them and the pads.
+    Inside a compiled model, no padding: flex runs at the real lengths (its kernels bound their own last block),
+    since the model compiles once per length anyway, and q, k, v padded within the same graph broke inductor's
+    CUDA lowering of flex (torch 2.11: a masked load its template cannot inline; sink over ALiBi at 257 keys)."""
+    if torch.compiler.is_compiling():
+        return q_pos, k_pos, (0, 0)
     pad_q, pad_k = flex_length(len(q_pos)) - len(q_pos), flex_length(len(k_pos)) - len(k_pos)
     q_pos = F.pad(q_pos, (0, pad_q), value=-PAD_POSITION)
     return q_pos, F.pad(k_pos, (0, pad_k), value=PAD_POSITION), (pad_q, pad_k)
@@ -388,9 +396,10 @@ def flex_mask(pe, q_pos, k_pos, causal, window=None, near=None) -> Mask:
     q_pos, k_pos, pads = flex_positions(q_pos, k_pos)
     score_mod = None
     if pe.score_bias is not None:
+        bias = pe.flex_bias()
 
         def score_mod(score, b, h, q_idx, kv_idx):
-            return score + pe.score_bias(h, q_pos[q_idx], k_pos[kv_idx])
+            return score + bias(h, q_pos[q_idx], k_pos[kv_idx])
 
     if not (causal or pads[1] or near is not None):
         return Mask(score_mod=score_mod, flex_pad=pads)

@@ -58,10 +58,20 @@ class FIRE(Positional):
         return torch.log1p(c * d) / torch.log1p(c * torch.maximum(q_pos.float(), threshold))
 
     def score_bias(self, h, q_pos, k_pos):
-        x = self.normalised_distance(q_pos, k_pos)
-        # the hidden units one at a time: the dense bias never holds hidden x T x T values, and flex's score_mod
-        # (one score at a time) stays elementwise
-        out = self.b2[h]
-        for m in range(self.hidden):
-            out = out + self.w2[h, m] * torch.relu(self.w1[h, m] * x + self.b1[h, m])
-        return out
+        return self.flex_bias()(h, q_pos, k_pos)
+
+    def flex_bias(self):
+        # each head's weights of each hidden unit as their own tensors, made once per attention plan: flex's
+        # backward takes a captured tensor's gradient only where its score_mod indexes it once
+        # (tests/test_flex_gradients.py); the units one at a time, so the dense bias never holds hidden x T x T
+        # values and flex's score_mod (one score at a time) stays elementwise
+        w1, b1, w2 = self.w1.unbind(1), self.b1.unbind(1), self.w2.unbind(1)
+
+        def bias(h, q_pos, k_pos):
+            x = self.normalised_distance(q_pos, k_pos)
+            out = self.b2[h]
+            for m in range(self.hidden):
+                out = out + w2[m][h] * torch.relu(w1[m][h] * x + b1[m][h])
+            return out
+
+        return bias

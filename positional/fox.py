@@ -59,7 +59,8 @@ class FoX(Positional):
 
     def content_bias(self, q, log_f, plan):
         if plan.key_order is None:  # a full forward: keys in order of position, and the queries are the keys
-            f_q = f_k = log_f.cumsum(-1)
+            f_k = log_f.cumsum(-1)
+            f_q = f_k.clone()  # two tensors: flex's backward refuses one tensor indexed twice in a score_mod
         else:  # a cache: slots in any order (a sink cache's ring, a static step's empty slots last)
             order, inverse = plan.key_order
             cum = log_f[..., order].cumsum(-1)

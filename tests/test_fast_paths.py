@@ -227,9 +227,10 @@ def test_diagonal_blocks_equal_one_dense_call(name):
     assert_same_logits_and_grads(blocked, reference, idx)
 
 
-@pytest.mark.parametrize("name", ["rope", "alibi"])
+@pytest.mark.parametrize("name", ["rope", "alibi", "cope"])
 def test_compiled_model_equals_eager(name):
-    """torch.compile traces the plain formulas (fused.py, head.py, rope.py): one graph, no eager fallback, the
+    """torch.compile traces the plain formulas (fused.py, head.py, rope.py) and a scheme that reads the plan's key
+    order (made on first use, which must not take a lock compile cannot trace): one graph, no eager fallback, the
     same loss and gradients."""
     torch._dynamo.reset()
     model = random_model(name).train()

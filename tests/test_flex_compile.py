@@ -6,6 +6,7 @@ lengths of two biased schemes passed the cap and flex then ran eagerly, building
 at lengths padded to a power of two (model/attention.py flex_length).
 """
 
+import pytest
 import torch
 from conftest import random_model
 from torch._dynamo.utils import counters
@@ -31,3 +32,20 @@ def test_six_lengths_compile_one_version_per_padded_length(monkeypatch):
     graphs = counters["stats"]["unique_graphs"]
     # flex_attention and create_block_mask, one version each per padded length (2); one per length made 12
     assert 0 < graphs <= 4, graphs
+
+
+@pytest.mark.parametrize("name", ["alibi", "sink"])
+def test_a_compiled_model_runs_flex_at_the_real_lengths(name, monkeypatch):
+    """Inside torch.compile nothing is padded (q, k, v padded in the same graph broke inductor's CUDA lowering of
+    flex): the block mask is made at the real lengths and flex bounds its own last block. Tested as the compiled
+    model traces it (is_compiling true, flex eager on the CPU), against the fp32 reference: a sink over ALiBi has
+    one key more than queries, 132 against 131, neither a multiple of flex's 128-row block."""
+    kw = {"positional": {"name": "sink", "inner": {"name": "alibi"}}} if name == "sink" else {}
+    flex, ref = random_model(name, attn_backend="flex", **kw), random_model(name, attn_backend="reference", **kw)
+    idx = torch.randint(0, 97, (2, 131), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(131 + flex.pe.n_prefix)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    plan = attention.make_plan(flex.pe, pos, pos, True, 4, "flex")
+    assert plan.mask.flex_pad == (0, 0) and plan.mask.block_mask.shape[-2:] == (len(pos), len(pos))
+    with torch.no_grad():
+        assert torch.allclose(flex(idx), ref(idx), atol=2e-4)

@@ -1,0 +1,61 @@
+"""Flex's backward takes the gradient of every learned tensor a score_mod reads (checked on the CPU).
+
+python -m pytest -q tests/test_flex_gradients.py
+Compiled flex computes a captured tensor's gradient by scattering into it where score_mod indexes it, and its
+CUDA lowering refuses a score_mod that indexes one such tensor twice (FIRE's w[h, m] for every m, FoX's cumulative
+gates at the query row and the key row) or computes on it before indexing (KERPLE's softplus of its raw
+parameters): training a scheme so failed on the GPU, while every CPU path passed. The check is torch's own
+(validate_joint_graph), run here on the joint graph that torch.compile traces for the model, so no GPU is needed.
+"""
+
+import pytest
+import torch
+from conftest import SCHEMES, random_model
+
+flex_api = pytest.importorskip("torch.nn.attention.flex_attention")
+flex_lowering = pytest.importorskip("torch._inductor.kernel.flex.flex_attention")
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+from torch._functorch.partitioners import default_partition  # noqa: E402
+
+# every scheme whose bias runs inside flex's score_mod, and a learned sink over the biased schemes
+FLEX = [name for name in SCHEMES if random_model(name).pe.score_bias or random_model(name).pe.content_bias]
+VARIANTS = FLEX + [("sink", inner) for inner in ("alibi", "t5", "kerple", "fire")]
+
+
+class Traced(Exception):
+    """Stops torch.compile once the joint graph is read: nothing runs (flex has no CPU backward to run)."""
+
+
+def flex_joint_graphs(model, idx) -> list:
+    """The joint (forward + backward) graphs of every flex call in the model's compiled training step."""
+    found = []
+
+    def partition(joint, inputs, **kw):
+        for node in joint.graph.nodes:
+            if node.op == "call_function" and "flex_attention_backward" in str(node.target):
+                found.extend(getattr(joint, a.target) for a in node.args if getattr(a, "op", None) == "get_attr")
+        return default_partition(joint, inputs, **kw)
+
+    def stop(gm, example_inputs):
+        raise Traced
+
+    backend = aot_autograd(fw_compiler=stop, bw_compiler=stop, partition_fn=partition)
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as stopped:
+        torch.compile(model, backend=backend, fullgraph=True)(idx[:, :-1], idx[:, 1:])
+    assert "Traced" in repr(stopped.value), stopped.value  # stopped by the backend, not by a tracing error
+    torch._dynamo.reset()
+    return found  # score_mod's forward, joint and mask graphs: only a joint graph scatters gradients
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v if isinstance(v, str) else "-".join(v))
+def test_flex_backward_accepts_every_learned_bias(variant, monkeypatch):
+    monkeypatch.setattr(flex_api, "_validate_device", lambda *a: None)  # trace the CUDA graph on the CPU
+    name, inner = (variant, None) if isinstance(variant, str) else variant
+    kw = {"positional": {"name": "sink", "inner": {"name": inner}}} if inner else {}
+    model = random_model(name, attn_backend="flex", **kw)
+    idx = torch.randint(0, 97, (2, 131), generator=torch.Generator().manual_seed(0))
+    graphs = flex_joint_graphs(model, idx)
+    assert graphs, "no flex backward traced"
+    for graph in graphs:
+        flex_lowering.validate_joint_graph(graph.graph)  # raises where the CUDA lowering would
