@@ -56,7 +56,7 @@ LAYERS = r"[PN]+"  # positional.layers: P a layer of the scheme, N a layer with 
 
 # positional.scaling: a RoPE extension fixed for training (positional/rope_scaling.py). dynamic_ntk moves with the
 # length, so a fine-tune at one length would not fix the frequencies it is evaluated with: ntk is its fixed form
-Trained = choices("Trained", "none", "linear", "ntk", "yarn")
+Trained = choices("Trained", "none", "linear", "ntk", "yarn", "yarn_released", "llama3")
 
 
 def rotates(name: str) -> bool:

@@ -141,6 +141,24 @@ def test_scaling_is_saved_and_rebuilt_by_eval_and_sample(init_runs, tmp_path):
     assert "rope_scaling=rerope: this model was trained with positional.scaling=yarn" in proc.stderr
 
 
+@pytest.mark.parametrize("kind", ["linear", "ntk", "yarn", "yarn_released", "llama3"])
+def test_every_fixed_frequency_scaling_trains_in_as_it_evaluates(kind):
+    """positional.scaling takes each scaling whose frequencies do not move with the length: the model it builds
+    scores as the unscaled model given that scaling as an evaluation variant."""
+    cfg = config(*TINY, f"positional.scaling={kind}", "positional.scaling_factor=4", "positional.original_length=32")
+    kw = schema.model_config(schema.plain(cfg), 97)
+    scaled = GPT(GPTConfig(**kw))
+    with torch.no_grad():  # random weights: zero-initialised projections would hide the positions
+        for p in scaled.parameters():
+            p.normal_(0, 0.3)
+    plain = GPT(GPTConfig(**{**kw, "positional": {"name": "rope", "base": 10000}}))
+    plain.load_state_dict(scaled.state_dict())
+    idx = torch.randint(0, 97, (1, 128))
+    with torch.no_grad():
+        want = plain(idx, variant=Variant(Scaling(kind, 4.0, 32)))
+        assert torch.equal(scaled(idx), want) and not torch.allclose(scaled(idx), plain(idx))
+
+
 @pytest.mark.parametrize("name", SCHEMES)
 def test_drope_drops_exactly_the_schemes_own_weights(name):
     """positional=nope from any scheme: every weight but the scheme's own is kept; the NoPE model is then the old
