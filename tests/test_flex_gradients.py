@@ -4,7 +4,8 @@ python -m pytest -q tests/test_flex_gradients.py
 Compiled flex computes a captured tensor's gradient by scattering into it where score_mod indexes it, and its
 CUDA lowering refuses a score_mod that indexes one such tensor twice (FIRE's w[h, m] for every m, FoX's cumulative
 gates at the query row and the key row) or computes on it before indexing (KERPLE's softplus of its raw
-parameters): training a scheme so failed on the GPU, while every CPU path passed. The check is torch's own
+parameters): training a scheme so failed on the GPU, while every CPU path passed. A tensor read whole, never indexed
+(FIRE's scalars), gets a gradient per score that no scatter sums: refused here too. The check is torch's own
 (validate_joint_graph), run here on the joint graph that torch.compile traces for the model, so no GPU is needed.
 """
 
@@ -59,3 +60,15 @@ def test_flex_backward_accepts_every_learned_bias(variant, monkeypatch):
     assert graphs, "no flex backward traced"
     for graph in graphs:
         flex_lowering.validate_joint_graph(graph.graph)  # raises where the CUDA lowering would
+        assert not unreduced_gradients(graph.graph)
+
+
+def unreduced_gradients(graph) -> list:
+    """A joint graph's gradients of captured tensors that are not scattered where the score_mod indexed them: a
+    tensor read whole (FIRE's scalars c and L, once) gets one gradient per score, which nothing sums. torch turns
+    an index t[0] into the scatter (with an atomic add) that does."""
+    returned = next(n for n in graph.nodes if n.op == "output").args[0]
+    if not isinstance(returned, (list, tuple)):  # score_mod's forward graph, or a mask graph
+        return []
+    scatter = torch.ops.flex_lib.zeros_and_scatter.default
+    return [g for g in returned[1:] if g is not None and g.target is not scatter]  # [0]: the score's own
