@@ -6,19 +6,23 @@
 #   bash runs/tasks.sh                                     # tasks/ on this machine's defaults (experiment=tasks)
 #   SCHEMES="rope alibi" RANDOMIZED=rope SEEDS=1 bash runs/tasks.sh   # a smaller battery
 #   BATTERY="copy reverse mqar" bash runs/tasks.sh train.max_steps=3000 model=small   # more tasks, a larger recipe
+#   SCHEMES= RANDOMIZED= PRESETS=gemma3 bash runs/tasks.sh # one layout preset alone (configs/experiment)
 #
 # One task per run: the tiny model learns copy or reverse alone in 1,000 steps, and a mixture of tasks far more
 # slowly (dev/LOG.md). Each run is scored as soon as it is trained. It resumes where it stopped: a finished run (its
 # DONE file) is not trained again, an interrupted one resumes from its checkpoint, an evaluated one (eval/tasks.json)
 # is not evaluated again. A random-position variant (Ruoss et al. 2023) trains at positions drawn from range(RANGE)
-# (positional.random_positions; a learned table that large). Runs go to <TASKS>/<task>/<scheme>[-random]-s<seed>;
-# the report to <TASKS>/eval/tasks.{json,txt,png} and <TASKS>/REPORT.md.
+# (positional.random_positions; a learned table that large). A preset of PRESETS (configs/experiment: layouts of
+# windowed and global layers) trains over the battery's recipe, experiment=[tasks,<preset>]. Runs go to
+# <TASKS>/<task>/<scheme>[-random]-s<seed> and <TASKS>/<task>/<preset>-s<seed>; the report to
+# <TASKS>/eval/tasks.{json,txt,png} and <TASKS>/REPORT.md, which labels a preset by the settings it changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TASKS=${TASKS:-tasks}
 BATTERY=${BATTERY:-"copy reverse"}
 SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope t5 fire kerple cope stickbreaking path"}
 RANDOMIZED=${RANDOMIZED-"learned sinusoidal alibi rope"}  # RANDOMIZED= (empty): no random-position runs
+PRESETS=${PRESETS-"rnope_swa gemma3 llama4"}  # PRESETS= (empty): none
 SEEDS=${SEEDS:-"1 2 3"}
 RANGE=${RANGE:-1024}  # above the longest test sample of every task (data/tasks.py: 743 tokens, vt at n=128)
 PY=${PYTHON:-python}
@@ -33,7 +37,7 @@ train() {  # run folder, then train.py overrides
   local resume=()
   [ -f "$run/ckpt.pt" ] && resume=(train.resume=true)
   echo "== $run: training ${resume[*]}"
-  "$PY" train.py experiment=tasks out_dir="$run" logger.group="$TASKS" "${resume[@]}" "$@"
+  "$PY" train.py experiment="${EXPERIMENT:-tasks}" out_dir="$run" logger.group="$TASKS" "${resume[@]}" "$@"
   touch "$run/DONE"
 }
 
@@ -54,6 +58,11 @@ for seed in $SEEDS; do
       run="$TASKS/$task/$scheme-random-s$seed"
       train "$run" data.tasks="[$task]" positional="$scheme" seed="$seed" positional.random_positions="$RANGE" \
         "${table[@]}" "$@"
+      evaluate "$run"
+    done
+    for preset in $PRESETS; do
+      run="$TASKS/$task/$preset-s$seed"
+      EXPERIMENT="[tasks,$preset]" train "$run" data.tasks="[$task]" seed="$seed" "$@"
       evaluate "$run"
     done
   done
