@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TASKS=${TASKS:-tasks}
 BATTERY=${BATTERY:-"copy reverse"}
-SCHEMES=${SCHEMES:-"learned sinusoidal alibi rope nope t5 fire kerple cope stickbreaking path"}
+SCHEMES=${SCHEMES-"learned sinusoidal alibi rope nope t5 fire kerple cope stickbreaking path"}  # SCHEMES= (empty): none
 RANDOMIZED=${RANDOMIZED-"learned sinusoidal alibi rope"}  # RANDOMIZED= (empty): no random-position runs
 PRESETS=${PRESETS-"rnope_swa gemma3 llama4"}  # PRESETS= (empty): none
 SEEDS=${SEEDS:-"1 2 3"}
