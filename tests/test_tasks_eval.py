@@ -127,24 +127,32 @@ def config_eval(*overrides):
 
 
 def test_the_battery_trains_each_task_scheme_and_random_variant_once_and_resumes(tmp_path):
-    """runs/tasks.sh with a fake python: per seed, every task of BATTERY alone with every scheme and random-position
-    variant (a learned table as wide as the range), then each run scored once and the report; a second call trains
-    and scores nothing again."""
+    """runs/tasks.sh with a fake python: per seed, every task of BATTERY alone with every scheme, random-position
+    variant (a learned table as wide as the range) and layout preset (over the battery's recipe), then each run
+    scored once and the report; a second call trains and scores nothing again."""
     fake, log, _ = fake_python(tmp_path)
     env = {**os.environ, "PYTHON": str(fake), "TASKS": str(tmp_path / "battery"), "BATTERY": "copy add",
-           "SCHEMES": "rope learned", "RANDOMIZED": "learned", "SEEDS": "1 2", "RANGE": "512"}  # fmt: skip
+           "SCHEMES": "rope learned", "RANDOMIZED": "learned", "PRESETS": "gemma3", "SEEDS": "1 2",
+           "RANGE": "512"}  # fmt: skip
     for _ in range(2):
         subprocess.run(["bash", "runs/tasks.sh", "train.max_steps=5"], cwd=ROOT, env=env, check=True)
     calls = log.read_text().splitlines()
     trains = [c for c in calls if c.startswith("train.py")]
-    assert len(trains) == 12 and all("experiment=tasks" in c and "train.max_steps=5" in c for c in trains)
-    assert sum("data.tasks=[copy]" in c for c in trains) == sum("data.tasks=[add]" in c for c in trains) == 6
+    assert len(trains) == 16 and all("train.max_steps=5" in c for c in trains)
+    assert sum("data.tasks=[copy]" in c for c in trains) == sum("data.tasks=[add]" in c for c in trains) == 8
     random = [c for c in trains if "random_positions=512" in c]
     assert len(random) == 4 and all("positional.max_positions=512" in c for c in random)
+    presets = [c for c in trains if "experiment=[tasks,gemma3]" in c]
+    assert len(presets) == 4 and not any("positional=" in c for c in presets)  # the preset picks its scheme
+    assert all("experiment=tasks " in c for c in trains if c not in presets)
     evals = [c for c in calls if c.startswith("eval.py")]
-    assert len(evals) == 12 and all("eval.mode=tasks" in c for c in evals)
+    assert len(evals) == 16 and all("eval.mode=tasks" in c for c in evals)
     assert sum(c.startswith("-m evaluation.tasks") for c in calls) == 2  # the report, each time
     assert json.loads((tmp_path / "battery" / "add" / "rope-s1" / "eval" / "tasks.json").read_text()) == {}
+    empty = {**env, "TASKS": str(tmp_path / "none"), "SCHEMES": "", "RANDOMIZED": "", "PRESETS": ""}
+    log.write_text("")
+    subprocess.run(["bash", "runs/tasks.sh"], cwd=ROOT, env=empty, check=True)
+    assert not any(c.startswith("train.py") for c in log.read_text().splitlines())  # empty lists: nothing trained
 
 
 def test_the_readme_headline_is_written_from_the_battery_summary(tmp_path, monkeypatch):
