@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import SCHEMES, scheme_spec
 
+import positional
 from model.attention import make_plan
 from model.gpt import GPT, GPTConfig
 
@@ -17,7 +18,8 @@ T = 256  # >= 128 queries, so biased schemes take the flex path
 LAYERED = {"irope": "rope", "alibi-pn": "alibi"}
 # sink over a biased scheme: T + 1 keys (the learned sink), not a multiple of flex's 128-block
 VARIANTS = SCHEMES + ["sink-alibi", "sink-t5"] + list(LAYERED)
-CONTENT = ("cope", "stickbreaking", "path")  # weights from every score of a query (positional/base.py content_weights)
+# the schemes whose weights read every score of a query (positional/base.py content_weights): flex refuses them
+CONTENT = [name for name in SCHEMES if positional.SCHEMES[name].content_weights is not None]
 
 
 def spec(name):

@@ -19,7 +19,7 @@ from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 from torch._functorch.partitioners import default_partition  # noqa: E402
 
 # every scheme whose bias runs inside flex's score_mod, and a learned sink over the biased schemes
-FLEX = [name for name in SCHEMES if random_model(name).pe.score_bias or random_model(name).pe.content_bias]
+FLEX = [name for name in SCHEMES if (pe := random_model(name).pe).score_bias or pe.content_bias]
 VARIANTS = FLEX + [("sink", inner) for inner in ("alibi", "t5", "kerple", "fire")]
 
 
