@@ -167,7 +167,10 @@ def compare(results: list[dict], out_dir: Path) -> str:
     cells = list(dict.fromkeys((r["variant"], r["length"], r["mode"]) for res in results for r in res["results"]))
     rows, draws = [], []
     for g in groups:
-        have = {(r["variant"], r["length"], r["mode"]) for r in g["runs"][0]["results"]}
+        # the cells every run of the group scored (one seed may hold sliding windows its others skipped)
+        have = set.intersection(
+            *({(r["variant"], r["length"], r["mode"]) for r in run["results"]} for run in g["runs"])
+        )
         for cell in (c for c in cells if c in have):
             row, d = aggregate(g, *cell)
             row["pieces_key"] = json.dumps(g["runs"][0].get("pieces"))

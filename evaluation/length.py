@@ -167,7 +167,8 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     note_search_overlap(searched, pieces, lengths[-1])
     draws = bootstrap.block_draws(len(pieces), [[p.work, p.start, p.size] for p in pieces])
     name, rows, by_position, t0 = report.scheme_label(ckpt), [], {}, time.time()
-    cells = [(v, n, m) for v in variants for n in lengths for m in ("nonoverlap", "sliding")]
+    modes = ("nonoverlap", "sliding") if ev.sliding else ("nonoverlap",)
+    cells = [(v, n, m) for v in variants for n in lengths for m in modes]
     for variant, length, mode in progress(cells, "length eval", unit="cell"):
         row = {"scheme": name, "variant": variant, "length": length, "mode": mode}
         row |= {"stride": strides[length]} if mode == "sliding" else {}

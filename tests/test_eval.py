@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, config, random_model, run
+from conftest import ROOT, TINY, config, random_model, run
 from omegaconf import OmegaConf
 
 from evaluation.length import score, windows
@@ -328,3 +328,29 @@ def test_variants_scored_in_every_order_give_the_numbers_each_gives_alone():
         for order in itertools.permutations(range(len(variants))):
             for i in order:
                 assert torch.equal(model(idx, variant=variants[i]), alone[i]), (order, i)
+
+
+def test_without_sliding_windows_the_same_nonoverlap_cells_alone(tiny_checkpoint, tmp_path):
+    """eval.sliding=false scores the non-overlapping windows alone, each the number the default run gives it; a
+    study whose first seed held sliding cells its other seeds skipped compares the cells every seed scored."""
+    from hydra import compose, initialize_config_dir
+
+    from evaluation import compare, length
+
+    def scored(*overrides):
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            cfg = compose(
+                "eval", [f"checkpoint={tiny_checkpoint}", "eval.lengths=[32,64]", "eval.tokens=256", *overrides]
+            )
+        return length.evaluate_lengths(tiny_checkpoint, cfg, runtime.setup("cpu", "fp32", 0))
+
+    both, alone = scored(), scored("eval.sliding=false")
+    assert {r["mode"] for r in both["results"]} == {"nonoverlap", "sliding"}
+    assert [r["mode"] for r in alone["results"]] == ["nonoverlap", "nonoverlap"]
+    assert [r["ppl"] for r in alone["results"]] == [r["ppl"] for r in both["results"] if r["mode"] == "nonoverlap"]
+    second = json.loads(json.dumps(alone))  # the same scheme at another seed, scored without sliding windows
+    second["train_config"]["seed"] += 1
+    second["checkpoint"] = str(tmp_path / "seed2")
+    compare.compare([both, second], tmp_path)
+    rows = json.loads((tmp_path / "compare.json").read_text())["results"]
+    assert [(r["length"], r["mode"], r["runs"]) for r in rows] == [(32, "nonoverlap", 2), (64, "nonoverlap", 2)]
