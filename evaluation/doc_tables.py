@@ -88,6 +88,7 @@ BREADTH = {  # group label in results/study-breadth -> the name the docs give it
     "rope/PPPN": "irope",
     "rope [positional.rotary_fraction=0.25]": "rope, rotary_fraction=0.25",
 }
+CONTENT = ["cope", "stickbreaking", "path", "fox", "alibi", "rope"]  # beside FoX (content gates) and the references
 QK_NORM = {
     "rope [model.qk_norm=rms]": "rope, gain-free QK-norm (the default)",
     "rope [model.qk_norm=learned]": "rope, learned QK gains",
@@ -117,13 +118,16 @@ def length_table(study: str, rows: dict, lengths: list[int], first: str = "schem
     """A row per (label, variant) of rows, a column per length: `ppl ±sd [lo, hi]`."""
     table = cells(study)
     head = [first] + [f"{n} ({n // train}x{', trained' if n == train else ''})" for n in lengths]
-    body, notes = [], set()
-    for key, name in rows.items():
-        label, variant = key if isinstance(key, tuple) else (key, "none")
+    body, notes, keys = [], set(), [key if isinstance(key, tuple) else (key, "none") for key in rows]
+    for (label, variant), name in zip(keys, rows.values(), strict=True):
         shown = [table.get((label, variant, n, "nonoverlap")) for n in lengths]
         body.append([name] + [ppl(row) for row in shown])
         notes |= {row["note"] for row in shown if row and row.get("note")}
     spread = "mean ±sd over the seeds " if max(seeds(study)) > 1 else ""
+    slid = [any(key[:2] == (label, variant) and key[3] == "sliding" for key in table) for label, variant in keys]
+    sliding = {len(slid): " and the sliding windows", 0: " (no sliding windows: `eval.sliding=false`)"}.get(
+        sum(slid), f" and the sliding windows of {sum(slid)} of these rows (the others ran `eval.sliding=false`)"
+    )
     return "\n".join(
         markdown(head, body)
         + [
@@ -131,7 +135,7 @@ def length_table(study: str, rows: dict, lengths: list[int], first: str = "schem
             f"Held-out perplexity, nonoverlapping windows, {spread}[95% bootstrap interval over the scored pieces"
             f"{' and the seeds' if spread else ''}]; {scored(study)}. {''.join(n + '. ' for n in sorted(notes))}"
             f"{MARKS}. "
-            f"From `results/{study}/eval/compare.json`; every length and the sliding windows: "
+            f"From `results/{study}/eval/compare.json`; every length{sliding}: "
             f"[results/{study}/REPORT.md](results/{study}/REPORT.md).",
         ]
     )
@@ -143,6 +147,10 @@ def core() -> str:
 
 def breadth() -> str:
     return length_table("study-breadth", BREADTH, [256, 1024, 4096])
+
+
+def content() -> str:
+    return length_table("study-content", {name: name for name in CONTENT}, [256, 1024, 4096])
 
 
 def qk_norm() -> str:
@@ -171,13 +179,17 @@ SCHEMES = [  # (positional=, what it does, the study that measured it: results/<
     ("prope", "p-RoPE: only the fastest 75% of RoPE's frequencies turn (Barbero et al. 2025)", "study-breadth"),
     ("pope", "PoPE: magnitude from content, phase from position (Gopalakrishnan et al. 2025)", "study-breadth"),
     ("irope", "iRoPE: RoPE, and NoPE with a length temperature in every 4th layer (Llama 4)", "study-breadth"),
-    ("cope", "CoPE: positions counted by gates on the scores (Golovneva et al. 2024)", None),
+    ("cope", "CoPE: positions counted by gates on the scores (Golovneva et al. 2024)", "study-content"),
     (
         "stickbreaking",
         "stick-breaking attention: the nearest key takes its share first, no softmax (Tan et al. 2024)",
-        None,
+        "study-content",
     ),
-    ("path", "PaTH: keys transformed by Householder-like matrices of the tokens between (Yang et al. 2025)", None),
+    (
+        "path",
+        "PaTH: keys transformed by Householder-like matrices of the tokens between (Yang et al. 2025)",
+        "study-content",
+    ),
     ("rope2d", "axial 2D RoPE over (row, column) positions (Heo et al. 2024)", "grids"),
     ("mrope", "M-RoPE: RoPE's pairs in temporal, height and width sections (Qwen2-VL, Wang et al. 2024)", "grids"),
     ("sinusoidal2d`, `sinusoidal3d", "fixed sinusoids per position axis", None),
@@ -196,12 +208,13 @@ def schemes() -> str:
             short, long = (table.get((label, "none", n, "nonoverlap")) for n in (256, 4096))
             measured = f"{short['ppl']:.1f} → " + (f"{long['ppl']:.1f}" if long and long["ppl"] else "n/a")
         body.append([f"`{name}`", what, measured])
+    studies = [f"`results/{s}`" for s in dict.fromkeys(s for *_, s in SCHEMES if s not in (None, "grids"))]
     return "\n".join(
         markdown(head, body, text_columns=2)
         + [
             "",
             "ppl: held-out perplexity of the tiny model trained at 256 tokens, scored at 256 and at 4096 (16x); the "
-            f"mean over seeds, {scored('study')} (`results/study` and `results/study-breadth`: the same recipe, the "
+            f"mean over seeds, {scored('study')} ({', '.join(studies[:-1])} and {studies[-1]}: the same recipe, the "
             "same tokens). With intervals: [Results](#results) below and [docs/schemes.md](docs/schemes.md).",
         ]
     )
@@ -405,6 +418,7 @@ TABLES = {
     "schemes": schemes,
     "core": core,
     "breadth": breadth,
+    "content": content,
     "qk-norm": qk_norm,
     "extension": extension,
     "passkey": passkey,

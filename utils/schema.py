@@ -506,8 +506,8 @@ class Scoring:
 @dataclass
 class Eval(Scoring):
     mode: Mode = "length"
-    # false: the non-overlapping windows alone, half the forward passes (sliding windows read L tokens to score
-    # L/2); for a scheme whose weights cost T^2 or more per window at the long lengths
+    # false: the non-overlapping windows alone, a third of the forwards (sliding windows at stride L/2 read twice
+    # the tokens they score); for a scheme whose weights cost T^2 or more per window at the long lengths
     sliding: bool = True
     stride: int | None = setting(  # sliding-window stride at every length; null: half of each length (L/2)
         None, "pass a token count, or null for half the training length", ge=1, le=MAX_TOKENS
