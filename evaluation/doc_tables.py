@@ -193,14 +193,34 @@ SCHEMES = [  # (positional=, what it does, the study that measured it: results/<
     ("rope2d", "axial 2D RoPE over (row, column) positions (Heo et al. 2024)", "grids"),
     ("mrope", "M-RoPE: RoPE's pairs in temporal, height and width sections (Qwen2-VL, Wang et al. 2024)", "grids"),
     ("sinusoidal2d`, `sinusoidal3d", "fixed sinusoids per position axis", None),
+    (
+        "experiment=rnope_swa",
+        "RNoPE-SWA (Command A): 3 RoPE layers in windows of 64, 1 global NoPE layer",
+        "study-presets",
+    ),
+    ("experiment=gemma3", "Gemma 3: 5 RoPE layers in windows of 64, 1 global RoPE layer at base 10^6", "study-presets"),
+    (
+        "experiment=llama4",
+        "Llama 4: 3 RoPE layers in chunks of 64, 1 global NoPE layer with iRoPE's temperature",
+        "study-presets",
+    ),
 ]
+LABELS = {  # a row's group label in its study, where it is not the scheme's name
+    "irope": "rope/PPPN",
+    "experiment=rnope_swa": "rope/PPPN [model.chunk=None, model.window=64, positional.attn_scale=None, "
+    "positional.floor_scale=None]",
+    "experiment=gemma3": "rope [model.n_layer=6, model.window=64, model.window_pattern=SSSSSL, "
+    "positional.global_base=1000000.0]",
+    "experiment=llama4": "rope/PPPN [model.chunk=64, model.window=None, positional.attn_scale=0.1, "
+    "positional.floor_scale=256.0]",
+}
 
 
 def schemes() -> str:
-    head = ["`positional=`", "what it does", "ppl at 256 → 4096"]
+    head = ["`positional=` (or a preset)", "what it does", "ppl at 256 → 4096"]
     body = []
     for name, what, study in SCHEMES:
-        label = {"irope": "rope/PPPN"}.get(name, name)
+        label = LABELS.get(name, name)
         if study in (None, "grids"):  # grids: measured on data=grids alone (dev/LOG.md), not in a length study
             measured = "on grids only" if study else "not measured"
         else:
