@@ -124,10 +124,10 @@ def length_table(study: str, rows: dict, lengths: list[int], first: str = "schem
         body.append([name] + [ppl(row) for row in shown])
         notes |= {row["note"] for row in shown if row and row.get("note")}
     spread = "mean ±sd over the seeds " if max(seeds(study)) > 1 else ""
-    slid = [any(key[:2] == (label, variant) and key[3] == "sliding" for key in table) for label, variant in keys]
-    sliding = {len(slid): " and the sliding windows", 0: " (no sliding windows: `eval.sliding=false`)"}.get(
-        sum(slid), f" and the sliding windows of {sum(slid)} of these rows (the others ran `eval.sliding=false`)"
-    )
+    slid = sum((label, variant, lengths[0], "sliding") in table for label, variant in keys)  # rows that scored them
+    sliding = " and the sliding windows" if slid == len(keys) else " (no sliding windows: `eval.sliding=false`)"
+    if 0 < slid < len(keys):
+        sliding = f" and the sliding windows of {slid} of these rows (the others ran `eval.sliding=false`)"
     return "\n".join(
         markdown(head, body)
         + [

@@ -224,9 +224,11 @@ def cell_row(row: dict, cell: Cell, draws, rt) -> dict:
 def run_length(path, cfg, rt, out_dir: Path) -> dict:
     """eval.mode=length: the table, <out_dir>/length.json and length.png."""
     result = evaluate_lengths(path, cfg, rt)
+    slid = any(r["mode"] == "sliding" for r in result["results"])
+    sliding = f"sliding stride {result['stride']}" if slid else "no sliding windows"
     title = (
         f"{result['scheme']} @ step {result['step']}, trained at {result['train_length']} tokens "
-        f"(sliding stride {result['stride']}): perplexity by evaluation length"
+        f"({sliding}): perplexity by evaluation length"
     )
     print(report.table(result["results"], result["lengths"], title))
     first = next(iter(result["nll_by_position"].values()), None)
