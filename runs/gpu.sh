@@ -5,8 +5,9 @@
 #   tests    pytest tests/test_cuda.py (the CUDA paths against the fp32 reference) and flex's gradient check, 8 workers
 #   bench    bench/train_bench.py: every scheme, model=d12, T=1024 and 4096, bf16 + compile (SCHEMES, SEQ to narrow)
 #   long     bench/train_bench.py --seq 8192 --eval-len 32768: every scheme trains at 8K and evaluates at 32K
-#   decode   bench/decode_bench.py, d12, batch 1: a profile of 50 eager steps, then dense and sink caches to TOKENS
-#            (default 1000 10000 100000), eager then --static
+#   decode   bench/decode_bench.py, d12, batch 1: a profile of 50 eager steps, then the compiled step (CUDA graphs)
+#            through the sink cache to TOKENS (default 1000 10000 100000) and the dense cache to 10,000
+#   eager    the same, eager, to 2,000 tokens (about 18 tokens/s on the H200: the profile says where it goes)
 #   train    MINUTES (default 7) of model=d12 on the corpus, then eval.py's length table of the result
 # LIMIT=<seconds> stops each command there (SIGINT: train_bench then prints and records the rows it has). Measured on
 # an H200 (2026-11-26): tests 127 s; each train_bench row compiles for 30-55 s before its timed steps, so the bench
@@ -51,8 +52,11 @@ phase() {
     long) limited "$PY" bench/train_bench.py --model d12 --seq 8192 --eval-len 32768 --steps 5 "${schemes[@]}" ;;
     decode)
       limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --profile 50
-      limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --tokens "${tokens[@]}"
-      limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --tokens "${tokens[@]}" --static ;;
+      limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --tokens "${tokens[@]}" \
+        --dense-limit 10000 --static-only ;;
+    eager)
+      limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --tokens 1000 2000 \
+        --recompute-limit 1000 ;;
     train)
       limited "$PY" train.py model=d12 train.seq_len=1024 train.time_limit_min="${MINUTES:-7}" logger.wandb=false \
         out_dir=out/gpu-d12 train.overwrite=true
@@ -61,7 +65,7 @@ phase() {
   esac
 }
 
-PHASES=" tests bench long decode train "
+PHASES=" tests bench long decode eager train "
 [ $# -gt 0 ] || { echo "error: name the phases to run, any of:$PHASES" >&2; exit 2; }
 for p in "$@"; do
   [[ "$PHASES" == *" $p "* ]] || { echo "error: unknown phase '$p'; pass any of:$PHASES" >&2; exit 2; }
