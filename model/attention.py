@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 from positional.base import key_order
@@ -54,6 +55,9 @@ BACKENDS = ("auto", "sdpa", "flex", "reference")
 BLOCK_MIN_ROWS = 64  # smallest query block of the dense causal path (32 was slower on the CPU: more calls)
 FLEX_MIN_QUERIES = 128  # below this (decoding) a dense bias is small and flex's block machinery is not worth it
 FLEX_BLOCK = 128  # flex_attention's block size: the shortest length flex is padded to
+# SDPA's kernels for a few query rows in eager code, cuDNN's left out: cuDNN builds a graph for every new shape, and
+# eager decoding calls SDPA with one more key each step (d12 on an H100: 3.8 ms of host time per call, 12 a token)
+NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 PAD_POSITION = 1 << 40  # padded keys sit at +PAD_POSITION, padded queries at -PAD_POSITION
 
 
@@ -266,7 +270,11 @@ def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
             )
 
         return torch.cat([block(s, e) for s, e in plan.mask.blocks], dim=2)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plan.mask.is_causal, enable_gqa=gqa)
+    kw = {"attn_mask": mask, "is_causal": plan.mask.is_causal, "enable_gqa": gqa}
+    if q.is_cuda and q.size(2) < FLEX_MIN_QUERIES and not torch.compiler.is_compiling():
+        with sdpa_kernel(NO_CUDNN):  # decoding: a new key count every step (see NO_CUDNN)
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+    return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
 def content_attention(q, k, v, plan: AttnPlan, state=None, layer=None) -> torch.Tensor:

@@ -141,8 +141,10 @@ def norm(x):
 def with_prefix(pos, n_prefix: int):
     """pos (T,) or (axes, T) with the scheme's n_prefix learned sink tokens just before its first position (on
     every axis)."""
-    before = pos[..., :1] - n_prefix + torch.arange(n_prefix, device=pos.device)
-    return torch.cat((before, pos), dim=-1)
+    # a gather, not a cat: in a compiled model flex's kernels read these positions inlined, and inductor cannot
+    # inline a cat's masked loads there (torch 2.11 on CUDA: 'function' object has no attribute 'graph')
+    i = torch.arange(pos.size(-1) + n_prefix, device=pos.device)
+    return pos[..., (i - n_prefix).clamp(min=0)] - (n_prefix - i).clamp(min=0)
 
 
 def check_length(pos, n_tokens: int):

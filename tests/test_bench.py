@@ -1,7 +1,11 @@
 """The benchmarks read configs/ (one source of truth) and count FLOPs the same way as the model."""
 
+import time
+from contextlib import nullcontext
+
 import pytest
 import torch
+from conftest import random_model
 
 from bench import cpu_bench
 from bench.configs import SCHEMES, SIZES, model_config, run_config
@@ -43,3 +47,30 @@ def test_a_recorded_run_replaces_its_latest_table_and_adds_a_history_row():
     assert twice.index("rope 1.01") < twice.index("rope 1.02") < twice.index(HISTORY_END)
     other = recorded(twice, "decode_bench", "note 3", "| b |", "sink 400")
     assert other.count("### decode_bench") == 1 and "<!-- latest: decode_bench -->\nnote 3" in other
+
+
+def test_the_compiled_decoding_step_compiles_before_its_clock_starts(monkeypatch):
+    """decode_bench times the compiled step only after it compiled: its first token goes through eager decode (an
+    empty cache), so a clock started after that one token timed the compile in the first block."""
+    from types import SimpleNamespace
+
+    from torch._dynamo.utils import counters
+
+    from bench import decode_bench
+    from model.kv_cache import SinkCache
+
+    model = random_model("rope")
+    graphs_at_each_reading = []
+
+    def perf_counter():
+        graphs_at_each_reading.append(counters["stats"]["unique_graphs"])
+        return time.perf_counter()
+
+    monkeypatch.setattr(decode_bench, "time", SimpleNamespace(perf_counter=perf_counter))
+    torch._dynamo.reset()
+    counters.clear()
+    cache = SinkCache(model, 1, 4, 28)
+    blocks = list(decode_bench.run_cached(model, cache, 40, 10, torch.device("cpu"), nullcontext(), static=True))
+    assert len(blocks) == 4
+    assert graphs_at_each_reading[0] == counters["stats"]["unique_graphs"] > 0  # no compile once the clock ran
+    torch._dynamo.reset()
