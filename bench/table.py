@@ -26,15 +26,16 @@ def fmt(v) -> str:
     return str(v)
 
 
-def publish(rows: list[dict], fmt, details: str, device: torch.device, record: bool, path: Path = RESULTS):
+def publish(rows: list[dict], fmt, details: str, device: torch.device, record: bool, path: Path = RESULTS, figure=None):
     """Print `rows` (one dict per row) as a table under a note naming the command, device and torch version; with
-    record, make it the benchmark's latest table in bench/RESULTS.md and add its history row."""
+    record, make it the benchmark's latest table in bench/RESULTS.md and add its history row, which names each row
+    by its first column and gives its column `figure` (default the last)."""
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     note = f"`python {shlex.join(sys.argv)}` on {device_name}, torch {torch.__version__}, {details}"
     table = markdown(rows, fmt)
     print(f"\n{note}\n\n{table}")
     if record:
-        summary = "; ".join(f"{fmt(list(r.values())[0])} {fmt(list(r.values())[-1])}" for r in rows)
+        summary = "; ".join(f"{fmt(list(r.values())[0])} {fmt(r.get(figure, list(r.values())[-1]))}" for r in rows)
         path.write_text(recorded(path.read_text(), Path(sys.argv[0]).stem, note, table, summary))
 
 

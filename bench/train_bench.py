@@ -176,7 +176,7 @@ def main():
         f"({(datasheet_peak(device) or 0) / 1e12:.0f} TFLOP/s; n/a if unknown) and a measured "
         f"{peak / 1e12:.1f} TFLOP/s matmul peak{stopped}"
     )
-    publish(rows, fmt, details, device, args.record)
+    publish(rows, fmt, details, device, args.record, figure="tok/s")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,18 @@ def test_a_recorded_run_replaces_its_latest_table_and_adds_a_history_row():
     assert other.count("### decode_bench") == 1 and "<!-- latest: decode_bench -->\nnote 3" in other
 
 
+def test_a_history_row_gives_each_row_its_figure(tmp_path):
+    """The history row names each table row by its first column and gives the column asked for (train_bench: tok/s,
+    not its last column, the backend); a row without it (an error) gives its last column."""
+    from bench.table import HISTORY_END, fmt, publish
+
+    path = tmp_path / "RESULTS.md"
+    path.write_text("| date |\n|---|\n" + HISTORY_END)
+    rows = [{"scheme": "rope", "tok/s": 484712.0, "backend": "sdpa"}, {"scheme": "t5", "error": "OutOfMemoryError"}]
+    publish(rows, fmt, "details", torch.device("cpu"), True, path, figure="tok/s")
+    assert "| rope 484,712; t5 OutOfMemoryError | recorded run |" in path.read_text()
+
+
 def test_the_compiled_decoding_step_compiles_before_its_clock_starts(monkeypatch):
     """decode_bench times the compiled step only after it compiled: its first token goes through eager decode (an
     empty cache), so a clock started after that one token timed the compile in the first block."""
