@@ -56,7 +56,7 @@ BLOCK_MIN_ROWS = 64  # smallest query block of the dense causal path (32 was slo
 FLEX_MIN_QUERIES = 128  # below this (decoding) a dense bias is small and flex's block machinery is not worth it
 FLEX_BLOCK = 128  # flex_attention's block size: the shortest length flex is padded to
 # SDPA's kernels for a few query rows in eager code, cuDNN's left out: cuDNN builds a graph for every new shape, and
-# eager decoding calls SDPA with one more key each step (d12 on an H100: 3.8 ms of host time per call, 12 a token)
+# eager decoding calls SDPA with one more key each step (d12 on an H100: 3.8 ms of host time a call, 12 calls a token)
 NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 PAD_POSITION = 1 << 40  # padded keys sit at +PAD_POSITION, padded queries at -PAD_POSITION
 
@@ -270,9 +270,14 @@ def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
             )
 
         return torch.cat([block(s, e) for s, e in plan.mask.blocks], dim=2)
-    kw = {"attn_mask": mask, "is_causal": plan.mask.is_causal, "enable_gqa": gqa}
+    return sdpa(q, k, v, attn_mask=mask, is_causal=plan.mask.is_causal, enable_gqa=gqa)
+
+
+def sdpa(q, k, v, **kw):
+    """F.scaled_dot_product_attention, without cuDNN's kernel for a few query rows in eager CUDA code (decoding: a
+    new key count every step, see NO_CUDNN)."""
     if q.is_cuda and q.size(2) < FLEX_MIN_QUERIES and not torch.compiler.is_compiling():
-        with sdpa_kernel(NO_CUDNN):  # decoding: a new key count every step (see NO_CUDNN)
+        with sdpa_kernel(NO_CUDNN):
             return F.scaled_dot_product_attention(q, k, v, **kw)
     return F.scaled_dot_product_attention(q, k, v, **kw)
 

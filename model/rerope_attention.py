@@ -33,6 +33,7 @@ from .attention import (
     flex_call,
     flex_positions,
     outside,
+    sdpa,
     softmax_weights,
     weighted_values,
     with_nothing_slot,
@@ -150,7 +151,7 @@ def split_blocks(q, k, v, plan, bias, sink=None):
         if sink is not None:
             keys, values, mask = with_nothing_slot(keys, values, mask, sink.to(q.dtype), e - s)
         out.append(
-            F.scaled_dot_product_attention(
+            sdpa(
                 q[:, :, s:e], keys, values, attn_mask=mask, scale=1 / math.sqrt(dh), enable_gqa=q.size(1) != k.size(1)
             )[..., :width]
         )
