@@ -32,10 +32,8 @@ def spec(name):
 
 def cuda_model(name, backend, seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = GPTConfig(
-        vocab_size=512, n_layer=2, n_head=4, n_kv_head=2, d_model=128, positional=spec(name), attn_backend=backend, **kw
-    )
-    model = GPT(cfg).cuda()
+    shape = dict(vocab_size=512, n_layer=2, n_head=4, n_kv_head=2, d_model=128)
+    model = GPT(GPTConfig(**shape | kw, positional=spec(name), attn_backend=backend)).cuda()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.3 if p.dim() > 1 else 1.0)
@@ -207,9 +205,7 @@ def test_eager_decoding_runs_no_cudnn_attention():
     shape (3.8 ms of host time per call on an H100; d12 decoded 18 tokens/s): the decoding calls leave it out."""
     from model.kv_cache import DenseCache
 
-    torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=512, n_layer=2, n_head=2, n_kv_head=2, d_model=256, positional=spec("rope"))
-    model = GPT(cfg).cuda().eval()  # head size 128, as d12's
+    model = cuda_model("rope", "auto", n_head=2, n_kv_head=2, d_model=256).eval()  # head size 128, as d12's
     cache = DenseCache(model, 1, 64, torch.bfloat16)
     tok = torch.zeros(1, 1, dtype=torch.long, device="cuda")
     profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
