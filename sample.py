@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 
 from data import tokenizer
 from evaluation import longrope
-from model.generate import generate
+from model.generate import generate, hold_matrices
 from model.kv_cache import CacheError, build_cache, cache_sizes
 from model.variant import Variant
 from positional import hf_rope_scaling, rerope
@@ -106,6 +106,7 @@ def sample(cfg: DictConfig):
     text = read_prompt(cfg.prompt)
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     model, ckpt = checkpoint.load_model(cfg.checkpoint, rt.device)
+    hold_matrices(model, rt.dtype)  # decoding reads each weight once a token: in the dtype autocast computes in
     if model.pe.axes > 1 and ckpt["config"]["data"].get("source") == "grids":  # text positions would be wrong ids
         raise UserError(
             f"sample.py gives every token one position, and this positional={model.pe.name} model was trained on "
@@ -128,7 +129,8 @@ def sample(cfg: DictConfig):
                 f"use cache=sink or a shorter prompt"
             )
         print(text, end="", flush=True)
-        n, stopped = stream_one(model, enc, prompt, cache, cfg, generator, cfg.static)
+        with rt.autocast():
+            n, stopped = stream_one(model, enc, prompt, cache, cfg, generator, cfg.static)
         total += n
         if stopped:
             print(f"[stopped after {n} tokens: {stopped}]", file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ import torch
 
 from bench.configs import SIZES, model_config
 from bench.table import publish
+from model.generate import hold_matrices
 from model.gpt import GPT, GPTConfig
 from model.kv_cache import DenseCache, SinkCache
 from model.static_decode import StaticDecoder
@@ -128,6 +129,7 @@ def main():
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     model, train_len, what = load(args, device)
+    hold_matrices(model, dtype)  # as sample.py decodes: bf16 weights on CUDA, read once a token
     n = max(args.tokens)
     window = train_len - args.sinks
     n_dense = min(n, args.dense_limit)

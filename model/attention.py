@@ -59,6 +59,9 @@ FLEX_BLOCK = 128  # flex_attention's block size: the shortest length flex is pad
 # eager decoding calls SDPA with one more key each step (d12 on an H100: 3.8 ms of host time a call, 12 calls a token)
 NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 PAD_POSITION = 1 << 40  # padded keys sit at +PAD_POSITION, padded queries at -PAD_POSITION
+# flex's backward reading a learned bias table: its default pipeline of 3 stages at head size 128 asks 236,544 bytes
+# of shared memory on an H100, over the 232,448 there are; 2 stages fit
+TABLE_KERNEL = {"bwd_num_stages": 2}
 
 
 @dataclass
@@ -71,6 +74,7 @@ class Mask:
     score_mod: object = None  # flex: the scheme's score_bias
     block_mask: object = None  # flex: visibility, over the positions padded to flex_length
     flex_pad: tuple[int, int] = (0, 0)  # flex: query and key rows padded on
+    kernel_options: dict | None = None  # flex: its kernels' settings where the defaults do not fit (TABLE_KERNEL)
 
 
 @dataclass
@@ -353,6 +357,7 @@ def flex_call(q, k, v, plan: AttnPlan, block_mask, score_mod, lse: bool = False)
 
     q, k, v = padded(q, pad_q), padded(k, pad_k), padded(v, pad_k)
     kw = {"score_mod": score_mod, "block_mask": block_mask, "enable_gqa": q.size(1) != k.size(1)}
+    kw["kernel_options"] = plan.mask.kernel_options
     flex = _fused(flex_attention, q.is_cuda)
     if not lse:
         return flex(q, k, v, **kw)[:, :, :n_q]
@@ -403,19 +408,53 @@ def block_mask(mask_mod, q_pos, k_pos):
     return make(mask_mod, None, None, len(q_pos), len(k_pos), device=q_pos.device)
 
 
+def learned_bias(pe) -> bool:
+    """Whether the scheme's score_bias reads tensors that train now (T5's table, KERPLE's and FIRE's parameters; a
+    sink's own token is not read by its inner scheme's bias)."""
+    owner = getattr(pe, "inner", pe)  # a sink's bias is its inner scheme's
+    return torch.is_grad_enabled() and pe.score_bias is not None and any(p.requires_grad for p in owner.parameters())
+
+
+def bias_table(pe, q_pos, k_pos) -> torch.Tensor | None:
+    """A learned bias in training as flex reads it: a dense (H, Tq, Tk) table over the real positions, made once per
+    plan by ordinary autograd (None where the bias is not learned, or gradients are off). Flex's backward adds each
+    score's gradient into what its score_mod reads with an atomic add, so reading T5's 32 x H table piled a whole
+    tile's adds onto one address (0.038x RoPE's speed on an H100); a table entry takes one score's per sequence,
+    and autograd sums them into the parameters in one pass. Without gradients flex computes the bias itself, so a
+    long evaluation never holds a T x T table."""
+    if not learned_bias(pe):
+        return None
+    h = torch.arange(pe.n_head, device=q_pos.device)[:, None, None]
+    table = pe.score_bias(h, q_pos[None, :, None], k_pos[None, None, :]).float()
+    return table.expand(pe.n_head, len(q_pos), len(k_pos)).contiguous()  # a bias alike for every head, per head
+
+
+def bias_score_mod(pe, q_pos, k_pos, table=None):
+    """flex's score_mod adding the scheme's bias at padded positions, or reading its table (bias_table) at rows and
+    columns clamped to the real ones (a padded row or column is masked)."""
+    if table is not None:
+        n_q, n_k = table.shape[1:]
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + table[h, q_idx.clamp(max=n_q - 1), kv_idx.clamp(max=n_k - 1)]
+
+        return score_mod
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + pe.score_bias(h, q_pos[q_idx], k_pos[kv_idx])
+
+    return score_mod
+
+
 def flex_mask(pe, q_pos, k_pos, causal, window=None, near=None) -> Mask:
     """score_mod, block mask and padding over positions padded to flex_length. A window's mask hides whole blocks
     of far keys, which flex then skips; near: keep only keys at distance < near (the near keys of far scores)."""
+    table = bias_table(pe, q_pos, k_pos)
     q_pos, k_pos, pads = flex_positions(q_pos, k_pos)
-    score_mod = None
-    if pe.score_bias is not None:
-        bias = pe.flex_bias()
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + bias(h, q_pos[q_idx], k_pos[kv_idx])
-
+    score_mod = None if pe.score_bias is None else bias_score_mod(pe, q_pos, k_pos, table)
+    options = None if table is None else TABLE_KERNEL
     if not (causal or pads[1] or near is not None):
-        return Mask(score_mod=score_mod, flex_pad=pads)
+        return Mask(score_mod=score_mod, flex_pad=pads, kernel_options=options)
 
     def mask_mod(b, h, q_idx, kv_idx):
         visible = k_pos[kv_idx] <= q_pos[q_idx]
@@ -424,7 +463,9 @@ def flex_mask(pe, q_pos, k_pos, causal, window=None, near=None) -> Mask:
         visible = visible if causal else k_pos[kv_idx] < PAD_POSITION
         return visible if near is None else visible & (q_pos[q_idx] - k_pos[kv_idx] < near)
 
-    return Mask(score_mod=score_mod, block_mask=block_mask(mask_mod, q_pos, k_pos), flex_pad=pads)
+    return Mask(
+        score_mod=score_mod, block_mask=block_mask(mask_mod, q_pos, k_pos), flex_pad=pads, kernel_options=options
+    )
 
 
 _COMPILED = {}

@@ -4,8 +4,21 @@ python sample.py checkpoint=out/rope temperature=0.8 top_k=50      (train.py als
 """
 
 import torch
+from torch import nn
 
 from .static_decode import StaticDecoder
+
+
+def hold_matrices(model, dtype: torch.dtype):
+    """Keep every matrix weight (each nn.Linear: attention, MLP, the head) in dtype, for decoding under autocast to
+    dtype, which would otherwise cast each fp32 weight anew at every step: 6 bytes moved per weight where 2 suffice,
+    and a token's floor is reading them once. The same products, since autocast computes in dtype either way;
+    embeddings, a scheme's tensors and the cache's positions stay as they are. In place; returns the model."""
+    if dtype != torch.float32:
+        for module in model.modules():
+            if isinstance(module, nn.Linear):
+                module.to(dtype)
+    return model
 
 
 def sample_next(

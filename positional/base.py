@@ -9,8 +9,8 @@ A scheme may act at three points and is the identity elsewhere:
   rotate_key(x, pos, rotation)   keys, where they differ from queries (xPos decays them the other way); the
                                  rotated width may differ from the values' (rotated_dim(): PoPE doubles it)
   score_bias(h, q_pos, k_pos)    additive attention-score bias, written with broadcasting tensor ops so the
-                                 same function serves as a FlexAttention score_mod and as a dense SDPA bias;
-                                 each learned tensor indexed once, then computed on (see flex_bias)
+                                 same function serves as a FlexAttention score_mod and as a dense SDPA bias
+                                 (a learned one, in training, reaches flex as a table: attention.bias_score_mod)
 A bias that reads content (Shaw's q . a_(i-j), FoX's data-dependent forget gates) is built per layer, since every
 layer has its own queries and input, by two more hooks (the plan, shared by the layers, keeps positions and mask):
   layer_module()                 an nn.Module each attention layer keeps (FoX: its forget gate), or None; it maps
@@ -158,13 +158,6 @@ class Positional(nn.Module):
     def __init__(self, n_head: int, head_dim: int, d_model: int):
         super().__init__()
         self.n_head, self.head_dim, self.d_model = n_head, head_dim, d_model
-
-    def flex_bias(self):
-        """score_bias as flex's score_mod calls it, made once per attention plan. Flex's backward takes a learned
-        tensor's gradient only where the score_mod indexes it once and computes on it after (torch refuses the
-        rest on the GPU; tests/test_flex_gradients.py checks every scheme): a scheme whose bias reads a tensor
-        several times overrides this to split it first (FIRE)."""
-        return self.score_bias
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x

@@ -53,29 +53,10 @@ class FIRE(Positional):
         self.b2 = nn.Parameter(torch.zeros(n_head))
 
     def score_bias(self, h, q_pos, k_pos):
-        return self.flex_bias()(h, q_pos, k_pos)
-
-    def flex_bias(self):
-        # every learned tensor as flex's score_mod may read it: indexed once, computed on after (flex's backward
-        # scatters a captured tensor's gradient where it is indexed; tests/test_flex_gradients.py). So c and L are
-        # one-element tensors indexed at 0 (c twice: a copy for its second use), and each head's weights are split
-        # per hidden unit, once per attention plan. The units one at a time: the dense bias never holds hidden x T x
-        # T values, and flex's score_mod (one score at a time) stays elementwise.
-        log_c, log_c2, log_threshold = (
-            self.log_c.reshape(1),
-            self.log_c.reshape(1).clone(),
-            self.log_threshold.reshape(1),
-        )
-        w1, b1, w2 = self.w1.unbind(1), self.b1.unbind(1), self.w2.unbind(1)
-
-        def bias(h, q_pos, k_pos):
-            zero = h * 0  # an index of h's shape: per head (dense) or one score (flex)
-            d = (q_pos - k_pos).clamp(min=0).float()  # causal: a future key (masked anyway) sits at distance 0
-            span = torch.maximum(q_pos.float(), log_threshold[zero].exp())
-            x = torch.log1p(log_c[zero].exp() * d) / torch.log1p(log_c2[zero].exp() * span)
-            out = self.b2[h]
-            for m in range(self.hidden):
-                out = out + w2[m][h] * torch.relu(w1[m][h] * x + b1[m][h])
-            return out
-
-        return bias
+        d = (q_pos - k_pos).clamp(min=0).float()  # causal: a future key (masked anyway) sits at distance 0
+        c = self.log_c.exp()
+        x = torch.log1p(c * d) / torch.log1p(c * torch.maximum(q_pos.float(), self.log_threshold.exp()))
+        out = self.b2[h]
+        for m in range(self.hidden):  # one unit at a time: the dense bias never holds hidden x T x T values
+            out = out + self.w2[h, m] * torch.relu(self.w1[h, m] * x + self.b1[h, m])
+        return out

@@ -45,7 +45,7 @@ class Sink(Positional):
         self.sink = nn.Parameter(torch.randn(self.n_prefix, d_model))
         self.rotary, self.axes = inner.rotary, inner.axes  # the inner scheme's positions, of as many axes
         if inner.score_bias is not None:
-            self.score_bias, self.flex_bias = inner.score_bias, inner.flex_bias
+            self.score_bias = inner.score_bias
         if inner.content_bias is not None:  # Shaw, FoX: their bias reads queries or the layer input
             self.content_bias, self.state_dim = inner.content_bias, inner.state_dim
         if inner.content_weights is not None:  # CoPE, stick-breaking, PaTH: they give the weights

@@ -3,7 +3,8 @@
 #   bash runs/gpu.sh tests bench
 #
 #   tests    pytest tests/test_cuda.py (the CUDA paths against the fp32 reference) and flex's gradient check, 8 workers
-#   bench    bench/train_bench.py: every scheme, model=d12, T=1024 and 4096, bf16 + compile (SCHEMES, SEQ to narrow)
+#   bench    bench/train_bench.py: every scheme, model=d12, T=1024 and 4096, bf16 + compile (SCHEMES, SEQ to narrow;
+#            STEPS timed steps after WARMUP, default 20 after 3)
 #   long     bench/train_bench.py --seq 8192 --eval-len 32768: every scheme trains at 8K and evaluates at 32K
 #   decode   bench/decode_bench.py, d12, batch 1: a profile of 50 eager steps, then the compiled step (CUDA graphs)
 #            through the sink cache to TOKENS (default 1000 10000 100000) and the dense cache to 10,000
@@ -48,7 +49,8 @@ phase() {
   case "$1" in
     tests) limited "$PY" -m pytest -q -rs -n 8 --durations=12 tests/test_cuda.py tests/test_flex_gradients.py \
       tests/test_rerope.py::test_cuda_flex_agrees_in_bf16 ;;
-    bench) limited "$PY" bench/train_bench.py --model d12 --seq "${seqs[@]}" "${schemes[@]}" ;;
+    bench) limited "$PY" bench/train_bench.py --model d12 --seq "${seqs[@]}" "${schemes[@]}" \
+      --steps "${STEPS:-20}" --warmup "${WARMUP:-3}" ;;
     long) limited "$PY" bench/train_bench.py --model d12 --seq 8192 --eval-len 32768 --steps 5 "${schemes[@]}" ;;
     decode)
       limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --profile 50

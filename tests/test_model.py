@@ -166,3 +166,47 @@ def test_a_learned_sink_token_wraps_a_content_bias(inner):
         [model.decode(idx[:, t : t + 1], cache) for cache in [DenseCache(model, 2, 64)] for t in range(T)], 1
     )
     assert torch.allclose(model(idx), step, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["rope", "fox", "path"])
+def test_matrices_held_in_bf16_decode_as_autocast_computes(name):
+    """hold_matrices (sample.py, decode_bench): decoding under bf16 autocast with every matrix weight kept in bf16
+    gives exactly the logits of fp32 weights that autocast casts at every step, through a dense cache and the static
+    step; embeddings and a scheme's own tensors stay fp32."""
+    from model.generate import hold_matrices
+    from model.static_decode import StaticDecoder
+
+    cast, held = random_model(name), hold_matrices(random_model(name), torch.bfloat16)
+    assert held.lm_head.weight.dtype == held.blocks[0].attn.c_q.weight.dtype == torch.bfloat16
+    assert held.wte.weight.dtype == torch.float32
+    idx = tokens()
+    outs = []
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for model in (cast, held):
+            cache = DenseCache(model, 2, 64, torch.bfloat16)
+            first = model.decode(idx[:, :5], cache)[:, -1]
+            step = StaticDecoder(model, cache, compile=False)
+            outs.append(torch.stack([first, *(step(idx[:, t : t + 1]) for t in range(5, T))], dim=1))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_sample_decodes_in_its_dtype_with_matrices_held_in_it(tiny_checkpoint, monkeypatch):
+    """sample.py dtype=bf16 (auto on CUDA) decodes under bf16 autocast with bf16 matrix weights and a bf16 cache (it
+    decoded in fp32, ignoring the setting)."""
+    from conftest import ROOT
+    from hydra import compose, initialize_config_dir
+
+    import sample
+
+    seen = []
+
+    def record(model, enc, prompt, cache, *args, **kw):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), model.lm_head.weight.dtype))
+        seen.append(cache.k.dtype)
+        return 0, None
+
+    monkeypatch.setattr(sample, "stream_one", record)
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("sample", [f"checkpoint={tiny_checkpoint}", "device=cpu", "dtype=bf16", "max_new_tokens=2"])
+    sample.sample(cfg)
+    assert seen == [(True, torch.bfloat16, torch.bfloat16), torch.bfloat16]
