@@ -20,29 +20,30 @@ run's wandb project. Each mode's driver is its module in evaluation/ (length, st
 checks the config, walks a sweep, and compares.
 """
 
+import importlib
 import json
 from pathlib import Path
 
 import hydra
 import torch._dynamo
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from evaluation import compare, grids, length, passkey, stream, tasks
+import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
 from utils import checkpoint, checks, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import start_wandb
 
-# each mode's driver: (checkpoint path, config, runtime, output folder) -> its result, written into the folder
-MODES = {
-    "length": length.run_length,
-    "stream": stream.run_stream,
-    "passkey": passkey.run_passkey,
-    "grids": grids.run_grids,
-    "tasks": tasks.run_tasks,
-}
 OWN_DATA = ("grids", "tasks")  # modes that score only the models of their own data= (and those models only them)
+
+
+def mode_module(name: str):
+    """eval.mode's module, evaluation/<name>.py, loaded when asked for: its run_<name>(checkpoint path, config,
+    runtime, output folder) writes its result into the folder and returns it; a sweep's table is its compare()
+    (length's is evaluation/compare.py's)."""
+    return importlib.import_module(f"evaluation.{name}")
 
 
 def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict, image: Path, kind: str):
@@ -85,7 +86,7 @@ def evaluate_one(path, cfg, rt) -> dict:
             f"eval.mode={cfg.eval.mode} does not fit {run_dir}, trained on data.source={source}: "
             f"eval.mode={mode} scores the data={mode} models, and they take no other mode"
         )
-    result = MODES[cfg.eval.mode](path, cfg, rt, out_dir)
+    result = getattr(mode_module(cfg.eval.mode), f"run_{cfg.eval.mode}")(path, cfg, rt, out_dir)
     if cfg.eval.mode == "length":
         ckpt_config = checkpoint.load(path, mmap=True)["config"]
         log_wandb(cfg, ckpt_config, run_dir, out_dir, result, out_dir / "length.png", "length")
@@ -100,15 +101,26 @@ def run(cfg: DictConfig, job_dir: Path | None = None):
         for p in checks.checkpoints(cfg):
             torch._dynamo.reset()  # each model's compiled flex versions are its own: never add up to the cap
             results.append(evaluate_one(p, cfg, rt))
-        if cfg.eval.mode == "length":
-            print(compare.compare(results, Path(cfg.sweep_dir) / "eval"))
-        if cfg.eval.mode in OWN_DATA:
-            print({"grids": grids, "tasks": tasks}[cfg.eval.mode].compare(results, Path(cfg.sweep_dir) / "eval"))
+        if cfg.eval.mode == "length" or cfg.eval.mode in OWN_DATA:
+            table = mode_module("compare" if cfg.eval.mode == "length" else cfg.eval.mode)
+            print(table.compare(results, Path(cfg.sweep_dir) / "eval"))
         return results
     result = evaluate_one(cfg.checkpoint, cfg, rt)
     if job_dir is not None and cfg.eval.mode == "length":  # a -m job: leave a copy for the comparison callback
         (job_dir / "length.json").write_text(json.dumps(result))
     return result
+
+
+class CompareCallback(Callback):
+    """After `python eval.py -m checkpoint=a,b,...` (configs/eval.yaml registers it): compare every job's
+    length.json in the sweep folder."""
+
+    def on_multirun_end(self, config, **kwargs):
+        sweep = Path(config.hydra.sweep.dir)
+        results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/length.json"))]
+        if len(results) > 1:
+            print(mode_module("compare").compare(results, sweep))
+            print(f"comparison written to {sweep}/compare.{{json,txt,png}}")
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval")

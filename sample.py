@@ -27,6 +27,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
 from data import tokenizer
 from evaluation import longrope
 from model.generate import generate, hold_matrices

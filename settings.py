@@ -114,13 +114,14 @@ def option_names(cls) -> list[str]:
     return own + [n for n in names if n not in own]
 
 
-def unknown(cls, key: str) -> str:
+def unknown(cls, key: str, parent=None) -> str:
     """The one line for key, which is not a field of cls (a misspelled option, or one added with +): the nearest
     key of cls, or the option of its group that has it, or, for a setting a checkpoint fixes (cls.FROM_CHECKPOINT:
-    eval.py's positional), where it is set. Never a +key, which would add a setting that nothing reads."""
+    eval.py's positional), where it is set. Never a +key, which would add a setting that nothing reads. parent: the
+    config node that lacks it, which says which option of its group it is (positional=t5)."""
     node, _, name = key.rpartition(".")
     names = option_names(cls)
-    option = [getattr(cls, k, None) for k in ("name", "kind")]  # optim=muon, cache=dense, where the class says
+    option = [getattr(parent if parent is not None else cls, k, None) for k in ("name", "kind")]  # optim=muon
     option = next((o for o in option if isinstance(o, str) and o != "???"), None)
     label = f"{node}={option}" if node and option else node or "this config"
     head = f"{key} is not an option of {label} (its options: {', '.join(names)})"
@@ -292,7 +293,7 @@ def problem(node, prefix: str = "", only=None, facts: dict | None = None, values
     if composed:
         extra = [k for k in node.keys() if field_of(cls, str(k)) is None]
         if extra:  # added with +, which skips the check Hydra makes of an override's key
-            return unknown(cls, f"{prefix}{extra[0]}")
+            return unknown(cls, f"{prefix}{extra[0]}", node)
     for f in fields(cls):
         if only is not None and f.name not in only or composed and OmegaConf.is_missing(node, f.name):
             continue

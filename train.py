@@ -33,11 +33,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from data import tasks, tokenizer
+from data import tokenizer
 from data.loader import RowSampler, TokenSplit
 from data.prepare import prepare
 from data.shards import load_meta
-from evaluation import probes as probing
 from model.generate import generate
 from model.kv_cache import DenseCache
 from utils import checkpoint, checks, finetune, optim, parallel, runtime, schema
@@ -114,6 +113,12 @@ class StopFlag:
     def restore(self):
         for s, h in self._old.items():
             signal.signal(s, h)
+
+
+def measure(probes: list, model, rows, rt) -> tuple[dict, str]:
+    from evaluation import probes as probing  # loaded where a run has probes (train.sink_metric, a study's)
+
+    return probing.measure(probes, model, rows, rt)
 
 
 def grad_accum_steps(tr, world: int) -> int:
@@ -253,6 +258,8 @@ def row_sampler(cfg, data_dir: Path, split: str, seed: int, aligned: bool, axes:
     position axes the scheme reads from a dataset that has them, data=grids), or one task sample per row, answers
     the only targets and positions drawn at random under positional.random_positions (data/tasks.py)."""
     if cfg.data.source == "tasks":
+        from data import tasks  # the task generators' rows: loaded when data=tasks asks for them
+
         tr = cfg.train  # batches of one sample length: rows bucketed by batch_size
         rows = TokenSplit(data_dir, split)
         return tasks.TaskRows(rows, tr.seq_len, seed, cfg.positional.random_positions, tr.batch_size)
@@ -544,7 +551,10 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
     checks.check_model(cfg)
     if cfg.data.source == "grids":  # train.seq_len against its grid size
         schema.check_grid_row(cfg.data, tr.seq_len)
-    probes = [*(probes or []), *([probing.SinkProbe()] if tr.sink_metric else [])]
+    if tr.sink_metric:  # the attention on the first token of held-out rows, at every evaluation
+        from evaluation.probes import SinkProbe
+
+        probes = [*(probes or []), SinkProbe()]
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     stop, lock, state = StopFlag(), None, TrainState()
     try:
@@ -562,7 +572,7 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
             if state.step % tr.eval_interval == 0 or last:
                 with meter.paused():  # tokens/s counts training time only
                     state = replace(state, val_loss=evaluate(s.runner, s.val_rows, tr.eval_batches, tr.batch_size, rt))
-                    measured, probed = probing.measure(probes, s.model, held_out, rt)
+                    measured, probed = measure(probes, s.model, held_out, rt) if probes else ({}, "")
             elapsed = time.time() - t_start
             if logger and (state.step % tr.log_interval == 0 or measured is not None):
                 eta = elapsed / (state.step - first) * (tr.max_steps - state.step)  # at this run's pace so far

@@ -18,6 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
 from utils import checks, schema
 from utils.errors import UserError, cli, hydra_cli
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+import positional
 import utils.schema  # noqa: F401  (registers the config schemas the yaml files name)
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml"))
-SCHEMES = sorted(p.stem for p in (ROOT / "configs" / "positional").glob("*.yaml"))
+SCHEMES = [*positional.names(), *sorted(p.stem for p in (ROOT / "configs" / "positional").glob("*.yaml"))]  # + presets
 
 
 def run_config(scheme: str, overrides: list[str]) -> dict:

@@ -21,10 +21,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from data import sources, tokenizer
-from data.grids import write_grids
-from data.passkey import write_passkey
 from data.shards import SPLITS, seal, write_token_split
-from data.tasks import write_tasks
 from utils import checks, schema  # registers the types of data= and tokenizer= (configs/data/*.yaml name them)
 from utils.errors import UserError, cli, hydra_cli
 
@@ -50,11 +47,18 @@ def prepare(data: dict, tok: dict, log=print) -> Path:
     log = log or (lambda *args: None)
     if (out / "meta.json").exists():
         return out
-    if data["source"] == "grids":
+    source = data["source"]  # a generator (data/<source>.py) is loaded only when its data is asked for
+    if source == "grids":
+        from data.grids import write_grids
+
         return build_atomically(out, lambda tmp: write_grids(tmp, data, log), data, tok, log)
-    if data["source"] == "tasks":
+    if source == "tasks":
+        from data.tasks import write_tasks
+
         return build_atomically(out, lambda tmp: write_tasks(tmp, data, log), data, tok, log)
-    if data["source"] == "passkey":
+    if source == "passkey":
+        from data.passkey import write_passkey
+
         base = prepare(data["base"], tok, log)
         return build_atomically(out, lambda tmp: write_passkey(tmp, data, base, log), data, tok, log)
     return build_atomically(out, lambda tmp: write_corpus(tmp, data, tok, log), data, tok, log)

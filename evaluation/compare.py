@@ -21,7 +21,6 @@ from itertools import combinations
 from pathlib import Path
 
 import numpy as np
-from hydra.experimental.callback import Callback
 
 from evaluation import bootstrap, plots, report
 
@@ -199,13 +198,3 @@ def legend(groups: list[dict]) -> str:
         lines.append(f"{g['label']}: {len(g['runs'])} run{'s' * (len(g['runs']) > 1)} (seed {seeds})")
     return "\n".join(lines)
 
-
-class CompareCallback(Callback):
-    """After `python eval.py -m checkpoint=a,b,...`: compare every job's length.json in the sweep folder."""
-
-    def on_multirun_end(self, config, **kwargs):
-        sweep = Path(config.hydra.sweep.dir)
-        results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/length.json"))]
-        if len(results) > 1:
-            print(compare(results, sweep))
-            print(f"comparison written to {sweep}/compare.{{json,txt,png}}")

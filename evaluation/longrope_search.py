@@ -27,6 +27,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
 from evaluation import longrope
 from evaluation.heldout import held_out_works
 from evaluation.length import score

@@ -6,8 +6,6 @@ python sample.py checkpoint=out/rope temperature=0.8 top_k=50      (train.py als
 import torch
 from torch import nn
 
-from .static_decode import StaticDecoder
-
 
 def hold_matrices(model, dtype: torch.dtype):
     """Keep every matrix weight (each nn.Linear: attention, MLP, the head) in dtype, for decoding under autocast to
@@ -49,7 +47,11 @@ def generate(
     """Yield (B,) new token ids one step at a time; max_new_tokens < 0 means without end. static: decode each
     new token with the compiled fixed-shape step (model/static_decode.py; CUDA graphs on a GPU)."""
     logits = model.decode(prompt, cache)[:, -1]  # the prompt: eager, in as few chunks as the cache allows
-    step = StaticDecoder(model, cache) if static else (lambda tok: model.decode(tok, cache)[:, -1])
+    step = lambda tok: model.decode(tok, cache)[:, -1]  # noqa: E731
+    if static:  # the compiled fixed-shape step, loaded when asked for
+        from .static_decode import StaticDecoder
+
+        step = StaticDecoder(model, cache)
     n = 0
     while max_new_tokens < 0 or n < max_new_tokens:
         tok = sample_next(logits, temperature, top_k, generator)

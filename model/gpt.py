@@ -42,8 +42,6 @@ from .attention import BACKENDS, Chunk, add_window, attend, check_backend, conte
 from .fused import relu_square, rms_norm
 from .head import head_loss, softcapped_logits
 from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
-from .rerope_attention import Far
-from .variant import AS_TRAINED
 
 # rms: gain-free QK-norm, logits within +-sqrt(head dim) | learned: a gain per head and dim, 1 at init | none
 QKNorm = choices("QKNorm", "rms", "learned", "none")
@@ -364,22 +362,25 @@ class GPT(nn.Module):
         q_pos and k_pos (T,) order the tokens (mask, windows); ids = (query ids, key ids) are the positions the
         scheme rotates at, (axes, T) for a multi-axis one (default: q_pos and k_pos themselves). variant: an
         evaluation variant (model/variant.py), the model as trained by default."""
-        c, v = self.cfg, variant or AS_TRAINED
+        c = self.cfg
+        scaling, log_length = (variant.scaling, variant.log_length) if variant else (None, None)
         backend = backend or c.attn_backend
         # the queries' log-length factors, made once from their positions for every layer (model/log_scaling.py)
-        q_scale = None if v.log_length is None else log_length_factor(q_pos, v.log_length)
+        q_scale = None if log_length is None else log_length_factor(q_pos, log_length)
         log_n = log_positions(q_pos) if c.ssmax else None
         q_ids, k_ids = (q_pos, k_pos) if ids is None else ids
 
         def rotary(pe):  # a scheme's rotation state under the variant, once per forward, and its far scores
-            rotation = partial(pe.rotation, scaling=v.scaling)
+            rotation = partial(pe.rotation, scaling=scaling)
             q_rot = rotation(q_ids)
             rot = (q_rot, q_rot if k_ids is q_ids else rotation(k_ids))
             far = None
-            if v.scaling is not None and v.scaling.far is not None:  # ReRoPE: a second rotation (rerope_attention.py)
+            if scaling is not None and scaling.far is not None:  # ReRoPE: a second rotation, loaded when asked for
+                from .rerope_attention import Far
+
                 if pe.content_bias is not None:
-                    raise ValueError(f"far scores (rope scaling {v.scaling.kind}) read no content bias ({pe.name})")
-                far = Far.at(pe, q_pos, k_pos, v.scaling)
+                    raise ValueError(f"far scores (rope scaling {scaling.kind}) read no content bias ({pe.name})")
+                far = Far.at(pe, q_pos, k_pos, scaling)
             return rotation, {"rot": rot, "far": far}
 
         def scheme_plan(pe, windows, nope: bool = False):  # the N layers have no rotation to scale, nor far scores

@@ -1,7 +1,8 @@
 """Positional schemes by name: `positional=<name>` in any entry point picks one.
 
-Adding a scheme: one file here with a Positional subclass and its options (a PositionalOptions subclass, its Options),
-one line in SCHEMES, one configs/positional/<name>.yaml naming schema/positional/<name> in its defaults list.
+A scheme is one file here, named as it is picked (positional/t5.py: positional=t5), with a Positional subclass and
+its options (a PositionalOptions subclass, its Options); SCHEMES finds it by that name and imports its module only
+when it is asked for, so a run loads its own scheme alone. Modules here that are not schemes are HELPERS.
 
 Per-layer schemes (iRoPE, Llama 4):
 python train.py positional=irope                                 (rope, positional.layers=PPPN: NoPE in every 4th layer)
@@ -22,43 +23,51 @@ options(); an option it leaves out takes the constructor's default, what the sch
 (sinusoidal.py's scale), so an older checkpoint builds as it was trained. A run's config holds every option.
 """
 
+import functools
+import importlib
+from collections.abc import Mapping
 from dataclasses import asdict, fields, is_dataclass
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 import settings
 
-from .alibi import ALiBi
 from .base import Positional, PositionalOptions, PositionAxesError, PositionLimitError
-from .cope import CoPE
-from .fire import FIRE
-from .fox import FoX
-from .kerple import KERPLE
-from .learned import Learned
-from .mrope import MRoPE
-from .nope import NoPE
-from .path import PaTH
-from .pope import PoPE
-from .prope import PRoPE
-from .rope import RoPE
-from .rope2d import RoPE2D
-from .rope_scaling import Scaling
-from .shaw import Shaw
-from .sink import Sink
-from .sinusoidal import Sinusoidal
-from .sinusoidal2d import Sinusoidal2D
-from .sinusoidal3d import Sinusoidal3D
-from .stickbreaking import StickBreaking
-from .t5 import T5
-from .xpos import XPos
 
-SCHEMES = {
-    cls.name: cls
-    for cls in (Learned, Sinusoidal, ALiBi, RoPE, NoPE, Sink, T5, KERPLE, FIRE, Shaw, FoX, XPos, PRoPE, PoPE)
-    + (CoPE, StickBreaking, PaTH)  # weights that read the scores (base.py content_weights)
-    + (RoPE2D, MRoPE, Sinusoidal2D, Sinusoidal3D)  # multi-axis positions (grids, images): pos (axes, T)
-}
+HELPERS = ("base", "rope_scaling", "hf_rope_scaling", "rerope")  # modules here that are not schemes
+
+
+@functools.cache
+def names() -> tuple[str, ...]:
+    """Every scheme's name: each module of this folder but HELPERS."""
+    found = (p.stem for p in Path(__file__).parent.glob("*.py") if not p.stem.startswith("_"))
+    return tuple(sorted(n for n in found if n not in HELPERS))
+
+
+class Schemes(Mapping):
+    """name -> its Positional subclass (of="Options": its options' class), its module imported when first asked for."""
+
+    def __init__(self, of: str | None = None):
+        self.of = of
+
+    def __getitem__(self, name: str):
+        if name not in names():
+            raise KeyError(name)
+        module = importlib.import_module(f"{__name__}.{name}")
+        found = (c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Positional))
+        cls = next(c for c in found if c.name == name)
+        return getattr(cls, self.of) if self.of else cls
+
+    def __iter__(self):
+        return iter(names())
+
+    def __len__(self) -> int:
+        return len(names())
+
+
+SCHEMES = Schemes()
 
 __all__ = [
     "SCALING_KEYS",
@@ -101,10 +110,10 @@ def options(spec, key: str = "positional") -> dict:
     if name not in SCHEMES:
         raise ValueError(f"{key}.name={settings.show(name)} is not one of {', '.join(SCHEMES)}; pick one")
     cls = SCHEMES[name].Options
-    node = OmegaConf.structured(cls)
+    node = OmegaConf.structured(cls(name=name))
     for option, value in spec.items():
         if option not in node:
-            raise ValueError(settings.unknown(cls, f"{key}.{option}"))
+            raise ValueError(settings.unknown(cls, f"{key}.{option}", node))
         try:
             node[option] = value
         except ValidationError as e:
@@ -135,7 +144,9 @@ def build(spec, n_head: int, head_dim: int, d_model: int, key: str = "positional
         own["inner"] = build(
             {**spec.get("inner", {"name": "rope"}), **scaling}, n_head, head_dim, d_model, key + ".inner"
         )
-    elif kind != "none":
+    elif kind != "none":  # a rotary scheme's, whose module imports rope_scaling already
+        from .rope_scaling import Scaling
+
         own["scaling"] = Scaling(kind, scaling.get("scaling_factor", 1.0), scaling["original_length"])
     try:
         return SCHEMES[name](n_head, head_dim, d_model, **own)
@@ -172,7 +183,7 @@ def build_layers(spec, n_head: int, head_dim: int, d_model: int) -> tuple[Positi
             f"positional.layers={pattern} cannot mix positional={pe.name}'s {pe.rotated_dim()}-wide keys with NoPE's "
             f"{head_dim}-wide ones in one KV cache; use positional=rope or prope"
         )
-    return pe, NoPE(n_head, head_dim, d_model, **nope_spec)
+    return pe, SCHEMES["nope"](n_head, head_dim, d_model, **nope_spec)
 
 
 def build_long(spec, n_head: int, head_dim: int, d_model: int) -> Positional | None:

@@ -6,11 +6,10 @@ k = 1..n; otherwise the c = 2^floor(log2 n) power-of-two slopes, then every othe
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional
 
 
 def alibi_slopes(n_head: int) -> list[float]:
@@ -23,14 +22,7 @@ def alibi_slopes(n_head: int) -> list[float]:
     return power_of_two(c) + power_of_two(2 * c)[0::2][: n_head - c]
 
 
-@dataclass
-class ALiBiOptions(PositionalOptions):
-    name: str = scheme("alibi")
-
-
 class ALiBi(Positional):
-    name = "alibi"
-    Options = ALiBiOptions
     relative = True
 
     def __init__(self, n_head, head_dim, d_model):

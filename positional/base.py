@@ -38,8 +38,9 @@ rule for text), so every scheme reads a text sequence. A scheme also states what
                  them (FIRE: also through the query's own position, which its normaliser reads; see fire.py)
   max_positions  None for unbounded, N for a table of N positions
   n_prefix       learned tokens prepended to every sequence (attention sinks); prefix() returns them
-Its options are a dataclass beside it (RoPEOptions next to RoPE), a subclass of PositionalOptions below, registered
-as schema/positional/<name>: configs/positional/<name>.yaml names it, so a misspelled option fails as Hydra composes.
+A scheme is named by its file (positional/t5.py: positional=t5). Its options are a dataclass beside it (RoPEOptions
+next to RoPE), a subclass of PositionalOptions below, or PositionalOptions itself where it has none of its own; Hydra
+reads them as the option positional=<name> (utils/schema.py SchemeGroup), so a misspelled one fails as it composes.
 """
 
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ import torch
 from omegaconf import MISSING
 from torch import nn
 
-from settings import Rule, choices, fixed, setting
+from settings import Rule, choices, setting
 
 LAYERS = r"[PN]+"  # positional.layers: P a layer of the scheme, N a layer with no positions (NoPE), tiled
 
@@ -67,10 +68,10 @@ def rotates(name: str) -> bool:
     return name == "sink" or name not in SCHEMES or SCHEMES[name].rotary
 
 
-def scheme(name: str):
-    """A scheme's options' name field: its own name, picked with positional=<name> (positional.name=alibi alone would
-    build ALiBi from RoPE's options)."""
-    return fixed(name, "positional")
+def is_scheme(name: str) -> bool:
+    from positional import names  # the registry, which imports this module first
+
+    return name in names()
 
 
 @dataclass
@@ -78,7 +79,9 @@ class PositionalOptions:
     """The options every scheme shares. A scaling and the N layers' options are kept in a model's saved config only
     where they are on (positional.spec_of), so a model without them has the config it had before they existed."""
 
-    name: str = MISSING  # the scheme (positional/__init__.py SCHEMES); each subclass gives its own
+    name: str = setting(  # the scheme (positional/__init__.py SCHEMES), set by picking it: positional=t5
+        MISSING, "pick one with positional=<name> (a file of positional/)", test=is_scheme, must="name a scheme"
+    )
     # a RoPE extension trained into the model (rotary schemes): kept in its saved config, so eval.py and sample.py
     # build it the same
     scaling: Trained = "none"
@@ -144,7 +147,8 @@ class PositionAxesError(ValueError):
 
 
 class Positional(nn.Module):
-    name = "none"
+    name = "none"  # a scheme's is its module's: positional/t5.py's T5 is t5 (__init_subclass__)
+    Options = PositionalOptions  # a scheme with options of its own gives their class
     relative = False
     axes = 1  # position axes read: pos (T,), or (axes, T) where axes > 1
     rotary = False  # rotary schemes' rotation(pos, scaling) takes a Scaling (rope_scaling.py; ReRoPE: rerope.py)
@@ -154,6 +158,11 @@ class Positional(nn.Module):
     content_bias = None  # subclasses whose bias reads q or the layer input define content_bias(q, state, plan)
     content_weights = None  # subclasses that give the weights define content_weights(q, k, bias, state, layer, plan)
     state_dim = 0  # channels of the per-token state layer_module() computes (a KV cache keeps them per key)
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__module__.rpartition(".")[2]
 
     def __init__(self, n_head: int, head_dim: int, d_model: int):
         super().__init__()

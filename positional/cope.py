@@ -20,7 +20,7 @@ from torch import nn
 
 from settings import setting
 
-from .base import Positional, PositionalOptions, scheme, scores
+from .base import Positional, PositionalOptions, scores
 
 
 class CountVectors(nn.Module):
@@ -36,13 +36,11 @@ class CountVectors(nn.Module):
 
 @dataclass
 class CoPEOptions(PositionalOptions):
-    name: str = scheme("cope")
     # p_max: counts past it share e[max_count] (the paper's npos_max); a count is at most the keys a query sees
     max_count: int = setting(64, "pass the largest count with a vector of its own", ge=1, le=2**16)
 
 
 class CoPE(Positional):
-    name = "cope"
     Options = CoPEOptions
     relative = True  # reads no position: a shift of all of them changes nothing
 

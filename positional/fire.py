@@ -23,12 +23,11 @@ from torch import nn
 
 from settings import setting
 
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional, PositionalOptions
 
 
 @dataclass
 class FIREOptions(PositionalOptions):
-    name: str = scheme("fire")
     hidden: int = setting(32, "pass how many hidden units each head's MLP has", ge=1, le=4096)
     # L's start (learned): queries before L normalise by L, so the bias is relative there (a spec built in code
     # without it, as a sink's inner scheme, starts at the constructor's 512)
@@ -37,7 +36,6 @@ class FIREOptions(PositionalOptions):
 
 
 class FIRE(Positional):
-    name = "fire"
     Options = FIREOptions
     relative = True
 

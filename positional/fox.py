@@ -17,14 +17,12 @@ reading, the true decay through evicted tokens, would fade the sinks by every ga
 a long one they could take no attention and the sink cache would be a plain window.
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .alibi import alibi_slopes
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional
 
 
 class ForgetGate(nn.Module):
@@ -40,14 +38,7 @@ class ForgetGate(nn.Module):
         return F.logsigmoid(F.linear(x, self.weight, self.bias).float()).transpose(1, 2)
 
 
-@dataclass
-class FoXOptions(PositionalOptions):
-    name: str = scheme("fox")
-
-
 class FoX(Positional):
-    name = "fox"
-    Options = FoXOptions
     relative = True
 
     def __init__(self, n_head, head_dim, d_model):

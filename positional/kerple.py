@@ -20,14 +20,13 @@ from torch.nn import functional as F
 from settings import choices, setting
 
 from .alibi import alibi_slopes
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional, PositionalOptions
 
 Variant = choices("Variant", "log", "power")  # log: -r1 log(1 + r2 |i-j|), the paper's better one; power: -r1 |i-j|^r2
 
 
 @dataclass
 class KERPLEOptions(PositionalOptions):
-    name: str = scheme("kerple")
     variant: Variant = "log"
     # power variant: 0 < r2 <= r2_max <= 2 (conditionally positive definite up to 2)
     r2_max: float = setting(2.0, "pass the power variant's largest exponent, in (0, 2]", gt=0, le=2)
@@ -38,7 +37,6 @@ def softplus_inverse(x: torch.Tensor) -> torch.Tensor:
 
 
 class KERPLE(Positional):
-    name = "kerple"
     Options = KERPLEOptions
     relative = True
 

@@ -14,19 +14,17 @@ from torch import nn
 
 from settings import setting
 
-from .base import Positional, PositionalOptions, PositionLimitError, scheme
+from .base import Positional, PositionalOptions, PositionLimitError
 
 
 @dataclass
 class LearnedOptions(PositionalOptions):
-    name: str = scheme("learned")
     max_positions: int = setting("${train.seq_len}", "pass the table size in positions", ge=1, le=2**24)
     # against token embeddings of std 1 (val loss at 150 steps: 0.5 5.39, 0.1 5.27; bench/RESULTS.md)
     init_std: float = setting(0.1, "pass a positive init std for the table", gt=0)
 
 
 class Learned(Positional):
-    name = "learned"
     Options = LearnedOptions
 
     def __init__(self, n_head, head_dim, d_model, max_positions: int, init_std: float = 0.1):

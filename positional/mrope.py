@@ -23,7 +23,7 @@ import torch
 
 from settings import Rule, setting
 
-from .base import PositionalOptions, scheme
+from .base import PositionalOptions
 from .rope import RoPE
 
 QWEN2_VL_SECTIONS = (16, 24, 24)
@@ -38,7 +38,6 @@ def default_sections(pairs: int) -> list[int]:
 
 @dataclass
 class MRoPEOptions(PositionalOptions):
-    name: str = scheme("mrope")
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
     # pairs per (temporal, height, width) section, summing to head dim / 2 (checked at build, which knows the head);
     # null: Qwen2-VL's 16:24:24 for this head (tiny, 16 pairs: [4, 6, 6])
@@ -55,7 +54,6 @@ class MRoPEOptions(PositionalOptions):
 
 
 class MRoPE(RoPE):
-    name = "mrope"
     Options = MRoPEOptions
     axes = 3
 

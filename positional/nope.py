@@ -21,7 +21,7 @@ import torch
 
 from settings import setting
 
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional, PositionalOptions
 
 
 def temperature(pos: torch.Tensor, floor_scale: float, attn_scale: float) -> torch.Tensor:
@@ -32,7 +32,6 @@ def temperature(pos: torch.Tensor, floor_scale: float, attn_scale: float) -> tor
 
 @dataclass
 class NoPEOptions(PositionalOptions):
-    name: str = scheme("nope")
     # > 0: Llama 4's query temperature 1 + attn_scale ln(1 + floor((i + 1) / floor_scale)); 0: none
     attn_scale: float = setting(0.0, "pass the temperature's slope, 0 for none (Llama 4: 0.1)", ge=0)
     # the temperature is 1 through the training length, grows past it (a spec built in code without it: 8192)
@@ -40,7 +39,6 @@ class NoPEOptions(PositionalOptions):
 
 
 class NoPE(Positional):
-    name = "nope"
     Options = NoPEOptions
     relative = True  # the temperature reads the query's own position, as FIRE's normaliser (sink cache: in-cache)
 

@@ -15,13 +15,11 @@ the kept tokens (what a fresh forward over them computes). Dense on every device
 content_weights); the paper's blockwise Triton kernel (flash-linear-attention) is not used here.
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional
 
 
 class Householder(nn.Module):
@@ -40,14 +38,7 @@ class Householder(nn.Module):
         return torch.cat((w, beta), dim=-1).transpose(1, 2)
 
 
-@dataclass
-class PaTHOptions(PositionalOptions):
-    name: str = scheme("path")
-
-
 class PaTH(Positional):
-    name = "path"
-    Options = PaTHOptions
     relative = True  # reads no position but their order
 
     def __init__(self, n_head, head_dim, d_model):

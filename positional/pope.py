@@ -22,7 +22,7 @@ from torch import nn
 
 from settings import setting
 
-from .base import PositionalOptions, scheme
+from .base import PositionalOptions
 from .rope import RoPE
 
 WIDTH_SCALE = 2**0.25  # q' . k' / sqrt(2 Dh) = sum_c |q_c||k_c| cos(...) / sqrt(Dh)
@@ -30,12 +30,10 @@ WIDTH_SCALE = 2**0.25  # q' . k' / sqrt(2 Dh) = sum_c |q_c||k_c| cos(...) / sqrt
 
 @dataclass
 class PoPEOptions(PositionalOptions):
-    name: str = scheme("pope")
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
 
 
 class PoPE(RoPE):
-    name = "pope"
     Options = PoPEOptions
 
     def __init__(self, n_head, head_dim, d_model, base=10000.0, scaling=None):

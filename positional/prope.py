@@ -14,20 +14,17 @@ import torch
 
 from settings import setting
 
-from .base import scheme
 from .rope import RoPE, RoPEOptions
 
 
 @dataclass
 class PRoPEOptions(RoPEOptions):
-    name: str = scheme("prope")
     rotary_fraction: float = setting(  # 1.0 is RoPE; the paper compares 0.25 and 0.75
         0.75, "pass a fraction in (0, 1] of the frequencies to keep turning", gt=0, le=1
     )
 
 
 class PRoPE(RoPE):
-    name = "prope"
     Options = PRoPEOptions
 
     def freq_dim(self) -> int:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from settings import setting
 
 from . import rope_scaling
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional, PositionalOptions
 
 
 def apply_rotary(x: torch.Tensor, angles: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -81,7 +81,6 @@ class _Rotate(torch.autograd.Function):
 
 @dataclass
 class RoPEOptions(PositionalOptions):
-    name: str = scheme("rope")
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
     # < 1: partial rotary (GPT-NeoX), only the first fraction of each head's pairs turn
     rotary_fraction: float = setting(
@@ -95,7 +94,6 @@ class RoPEOptions(PositionalOptions):
 
 
 class RoPE(Positional):
-    name = "rope"
     relative = True
     rotary = True
     Options = RoPEOptions

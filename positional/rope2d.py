@@ -16,18 +16,16 @@ import torch
 
 from settings import setting
 
-from .base import PositionalOptions, scheme
+from .base import PositionalOptions
 from .rope import RoPE
 
 
 @dataclass
 class RoPE2DOptions(PositionalOptions):
-    name: str = scheme("rope2d")
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)  # each axis at a head half as wide's
 
 
 class RoPE2D(RoPE):
-    name = "rope2d"
     Options = RoPE2DOptions
     axes = 2
 

@@ -18,18 +18,16 @@ from torch import nn
 
 from settings import setting
 
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional, PositionalOptions
 
 
 @dataclass
 class ShawOptions(PositionalOptions):
-    name: str = scheme("shaw")
     # k: distances 0..k each have a vector, farther ones share a_k (the paper saw little change for k >= 2)
     max_distance: int = setting(16, "pass a positive distance", ge=1, le=2**16)  # a table row per distance
 
 
 class Shaw(Positional):
-    name = "shaw"
     Options = ShawOptions
     relative = True
 

@@ -15,12 +15,11 @@ from torch import nn
 
 from settings import setting
 
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional, PositionalOptions
 
 
 @dataclass
 class SinkOptions(PositionalOptions):
-    name: str = scheme("sink")
     n_sink: int = setting(1, "pass how many learned sink tokens to prepend", ge=1, le=4096)
     # the wrapped relative scheme, with its own options (checked against its own class at build):
     # positional.inner={name:alibi} replaces RoPE, +positional.inner.base=500000 adds an option
@@ -33,7 +32,6 @@ class SinkOptions(PositionalOptions):
 
 
 class Sink(Positional):
-    name = "sink"
     Options = SinkOptions
     relative = True
 

@@ -15,7 +15,7 @@ import torch
 
 from settings import setting
 
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional, PositionalOptions
 
 
 def frequencies(dim: int, base: float) -> torch.Tensor:
@@ -31,7 +31,6 @@ def sinusoids(pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class SinusoidalOptions(PositionalOptions):
-    name: str = scheme("sinusoidal")
     base: float = setting(10000.0, "pass a positive sinusoid base", gt=0)
     # times the unit sinusoids: at 1.0 they lagged far behind at the training length
     # (val loss at 150 steps: 1.0 6.17, 0.3 5.31, 0.1 5.27, 0.03 5.27; bench/RESULTS.md)
@@ -39,7 +38,6 @@ class SinusoidalOptions(PositionalOptions):
 
 
 class Sinusoidal(Positional):
-    name = "sinusoidal"
     Options = SinusoidalOptions
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, scale: float = 1.0):

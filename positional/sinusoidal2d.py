@@ -9,11 +9,9 @@ sinusoidal.py says why). Absolute, like 1D sinusoids: a grid larger than trained
 model never saw. A (T,) position sits at (p, p): the same id on every axis. sinusoidal3d.py: three axes.
 """
 
-from dataclasses import dataclass
-
 import torch
 
-from .base import Positional, scheme
+from .base import Positional
 from .sinusoidal import SinusoidalOptions, frequencies, sinusoids
 
 
@@ -23,14 +21,8 @@ def axis_widths(d_model: int, axes: int) -> list[int]:
     return [2 * (pairs + (a < extra)) for a in range(axes)]
 
 
-@dataclass
-class Sinusoidal2DOptions(SinusoidalOptions):
-    name: str = scheme("sinusoidal2d")  # base and scale as sinusoidal's (sinusoidal.py)
-
-
 class Sinusoidal2D(Positional):
-    name = "sinusoidal2d"
-    Options = Sinusoidal2DOptions
+    Options = SinusoidalOptions  # base and scale as sinusoidal's
     axes = 2
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, scale: float = 1.0):

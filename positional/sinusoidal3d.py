@@ -4,19 +4,8 @@ python train.py data=grids positional=sinusoidal3d     (positions (3, T) laid ou
 d_model is cut into three blocks (128: 44, 42, 42 dimensions), each the 1D sinusoids of its axis's position.
 """
 
-from dataclasses import dataclass
-
-from .base import scheme
-from .sinusoidal import SinusoidalOptions
 from .sinusoidal2d import Sinusoidal2D
 
 
-@dataclass
-class Sinusoidal3DOptions(SinusoidalOptions):
-    name: str = scheme("sinusoidal3d")
-
-
 class Sinusoidal3D(Sinusoidal2D):
-    name = "sinusoidal3d"
-    Options = Sinusoidal3DOptions
     axes = 3

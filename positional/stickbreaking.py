@@ -15,13 +15,11 @@ weights are computed whole (positional/base.py content_weights): dense, one T x 
 (the authors' Triton kernel fuses it; it is not used here).
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Positional, PositionalOptions, scheme, scores
+from .base import Positional, scores
 
 
 class Rest(nn.Module):
@@ -35,14 +33,7 @@ class Rest(nn.Module):
         return None
 
 
-@dataclass
-class StickBreakingOptions(PositionalOptions):
-    name: str = scheme("stickbreaking")
-
-
 class StickBreaking(Positional):
-    name = "stickbreaking"
-    Options = StickBreakingOptions
     relative = True  # reads no position but their order
 
     def layer_module(self):

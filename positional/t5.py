@@ -13,7 +13,7 @@ from torch import nn
 
 from settings import setting
 
-from .base import Positional, PositionalOptions, scheme
+from .base import Positional, PositionalOptions
 
 
 def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
@@ -26,13 +26,11 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int =
 
 @dataclass
 class T5Options(PositionalOptions):
-    name: str = scheme("t5")
     num_buckets: int = setting(32, "pass at least 2 buckets", ge=2, le=2**16)
     max_distance: int = setting(128, "pass a positive distance", ge=1)
 
 
 class T5(Positional):
-    name = "t5"
     Options = T5Options
     relative = True
 

@@ -20,7 +20,6 @@ import torch
 
 from settings import setting
 
-from .base import scheme
 from .rope import RoPE, RoPEOptions, rotate_by
 
 MAX_EXPONENT = 80.0  # exp(80) ~ 5.5e34: a query times a key still fits fp32/bf16 (3.4e38)
@@ -28,14 +27,12 @@ MAX_EXPONENT = 80.0  # exp(80) ~ 5.5e34: a query times a key still fits fp32/bf1
 
 @dataclass
 class XPosOptions(RoPEOptions):
-    name: str = scheme("xpos")
     gamma: float = setting(0.4, "pass a positive xPos gamma", gt=0)  # zeta_i = (2i/Dh + gamma) / (1 + gamma)
     # positions must stay below ~36k at 512 (fp32/bf16 overflow, above)
     scale_base: float = setting(512.0, "pass a positive xPos decay length", gt=0)
 
 
 class XPos(RoPE):
-    name = "xpos"
     Options = XPosOptions
 
     def __init__(

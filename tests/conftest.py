@@ -9,18 +9,16 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import utils.schema  # noqa: F401  (registers the config schemas that configs/*.yaml name)
+import positional
+import utils.eval_schema  # noqa: F401  (registers the config schemas that configs/*.yaml name)
 from model.gpt import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent  # the project, installed with pip install -e . (README)
 
-SCHEMES = ["learned", "sinusoidal", "alibi", "rope", "nope", "sink", "t5"]
-SCHEMES += ["kerple", "fire", "shaw", "fox"]  # the learned-bias family
-SCHEMES += ["xpos", "prope", "pope"]  # the rotary family
-SCHEMES += ["cope", "stickbreaking", "path"]  # weights that read the scores (positional/base.py content_weights)
-SCHEMES += ["rope2d", "mrope", "sinusoidal2d", "sinusoidal3d"]  # multi-axis (data=grids); here on text: (T,) positions,
-# the same id on every axis (tests/test_grids.py gives them real multi-axis ids)
-ABSOLUTE = ["learned", "sinusoidal", "sinusoidal2d", "sinusoidal3d"]
+SCHEMES = list(positional.names())  # every file of positional/ but its helpers: a scheme is found, never listed
+# absolute positions, added to the embeddings (multi-axis ones here on text: (T,) positions, the same id on every axis;
+# tests/test_grids.py gives them real multi-axis ids)
+ABSOLUTE = [name for name in SCHEMES if not positional.SCHEMES[name].relative]
 RELATIVE = [name for name in SCHEMES if name not in ABSOLUTE]
 # FIRE divides distances by the query's position past its threshold: shifting positions changes its scores
 SHIFT_INVARIANT = [name for name in RELATIVE if name != "fire"]

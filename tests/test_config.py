@@ -116,7 +116,9 @@ def test_each_model_size_carries_its_own_lr(size, lr, muon_lr):
 
 
 def options_of(group: str) -> list[str]:
-    return sorted(p.stem for p in (ROOT / "configs" / group).glob("*.yaml"))
+    """A group's options: its YAML presets, and for positional every scheme (a file of positional/, no YAML)."""
+    presets = {p.stem for p in (ROOT / "configs" / group).glob("*.yaml")}
+    return sorted(presets | set(positional.names() if group == "positional" else ()))
 
 
 COMPOSED = {  # every option of every group, in the entry points that have the group
@@ -186,9 +188,9 @@ def schema_of(path) -> type:
     group = path.parent.name
     if group == "model":
         return schema.ModelSize
-    named = [d for d in OmegaConf.load(path).get("defaults", []) if str(d).startswith("/schema/")]
-    assert len(named) == 1, f"{path} names no schema/{group}/<class> in its defaults list"
-    kind, name = str(named[0]).removeprefix("/schema/").removesuffix("@_here_").split("/")
+    named = [d for d in OmegaConf.load(path).get("defaults", []) if str(d).startswith(("/schema/", "/positional/"))]
+    assert len(named) == 1, f"{path} names no schema/{group}/<class> (or positional/<scheme>) in its defaults list"
+    kind, name = str(named[0]).removeprefix("/schema/").removeprefix("/").removesuffix("@_here_").split("/")
     return schema.GROUPS[kind][name]
 
 
@@ -201,15 +203,28 @@ def test_configs_hold_presets_not_defaults(group):
             assert key == "defaults" or value != defaults[key], f"{path.name} restates {group}.{key}={value}"
 
 
-def test_each_scheme_declares_its_options_beside_it():
-    for name, cls in positional.SCHEMES.items():
-        assert cls.Options.name == name and cls.Options.__module__ == cls.__module__, name
-        assert schema_of(ROOT / "configs" / "positional" / f"{name}.yaml") is cls.Options
+def test_a_scheme_is_its_file():
+    """positional=<name> picks positional/<name>.py with no YAML and no list to add it to: the class is named by its
+    file, its options are declared beside it (or are the scheme's it extends), and composing imports it alone."""
+    code = (
+        "import sys; from hydra import compose, initialize_config_dir; import utils.schema\n"
+        f"with initialize_config_dir(config_dir={str(ROOT / 'configs')!r}, version_base='1.3'):\n"
+        "    assert compose('train', overrides=['positional=t5']).positional.num_buckets == 32\n"
+        "print(sorted(m for m in sys.modules if m.startswith('positional.')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "positional.t5" in loaded and "positional.alibi" not in loaded and "positional.fire" not in loaded, loaded
+    for name in positional.names():
+        cls = positional.SCHEMES[name]
+        assert cls.name == name and cls.__module__ == f"positional.{name}", name
+        assert issubclass(cls.Options, positional.PositionalOptions), name
+        assert cls.Options.__module__.startswith("positional."), name  # its own, or a scheme's it shares
+        assert config(f"positional={name}").positional.name == name
 
 
 def test_build_takes_an_options_object_or_a_dict():
     node = config("positional=rope", "positional.base=500").positional
-    for spec in (node, positional.rope.RoPEOptions(base=500.0), {"name": "rope", "base": 500}):
+    for spec in (node, positional.rope.RoPEOptions(name="rope", base=500.0), {"name": "rope", "base": 500}):
         assert positional.build(spec, 4, 8, 32).base == 500.0
 
 

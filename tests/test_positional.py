@@ -58,7 +58,7 @@ def test_sinusoidal_scale_multiplies_the_sinusoids_and_defaults_as_configured():
 
     pos = torch.arange(7)
     unit = positional.build({"name": "sinusoidal"}, 4, 8, 16).embed(torch.zeros(1, 7, 16), pos)
-    spec = positional.spec_of(OmegaConf.structured(positional.sinusoidal.SinusoidalOptions))
+    spec = positional.spec_of(OmegaConf.structured(positional.sinusoidal.SinusoidalOptions(name="sinusoidal")))
     scaled = positional.build(spec, 4, 8, 16).embed(torch.zeros(1, 7, 16), pos)
     assert spec["scale"] == 0.1 and torch.allclose(scaled, 0.1 * unit)
 
@@ -91,7 +91,7 @@ def test_learned_table_refuses_positions_past_its_size():
 
 
 def test_unknown_scheme_lists_the_choices():
-    with pytest.raises(ValueError, match="is not one of learned, sinusoidal, alibi, rope, nope, sink"):
+    with pytest.raises(ValueError, match="xpoz is not one of alibi, cope, fire, fox, kerple, learned, mrope, nope"):
         positional.build({"name": "xpoz"}, 4, 8, 32)
 
 

@@ -23,7 +23,6 @@ from utils.schema import (
     CHECKPOINT_HINT,
     RUN,
     TrainConfig,
-    VizConfig,
     check_grid_row,
     model_config,
     plain,
@@ -87,7 +86,7 @@ def preflight(cfg):
         from utils.logger import check_mode
 
         check_mode(cfg.logger.mode)
-    if kind is TrainConfig or kind is VizConfig and not (cfg.checkpoint or cfg.sweep_dir):
+    if "model" in cfg and not (cfg.get("checkpoint") or cfg.get("sweep_dir")):  # a model it builds (train, viz)
         check_model(cfg)
     if kind is TrainConfig and cfg.data.source == "grids":
         check_grid_row(cfg.data, cfg.train.seq_len)

@@ -138,7 +138,7 @@ def compose_message(e, name: str = "") -> str:
         return settings.invalid(cause)
     if isinstance(cause, ConfigAttributeError | ConfigKeyError) and cause.full_key:  # an unknown key
         if declared is not None:
-            return settings.unknown(declared, cause.full_key)
+            return settings.unknown(declared, cause.full_key, cause.parent_node)
         return f"{cause.full_key} is not a key of this config; check the spelling (--cfg job prints every key)"
     if isinstance(cause, GrammarParseError) and merging:
         key, value = split(merging.group(1))

@@ -1,0 +1,88 @@
+"""The core runs alone: a training run, eval.py's length table and sample.py load nothing that stands around it.
+
+python -m pytest -q tests/test_core.py
+The core is what `python train.py`, `python eval.py` (perplexity by length) and `python sample.py` need with any
+scheme: the entry points, model/, positional/ (base.py and the scheme asked for), configs/, data/'s corpus, tokenizer
+and loader. Around it stand the other evaluations, studies, pictures, benchmarks, the task / passkey / grid
+generators, ReRoPE's far attention and the static decoding step: each is loaded when a setting asks for it (an eval
+mode, a scheme, a scaling found by its name), never by the core's own imports. Each entry point runs here in a fresh
+interpreter, as a user runs it, and reports the project's modules it loaded.
+"""
+
+import json
+
+import pytest
+from conftest import ROOT, TINY, run
+
+import positional
+
+AROUND = (
+    "analyses",
+    "bench",
+    "gallery",
+    "viz",
+    "data.grids",
+    "data.passkey",
+    "data.tasks",
+    "evaluation.attention_map",
+    "evaluation.compare",
+    "evaluation.doc_tables",
+    "evaluation.grids",
+    "evaluation.longrope_search",
+    "evaluation.passkey",
+    "evaluation.probes",
+    "evaluation.sink_mass",
+    "evaluation.stream",
+    "evaluation.study",
+    "evaluation.tasks",
+    "model.rerope_attention",
+    "model.static_decode",
+)
+PROJECT = ("settings", "train", "eval", "sample", *(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()))
+HARNESS = """
+import atexit, json, os, runpy, sys
+def report():
+    with open(os.environ["LOADED"], "w") as f:
+        json.dump(sorted(sys.modules), f)
+atexit.register(report)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def loaded(tmp_path, *args) -> set[str]:
+    """The project's modules that `python <args>` loaded."""
+    out = tmp_path / "loaded.json"
+    proc = run("-c", HARNESS, *args, env={"LOADED": str(out)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {m for m in json.loads(out.read_text()) if m.split(".")[0] in PROJECT}
+
+
+def around(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == a or m.startswith(a + ".") for a in AROUND))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, shakespeare_dir):
+    """A 2-step ALiBi run, and the modules its training loaded."""
+    out = tmp_path_factory.mktemp("core") / "alibi"
+    args = ["train.py", "positional=alibi", *TINY, "train.max_steps=2", "train.sample_tokens=8", f"out_dir={out}"]
+    modules = loaded(tmp_path_factory.mktemp("loaded"), *args)
+    return out, modules
+
+
+def test_training_loads_its_scheme_alone_and_nothing_around_the_core(trained):
+    _, modules = trained
+    assert not around(modules), around(modules)
+    schemes = {m.split(".")[1] for m in modules if m.startswith("positional.")} & set(positional.names())
+    assert schemes == {"alibi"}, schemes
+
+
+def test_the_length_table_and_sampling_load_nothing_around_the_core(trained, tmp_path):
+    out, _ = trained
+    for args in (
+        ["eval.py", f"checkpoint={out}", "eval.lengths=[32,64]", "eval.tokens=128", "logger.wandb=false"],
+        ["sample.py", f"checkpoint={out}", "max_new_tokens=4", "device=cpu"],
+    ):
+        modules = loaded(tmp_path, *args)
+        assert not around(modules), (args[0], around(modules))
