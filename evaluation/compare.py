@@ -197,4 +197,3 @@ def legend(groups: list[dict]) -> str:
         seeds = ", ".join(str(s) for s in g["seeds"])
         lines.append(f"{g['label']}: {len(g['runs'])} run{'s' * (len(g['runs']) > 1)} (seed {seeds})")
     return "\n".join(lines)
-
