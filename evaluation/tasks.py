@@ -158,8 +158,8 @@ def group_cell(rows: list, key) -> tuple[dict | None, np.ndarray | None]:
 def difference(a: tuple[dict, np.ndarray], b: tuple[dict, np.ndarray]) -> dict:
     """Accuracy a - b of two (cell, draws) and the 95% interval of its draws; within noise when that holds 0."""
     lo, hi = bootstrap.interval(a[1] - b[1])
-    diff = round(a[0]["accuracy"] - b[0]["accuracy"], 4)
-    return {"diff": diff, "lo": round(lo, 4), "hi": round(hi, 4), "within_noise": lo <= 0 <= hi}
+    diff, lo, hi = (round(x, 4) + 0.0 for x in (a[0]["accuracy"] - b[0]["accuracy"], lo, hi))  # + 0.0: never -0.0
+    return {"diff": diff, "lo": lo, "hi": hi, "within_noise": lo <= 0 <= hi}
 
 
 def summary(results: list[dict]) -> dict:
