@@ -198,10 +198,15 @@ SCHEMES = [  # (positional=, what it does, the study that measured it: results/<
         "RNoPE-SWA (Command A): 3 RoPE layers in windows of 64, 1 global NoPE layer",
         "study-presets",
     ),
-    ("experiment=gemma3", "Gemma 3: 5 RoPE layers in windows of 64, 1 global RoPE layer at base 10^6", "study-presets"),
+    (
+        "experiment=gemma3",
+        "Gemma 3, 6 layers (every other row 4): 5 RoPE layers in windows of 64, 1 global RoPE layer at base 10^6",
+        "study-presets",
+    ),
     (
         "experiment=llama4",
-        "Llama 4: 3 RoPE layers in chunks of 64, 1 global NoPE layer with iRoPE's temperature",
+        "Llama 4: 3 RoPE layers (base 10^4; Llama 4's 5 x 10^5) in chunks of 64, 1 global NoPE layer with iRoPE's "
+        "temperature",
         "study-presets",
     ),
 ]
@@ -430,16 +435,15 @@ def tasks() -> str:
     seeds = "-".join(map(str, sorted({s for s, _, _ in rests})))
     per_seed = ", ".join(map(str, sorted({trials // s for s, _, trials in rests})))
     shared = all(n * s == t for s, n, t in rests)
-    shared = "the same samples for every seed and scheme" if shared else "drawn apart for each seed"
+    shared = (
+        f"all on the same {per_seed} held-out samples" if shared else f"each on {per_seed} held-out samples of its own"
+    )
     return "\n".join(
         markdown(head, body)
         + [
             "",
-            f"Exact match, the mean over {seeds} seeds of a scheme, each scoring {per_seed} held-out samples per cell "
-            f"({shared}); ± the sd over seeds where they differ. **bold**: highest in its column; ~: no "
-            "difference from it detected (the 95% interval of the paired bootstrap difference, resampling the samples "
-            "and each scheme's seeds, holds 0); n/a: past a learned table. Every cell's 95% interval, the differences "
-            "and heatmaps: [results/tasks/REPORT.md](results/tasks/REPORT.md), from `results/tasks/eval/tasks.json`.",
+            f"Exact match ([results/tasks/REPORT.md](results/tasks/REPORT.md)), the mean of {seeds} seeds ±sd, {shared}"
+            "; n/a: past a learned table; **bold**: highest; ~: no paired difference from it detected.",
         ]
     )
 

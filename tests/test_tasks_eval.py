@@ -208,4 +208,4 @@ def test_the_readme_headline_is_written_from_the_battery_summary(tmp_path, monke
         doc_tables.load.cache_clear()
     assert lines[0] == "| scheme | copy 16 | copy 32 (2x) | copy 128 (8x) |"
     assert lines[2] == "| rope | **0.75** ±0.35 | **0.75** ±0.35 | n/a |" and lines[3] == "| alibi | 0~ | 0~ | n/a |"
-    assert "the mean over 1-2 seeds of a scheme, each scoring 2 held-out samples per cell" in lines[5]
+    assert "the mean of 1-2 seeds ±sd, all on the same 2 held-out samples" in lines[5]
