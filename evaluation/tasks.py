@@ -255,6 +255,7 @@ def write_report(folder: Path) -> str:
         f"checkpoint=<run> eval.mode=tasks`). {rests_on(results)} `eval/tasks.json` holds every cell (`cells`: "
         "each seed's accuracy too) and the paired difference of every two groups in every column (`pairs`).",
         "",
+        *report.made_by(folder),
         text,
         "",
         "![exact-match accuracy by task, scheme and length](eval/tasks.png)",

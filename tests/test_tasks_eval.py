@@ -181,6 +181,10 @@ def test_the_battery_trains_each_task_scheme_and_random_variant_once_and_resumes
     assert len(evals) == 16 and all("eval.mode=tasks" in c for c in evals)
     assert sum(c.startswith("-m evaluation.tasks") for c in calls) == 2  # the report, each time
     assert json.loads((tmp_path / "battery" / "add" / "rope-s1" / "eval" / "tasks.json").read_text()) == {}
+    record = (tmp_path / "battery" / "commands.txt").read_text().splitlines()  # each call, every variable it ran with
+    settings = 'BATTERY="copy add" SCHEMES="rope learned" RANDOMIZED="learned" PRESETS="gemma3" SEEDS="1 2" RANGE=512'
+    call = f"TASKS={tmp_path / 'battery'} {settings} EXPERIMENT=tasks bash runs/tasks.sh train.max_steps=5   # "
+    assert len(record) == 2 and record[0].startswith(call)
     empty = {**env, "TASKS": str(tmp_path / "none"), "SCHEMES": "", "RANDOMIZED": "", "PRESETS": ""}
     log.write_text("")
     subprocess.run(["bash", "runs/tasks.sh"], cwd=ROOT, env=empty, check=True)
