@@ -166,6 +166,12 @@ def check_command(words: list[str]) -> int:
         if args[0] == "runs/study.sh":  # its trailing words are train.py overrides for every run
             scheme = env.get("SCHEMES", "rope").split()[0]
             n += compose_all("train", [f"positional={scheme}", "seed=1", *args[1:]], check_train)
+        if args[0] == "runs/tasks.sh":  # and here for every run, over the battery's recipe (and a preset's)
+            presets = env.get("PRESETS", "").split()
+            experiment = f"[tasks,{presets[0]}]" if presets and not env.get("SCHEMES", "rope").split() else "tasks"
+            n += compose_all(
+                "train", [f"experiment={experiment}", "data.tasks=[copy]", "seed=1", *args[1:]], check_train
+            )
         return n
     return 0  # pip, and the like
 
@@ -209,6 +215,7 @@ def test_every_shown_command_composes_its_config(doc, line):
         "python analyses/head_focus_v2.py out/rope",
         "python -m evaluation.studies study",
         "bash runs/study.sh train.seqlen=3",
+        "SCHEMES= PRESETS=llama4 bash runs/tasks.sh model.chunck=16",
         "SCHEME=rope bash runs/study.sh",
         'EVAL_ARGS="eval.tokns=1" bash runs/study.sh',
         "bash runs/gpu.sh",  # no phase: it exits 2
