@@ -40,13 +40,18 @@ def resample(block_nll: np.ndarray, block_tokens: np.ndarray, idx: np.ndarray, r
     with replacement (seeded by run_key) and averages their means."""
     block_nll = np.atleast_2d(block_nll)
     tokens = np.asarray(block_tokens, dtype=np.float64)[idx].sum(axis=1)
-    per_run = block_nll[:, idx].sum(axis=2) / tokens  # (runs, draws)
+    return pick_runs(block_nll[:, idx].sum(axis=2) / tokens, run_key)
+
+
+def pick_runs(per_run: np.ndarray, run_key=None) -> np.ndarray:
+    """per_run: (runs, draws), each run's statistic in each draw. Each draw picks as many runs with replacement
+    (seeded by run_key) and averages theirs: the seed-to-seed spread enters the interval. One run: its own draws."""
     if len(per_run) == 1:
         return per_run[0]
     digest = hashlib.sha1(json.dumps(run_key, default=str).encode()).digest()
     rng = np.random.default_rng([SEED + 1, int.from_bytes(digest[:4], "little")])
-    runs = rng.integers(0, len(per_run), (idx.shape[0], len(per_run)))
-    return per_run[runs, np.arange(idx.shape[0])[:, None]].mean(axis=1)
+    runs = rng.integers(0, len(per_run), (per_run.shape[1], len(per_run)))
+    return per_run[runs, np.arange(per_run.shape[1])[:, None]].mean(axis=1)
 
 
 def interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:

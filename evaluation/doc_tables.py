@@ -198,10 +198,15 @@ SCHEMES = [  # (positional=, what it does, the study that measured it: results/<
         "RNoPE-SWA (Command A): 3 RoPE layers in windows of 64, 1 global NoPE layer",
         "study-presets",
     ),
-    ("experiment=gemma3", "Gemma 3: 5 RoPE layers in windows of 64, 1 global RoPE layer at base 10^6", "study-presets"),
+    (
+        "experiment=gemma3",
+        "Gemma 3, 6 layers (every other row 4): 5 RoPE layers in windows of 64, 1 global RoPE layer at base 10^6",
+        "study-presets",
+    ),
     (
         "experiment=llama4",
-        "Llama 4: 3 RoPE layers in chunks of 64, 1 global NoPE layer with iRoPE's temperature",
+        "Llama 4: 3 RoPE layers (base 10^4; Llama 4's 5 x 10^5) in chunks of 64, 1 global NoPE layer with iRoPE's "
+        "temperature",
         "study-presets",
     ),
 ]
@@ -404,7 +409,7 @@ def passkey() -> str:
 
 def tasks() -> str:
     """The task battery's headline: per scheme, exact match at each task's longest training length, 2x and 8x it,
-    seeds pooled (results/tasks/eval/tasks.json, written by python -m evaluation.tasks)."""
+    the mean over seeds with its sd and marks (results/tasks/eval/tasks.json, written by python -m evaluation.tasks)."""
     summary = load("tasks/eval/tasks.json")
     by_task = summary["cells"]
     head, columns = ["scheme"], []
@@ -414,22 +419,31 @@ def tasks() -> str:
             head.append(f"{task} {n}" + ("" if n == first else f" ({n // first}x)"))
             columns.append((task, str(n)))
     labels = list(dict.fromkeys(label for groups in by_task.values() for label in groups))
-    body, trials = [], set()
+    body, rests = [], set()
     for label in labels:
         row = [label]
         for task, n in columns:
             c = by_task[task].get(label, {}).get(n)
-            spread = "" if c is None or not c[1] else f" ±{c[1]:.2f}"  # the sd over seeds, where they differ
-            row.append("n/a" if c is None else accuracy(round(c[0], 2)) + spread)
-            trials |= {c[3]} if c else set()
+            if c is None:
+                row.append("n/a")
+                continue
+            value = accuracy(round(c["accuracy"], 2))
+            value = f"**{value}**" if c["mark"] == "*" else value + c["mark"]
+            row.append(value + (f" ±{c['sd']:.2f}" if c["sd"] else ""))  # the sd over seeds, where they differ
+            rests.add((len(c["seeds"]), c["samples"], c["trials"]))
         body.append(row)
+    seeds = "-".join(map(str, sorted({s for s, _, _ in rests})))
+    per_seed = ", ".join(map(str, sorted({trials // s for s, _, trials in rests})))
+    shared = all(n * s == t for s, n, t in rests)
+    shared = (
+        f"all on the same {per_seed} held-out samples" if shared else f"each on {per_seed} held-out samples of its own"
+    )
     return "\n".join(
         markdown(head, body)
         + [
             "",
-            f"Exact match over {', '.join(map(str, sorted(trials)))} held-out samples per cell, seeds pooled (± their "
-            "sd where they differ); n/a: past a learned table. Wilson intervals and heatmaps: "
-            "[results/tasks/REPORT.md](results/tasks/REPORT.md), from `results/tasks/eval/tasks.json`.",
+            f"Exact match ([results/tasks/REPORT.md](results/tasks/REPORT.md)), the mean of {seeds} seeds ±sd, {shared}"
+            "; n/a: past a learned table; **bold**: highest; ~: no paired difference from it detected.",
         ]
     )
 

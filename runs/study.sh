@@ -13,7 +13,8 @@
 # checkpoint, an evaluated run (eval/length.json, eval/stream.json) is neither trained nor evaluated again. So a
 # study kept as its evaluations alone grows without retraining what it holds:
 #   cp -r results/study-breadth study-b && STUDY=study-b SCHEMES="kerple irope" bash runs/study.sh logger.wandb=false
-# Writes $STUDY/REPORT.md (the tables, with 95% intervals, and the plots) and $STUDY/eval/compare.{json,txt,png}.
+# Writes $STUDY/REPORT.md (the tables, with 95% intervals, and the plots) and $STUDY/eval/compare.{json,txt,png}; each
+# call appends itself with every variable it ran with to $STUDY/commands.txt, which the report quotes.
 # Time at the defaults, measured with two of these jobs sharing 2 CPU cores (OMP_NUM_THREADS=1 each): 8-10 min per
 # training run, 1-2.5 min per length eval, 7-9 min per stream eval; six schemes x 3 seeds, about 4 hours of one
 # core. On a GPU: not measured.
@@ -27,6 +28,10 @@ TAG=${TAG:+-$TAG}  # run folders are <scheme><-TAG>-s<seed>; the report names a 
 PY=${PYTHON:-python}
 read -r -a eval_args <<< "${EVAL_ARGS:-}"
 read -r -a stream_args <<< "${STREAM_ARGS:-}"
+mkdir -p "$STUDY"
+echo "STUDY=$STUDY SCHEMES=\"$SCHEMES\" SEEDS=\"$SEEDS\" STREAM=$STREAM TAG=${TAG#-} EVAL_ARGS=\"${EVAL_ARGS:-}\"" \
+  "STREAM_ARGS=\"${STREAM_ARGS:-}\" bash runs/study.sh $*   # $(date -u +%F)," \
+  "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> "$STUDY/commands.txt"
 
 for scheme in $SCHEMES; do
   for seed in $SEEDS; do

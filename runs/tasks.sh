@@ -15,7 +15,8 @@
 # (positional.random_positions; a learned table that large). A preset of PRESETS (configs/experiment: layouts of
 # windowed and global layers) trains over the battery's recipe, experiment=[tasks,<preset>]. Runs go to
 # <TASKS>/<task>/<scheme>[-random]-s<seed> and <TASKS>/<task>/<preset>-s<seed>; the report to
-# <TASKS>/eval/tasks.{json,txt,png} and <TASKS>/REPORT.md, which labels a preset by the settings it changes.
+# <TASKS>/eval/tasks.{json,txt,png} and <TASKS>/REPORT.md, which labels a preset by the settings it changes; each
+# call appends itself with every variable it ran with to <TASKS>/commands.txt, which the report quotes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TASKS=${TASKS:-tasks}
@@ -26,6 +27,10 @@ PRESETS=${PRESETS-"rnope_swa gemma3 llama4"}  # PRESETS= (empty): none
 SEEDS=${SEEDS:-"1 2 3"}
 RANGE=${RANGE:-1024}  # above the longest test sample of every task (data/tasks.py: 743 tokens, vt at n=128)
 PY=${PYTHON:-python}
+mkdir -p "$TASKS"
+echo "TASKS=$TASKS BATTERY=\"$BATTERY\" SCHEMES=\"$SCHEMES\" RANDOMIZED=\"$RANDOMIZED\" PRESETS=\"$PRESETS\"" \
+  "SEEDS=\"$SEEDS\" RANGE=$RANGE EXPERIMENT=${EXPERIMENT:-tasks} bash runs/tasks.sh $*   # $(date -u +%F)," \
+  "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> "$TASKS/commands.txt"
 
 train() {  # run folder, then train.py overrides
   local run=$1

@@ -1,5 +1,6 @@
 """README.md and docs/*.md against what they describe: every table that comes from results/ is the one
-evaluation/doc_tables.py writes, every command they show composes its config, every link and layout entry exists.
+evaluation/doc_tables.py writes, every command they show composes its config (and every command dev/LOG.md,
+bench/RESULTS.md and results/*/README.md show), every link and layout entry exists.
 
 python -m pytest -q tests/test_docs.py
 A command is found in a fenced code block (lines joined at a trailing backslash) or an inline code span. Each
@@ -8,7 +9,7 @@ A command is found in a fenced code block (lines joined at a trailing backslash)
 and passes the range checks its entry point makes before any work (utils/schema.py), so a renamed key fails here
 before it fails a user. No training, no files read. A command whose comment reads `# error: <message>` must fail
 with exactly that message. Other scripts (bench/*.py, runs/*.sh, python -m <module>) must exist and take the flags
-and environment variables shown.
+and environment variables shown, runs/gpu.sh the phases it knows; `python -c` code must parse.
 """
 
 import importlib.util
@@ -127,6 +128,9 @@ def check_command(words: list[str]) -> int:
         at = next(i for i, w in enumerate(args) if w.endswith(".py"))
         program, args = "python", args[at:]
     if program in ("python", "python3"):
+        if args[0] == "-c":  # a program given inline: it must parse
+            compile(args[1], "<python -c>", "exec")
+            return 0
         if args[0] == "-m":
             target, args = args[1], args[2:]
             spec = importlib.util.find_spec(target)
@@ -151,6 +155,10 @@ def check_command(words: list[str]) -> int:
         source = script.read_text()
         unknown = [k for k in env if not re.search(rf"\$\{{?{k}\b", source)]
         assert not unknown, f"{args[0]} reads no {unknown}"
+        phases = re.search(r'^PHASES="([^"]+)"', source, re.M)
+        if phases:  # a script of phases (runs/gpu.sh) runs only those named, and refuses a call that names none
+            named = args[1:]
+            assert named and set(named) <= set(phases[1].split()), f"{args[0]} takes phases of {phases[1]!r}: {named}"
         n = 0
         for key in ("EVAL_ARGS", "STREAM_ARGS", "PASSKEY_ARGS"):
             if key in env:
@@ -158,12 +166,21 @@ def check_command(words: list[str]) -> int:
         if args[0] == "runs/study.sh":  # its trailing words are train.py overrides for every run
             scheme = env.get("SCHEMES", "rope").split()[0]
             n += compose_all("train", [f"positional={scheme}", "seed=1", *args[1:]], check_train)
+        if args[0] == "runs/tasks.sh":  # and here for every run, over the battery's recipe (and a preset's)
+            presets = env.get("PRESETS", "").split()
+            experiment = f"[tasks,{presets[0]}]" if presets and not env.get("SCHEMES", "rope").split() else "tasks"
+            n += compose_all(
+                "train", [f"experiment={experiment}", "data.tasks=[copy]", "seed=1", *args[1:]], check_train
+            )
         return n
     return 0  # pip, and the like
 
 
+SHOWN = [*DOCS, ROOT / "dev" / "LOG.md", ROOT / "bench" / "RESULTS.md", *sorted((ROOT / "results").glob("*/README.md"))]
+
+
 def commands() -> list[tuple[str, str]]:
-    return [(path.relative_to(ROOT).as_posix(), line) for path in DOCS for line in shown_commands(path.read_text())]
+    return [(path.relative_to(ROOT).as_posix(), line) for path in SHOWN for line in shown_commands(path.read_text())]
 
 
 @pytest.mark.parametrize("doc,line", commands(), ids=lambda x: x[:70])
@@ -198,8 +215,11 @@ def test_every_shown_command_composes_its_config(doc, line):
         "python analyses/head_focus_v2.py out/rope",
         "python -m evaluation.studies study",
         "bash runs/study.sh train.seqlen=3",
+        "SCHEMES= PRESETS=llama4 bash runs/tasks.sh model.chunck=16",
         "SCHEME=rope bash runs/study.sh",
         'EVAL_ARGS="eval.tokns=1" bash runs/study.sh',
+        "bash runs/gpu.sh",  # no phase: it exits 2
+        "LIMIT=100 bash runs/gpu.sh benchh",
     ],
 )
 def test_a_wrong_command_fails(line):

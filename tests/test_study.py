@@ -116,6 +116,12 @@ def test_study_script_puts_a_tagged_variant_beside_the_plain_runs_with_its_overr
     )
     assert f"eval.py checkpoint={study}/rope-window64-s1 logger.wandb=false" in calls
     assert not any(f"{study}/rope-s1" in c for c in calls)
+    [record] = (study / "commands.txt").read_text().splitlines()  # the call, kept beside what it made
+    assert record.startswith(f'STUDY={study} SCHEMES="rope" SEEDS="1" STREAM=1 TAG=window64 EVAL_ARGS=""')
+    assert "bash runs/study.sh model.window=64   # " in record and ", commit " in record
+    from evaluation.report import made_by
+
+    assert made_by(study)[3] == record and made_by(tmp_path) == []
 
 
 def test_the_report_titles_a_variants_stream_by_its_seed_group_not_its_bare_scheme(tmp_path, monkeypatch):

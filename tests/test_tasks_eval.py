@@ -1,5 +1,6 @@
 """eval.mode=tasks (evaluation/tasks.py) and the battery's runner (runs/tasks.sh): exact match scored only on the
-answer, pooled over seeds, n/a where positions run out; and the task names the config offers are data/tasks.py's."""
+answer, n/a where positions run out, a seed group's interval over its samples and its seeds, differences paired on the
+same samples; and the task names the config offers are data/tasks.py's."""
 
 import json
 import os
@@ -60,13 +61,14 @@ def test_random_positions_are_drawn_per_batch_and_lengths_past_them_are_na():
     assert table["accuracy"] is None and "learned table covers 20" in table["note"]
 
 
-def fake_result(scheme: str, seed: int, correct: list[int], trained=("copy",)) -> dict:
+def fake_result(scheme: str, seed: int, correct: list[int], trained=("copy",), eval_seed: int = 0) -> dict:
     rows = [{"task": task, "n": 8, "tokens": 18, "accuracy": sum(correct) / len(correct), "correct": sum(correct),
-             "trials": len(correct), "ci": [0, 1], "right": correct} for task in trained]  # fmt: skip
+             "trials": len(correct), "ci": scoring.wilson(sum(correct), len(correct)), "right": correct}
+            for task in trained]  # fmt: skip
     config = {"positional": {"name": scheme}, "seed": seed, "data": {"tasks": list(trained)}}
     ranges = {task: [1, 16] for task in trained}
     return {"checkpoint": f"{scheme}-s{seed}", "scheme": scheme, "train_config": config, "step": 10,
-            "train": ranges, "trials": len(correct), "seed": 0, "results": rows}  # fmt: skip
+            "train": ranges, "trials": len(correct), "seed": eval_seed, "results": rows}  # fmt: skip
 
 
 def test_runs_of_one_task_each_are_labelled_by_scheme_and_a_shared_task_by_its_set():
@@ -75,24 +77,54 @@ def test_runs_of_one_task_each_are_labelled_by_scheme_and_a_shared_task_by_its_s
     per_task = [fake_result("rope", seed, [1, 0], (task,)) for task in ("copy", "reverse") for seed in (1, 2)]
     got = scoring.cells(per_task)
     assert list(got) == ["copy", "reverse"] and all(list(by) == ["rope"] for by in got.values())
-    assert got["copy"]["rope"][8][3] == 4  # two seeds of two trials
+    assert got["copy"]["rope"][8]["trials"] == 4 and got["copy"]["rope"][8]["samples"] == 2  # two seeds, one draw
     got = scoring.cells([*per_task, fake_result("rope", 1, [1, 1], ("copy", "reverse"))])
     assert sorted(got["copy"]) == ["rope [data.tasks=copy,reverse]", "rope [data.tasks=copy]"]
-    assert got["copy"]["rope [data.tasks=copy,reverse]"][8][0] == 1.0
+    assert got["copy"]["rope [data.tasks=copy,reverse]"][8]["accuracy"] == 1.0
 
 
-def test_a_seed_group_pools_its_trials_and_reports_the_spread():
+def test_a_seed_group_reports_the_mean_and_spread_of_its_seeds():
     results = [
         fake_result("rope", 1, [1, 1, 0, 0]),
         fake_result("rope", 2, [1, 1, 1, 1]),
         fake_result("alibi", 1, [0] * 4),
     ]
     cells = scoring.cells(results)["copy"]
-    accuracy, sd, ci, trials = cells["rope"][8]
-    assert (accuracy, trials) == (0.75, 8) and sd == pytest.approx(np.std([0.5, 1.0], ddof=1))
-    assert ci == [round(x, 4) for x in scoring.wilson(6, 8)]
-    assert cells["alibi"][8][0] == 0 and cells["alibi"][8][1] is None
-    assert "| rope | 0.75 ±0.35" in scoring.table(results)
+    rope, alibi = cells["rope"][8], cells["alibi"][8]
+    assert (rope["accuracy"], rope["seeds"], rope["trials"], rope["samples"]) == (0.75, [0.5, 1.0], 8, 4)
+    assert rope["sd"] == pytest.approx(np.std([0.5, 1.0], ddof=1))
+    assert alibi["accuracy"] == 0 and alibi["sd"] is None and alibi["ci"] == scoring.wilson(0, 4)  # one run: Wilson
+    assert "| rope | 0.75* ±0.35" in scoring.table(results)
+
+
+def test_seeds_scoring_the_same_samples_are_not_independent_trials():
+    """Three seeds right on the same 40 of 50 samples know no more than one run of 50: the interval holds that of 50
+    samples, not the narrower one of 150 pooled trials; seeds that disagree widen it further."""
+    same = [fake_result("rope", seed, [1] * 40 + [0] * 10) for seed in (1, 2, 3)]
+    cell = scoring.cells(same)["copy"]["rope"][8]
+    lo, hi = scoring.wilson(40, 50)
+    assert cell["samples"] == 50 and cell["ci"][0] <= round(lo, 4) and cell["ci"][1] >= round(hi, 4)
+    assert cell["ci"][1] - cell["ci"][0] > 1.5 * np.subtract(*scoring.wilson(120, 150)[::-1])  # 150 pooled: narrower
+    apart = [fake_result("rope", seed, [1] * k + [0] * (50 - k)) for seed, k in ((1, 10), (2, 25), (3, 40))]
+    wide = scoring.cells(apart)["copy"]["rope"][8]
+    assert wide["accuracy"] == 0.5 and wide["ci"][0] < 0.3 and wide["ci"][1] > 0.7
+    own = [fake_result("rope", seed, [1] * 40 + [0] * 10, eval_seed=seed) for seed in (1, 2, 3)]
+    assert scoring.cells(own)["copy"]["rope"][8]["samples"] == 150  # each seed scored its own draw
+
+
+def test_two_groups_on_the_same_samples_differ_by_a_paired_interval():
+    """rope is right wherever alibi is and on 6 samples more, in every seed: a paired difference of 0.12 whose
+    interval excludes 0, though each cell's interval holds the other's accuracy. nope, as often right as alibi but
+    on other samples, differs from alibi by no detected amount, nor from rope (46 samples where the two disagree)."""
+    a = [fake_result("alibi", seed, [1] * 20 + [0] * 30) for seed in (1, 2, 3)]
+    b = [fake_result("rope", seed, [1] * 26 + [0] * 24) for seed in (1, 2, 3)]
+    c = [fake_result("nope", seed, [0] * 30 + [1] * 20) for seed in (1, 2, 3)]
+    got = scoring.summary(a + b + c)
+    pairs = {(p["a"], p["b"]): p for p in got["pairs"]}
+    assert pairs[("alibi", "rope")]["diff"] == -0.12 and pairs[("alibi", "rope")]["hi"] < 0
+    assert got["cells"]["copy"]["rope"][8]["ci"][0] < 0.4 < 0.52 < got["cells"]["copy"]["alibi"][8]["ci"][1]
+    assert pairs[("alibi", "nope")]["diff"] == 0 and pairs[("alibi", "nope")]["within_noise"]
+    assert [got["cells"]["copy"][g][8]["mark"] for g in ("rope", "alibi", "nope")] == ["*", "", "~"]
 
 
 def test_the_config_offers_exactly_the_tasks_data_tasks_generates():
@@ -149,6 +181,10 @@ def test_the_battery_trains_each_task_scheme_and_random_variant_once_and_resumes
     assert len(evals) == 16 and all("eval.mode=tasks" in c for c in evals)
     assert sum(c.startswith("-m evaluation.tasks") for c in calls) == 2  # the report, each time
     assert json.loads((tmp_path / "battery" / "add" / "rope-s1" / "eval" / "tasks.json").read_text()) == {}
+    record = (tmp_path / "battery" / "commands.txt").read_text().splitlines()  # each call, every variable it ran with
+    settings = 'BATTERY="copy add" SCHEMES="rope learned" RANDOMIZED="learned" PRESETS="gemma3" SEEDS="1 2" RANGE=512'
+    call = f"TASKS={tmp_path / 'battery'} {settings} EXPERIMENT=tasks bash runs/tasks.sh train.max_steps=5   # "
+    assert len(record) == 2 and record[0].startswith(call)
     empty = {**env, "TASKS": str(tmp_path / "none"), "SCHEMES": "", "RANDOMIZED": "", "PRESETS": ""}
     log.write_text("")
     subprocess.run(["bash", "runs/tasks.sh"], cwd=ROOT, env=empty, check=True)
@@ -175,5 +211,5 @@ def test_the_readme_headline_is_written_from_the_battery_summary(tmp_path, monke
     finally:
         doc_tables.load.cache_clear()
     assert lines[0] == "| scheme | copy 16 | copy 32 (2x) | copy 128 (8x) |"
-    assert lines[2] == "| rope | 0.75 ±0.35 | 0.75 ±0.35 | n/a |" and lines[3] == "| alibi | 0 | 0 | n/a |"
-    assert "over 2, 4 held-out samples per cell" in lines[5]
+    assert lines[2] == "| rope | **0.75** ±0.35 | **0.75** ±0.35 | n/a |" and lines[3] == "| alibi | 0~ | 0~ | n/a |"
+    assert "the mean of 1-2 seeds ±sd, all on the same 2 held-out samples" in lines[5]
