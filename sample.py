@@ -30,8 +30,7 @@ from omegaconf import DictConfig
 import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
 from data import tokenizer
 from evaluation import longrope
-from model.generate import generate, hold_matrices
-from model.kv_cache import CacheError, build_cache, cache_sizes
+from model.kv_cache import CacheError, build_cache, cache_sizes, generate, hold_matrices
 from model.variant import Variant
 from positional import hf_rope_scaling, rerope
 from positional.rope_scaling import SEARCHED, Scaling, refusal

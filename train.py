@@ -37,10 +37,8 @@ from data import tokenizer
 from data.loader import RowSampler, TokenSplit
 from data.prepare import prepare
 from data.shards import load_meta
-from model.generate import generate
-from model.kv_cache import DenseCache
-from utils import checkpoint, checks, finetune, optim, parallel, runtime, schema
-from utils.compiling import should_compile
+from model.kv_cache import DenseCache, generate
+from utils import checkpoint, checks, optim, parallel, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, start_wandb
 
@@ -228,6 +226,8 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
     model.pe.check_length(tr.seq_len)
     state = TrainState()
     if init is not None and not tr.resume:  # weights only, before any wrapping: every rank loads the same
+        from utils import finetune
+
         state.init_from = finetune.load_weights(model, init, match, cfg.init_from, OLDER)
         say(
             f"starting from the weights of {state.init_from['path']} (step {init['step']}, seq_len "
@@ -240,7 +240,7 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
     scaler = grad_scaler(rt)
     if tr.resume:
         state = resume(out_dir, match, model, opts, scaler, tr.parallel, say)
-    if should_compile(cfg.compile, rt.device, say):
+    if runtime.should_compile(cfg.compile, rt.device, say):
         runner = torch.compile(runner)
     train_rows = row_sampler(cfg, data_dir, "train", cfg.seed, bos_aligned, model.pe.axes)
     val_rows = row_sampler(cfg, data_dir, "val", 0, False, model.pe.axes)
@@ -546,11 +546,12 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
     """Train as cfg says into out_dir; return a summary (step, losses, wall time). probes: measured at each
     evaluation and logged beside the validation loss (evaluation/probes.py); train.sink_metric adds SinkProbe."""
     cfg.out_dir, out_dir, tr = str(out_dir), Path(out_dir), cfg.train
-    init = finetune.read_init(cfg)  # init_from's checkpoint, mapped; it gives positional.original_length its value
-    checks.check(cfg)  # every range and rule, before any data is read
-    checks.check_model(cfg)
-    if cfg.data.source == "grids":  # train.seq_len against its grid size
-        schema.check_grid_row(cfg.data, tr.seq_len)
+    checks.preflight(cfg)  # every range, rule and path, and the model on the meta device, before any data is read
+    init = None
+    if cfg.init_from:  # init_from's checkpoint, mapped (preflight gave positional.original_length its value)
+        from utils import finetune
+
+        init = finetune.read_init(cfg)
     if tr.sink_metric:  # the attention on the first token of held-out rows, at every evaluation
         from evaluation.probes import SinkProbe
 

@@ -19,9 +19,8 @@ import torch
 
 from bench.configs import SIZES, model_config
 from bench.table import publish
-from model.generate import hold_matrices
 from model.gpt import GPT, GPTConfig
-from model.kv_cache import DenseCache, SinkCache
+from model.kv_cache import DenseCache, SinkCache, hold_matrices
 from model.static_decode import StaticDecoder
 from utils import checkpoint
 from utils.runtime import keep_freed_memory, peak_memory_mb

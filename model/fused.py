@@ -1,11 +1,19 @@
-"""RMSNorm and ReLU^2 as autograd functions that make fewer passes over memory than their eager compositions.
+"""Fused operations: RMSNorm, ReLU^2 and the output head, as autograd functions that make fewer passes over memory
+than their eager compositions.
 
+python train.py          (every training and evaluation forward goes through here)
 python bench/cpu_bench.py           (nanopos against a plain GPT-2 block; these close most of the gap on the CPU)
 On the CPU each eager elementwise op is its own pass over the activations, and at this model size the passes,
 not the matrix multiplies, take much of a step: F.rms_norm runs as pow, mean, add, rsqrt, mul (and as many
 again backward), and F.relu(x).square() allocates and saves two new tensors. Here a norm is one reduction and
 one multiply forward, a dot product and two passes backward (5x faster than F.rms_norm at 1 thread); ReLU^2
 saves relu(x) and its backward is one pass. Same formulas, same values (tests/test_fast_paths.py).
+The head: loss = CE(c * tanh(x W^T / c), y). Over all B x T x V logits at once, each elementwise step (softcap,
+log-softmax, their gradients) is its own pass over a tensor far larger than the CPU's caches (128 MiB at B x T =
+8192, V = 4096), and on a GPU at a 50K vocabulary it is the peak of memory. Here a chunk of rows at a time goes
+through the matmul, the softcap, the loss and, while training, its gradient (the loss is the last op, so the
+gradient of a chunk's logits is known in the forward pass): backward only scales the stored gradients of x and W.
+The same matrix multiplies as the plain formula, and no logits tensor larger than a chunk.
 Under torch.compile the plain formulas are traced instead: inductor fuses them into single kernels itself.
 """
 
@@ -56,3 +64,126 @@ class _ReLUSquare(torch.autograd.Function):
         """2 relu(x) g in one pass: addcmul onto a broadcast zero (relu, mul, mul was three)."""
         (r,) = ctx.saved_tensors
         return torch.addcmul(r.new_zeros(()), r, g, value=2.0)
+
+
+CHUNK_BYTES = {"cpu": 8 << 20, "cuda": 512 << 20}  # fp32 logits per chunk: 8 MiB is 512 rows at V = 4096
+CHUNK_ROWS = None  # None: from CHUNK_BYTES (measured on the 2-core CPU: 512 rows beat 256, 1024 and 2048)
+
+
+def chunk_rows(device: torch.device, vocab: int) -> int:
+    if CHUNK_ROWS is not None:
+        return CHUNK_ROWS
+    return max(128, CHUNK_BYTES.get(device.type, CHUNK_BYTES["cuda"]) // (4 * vocab))
+
+
+def softcapped_logits(x: torch.Tensor, weight: torch.Tensor, softcap: float) -> torch.Tensor:
+    logits = F.linear(x, weight).float()
+    return softcap * torch.tanh(logits / softcap)
+
+
+def head_loss(x, weight, targets, softcap: float, reduction: str = "mean") -> torch.Tensor:
+    """CE(softcap * tanh(x W^T / softcap), targets) with ignore_index -1; reduction mean, sum or none."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be mean, sum or none, got {reduction}")
+    if torch.compiler.is_compiling():
+        logits = softcapped_logits(x, weight, softcap)
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=-1, reduction=reduction)
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    with torch.autocast(x.device.type, enabled=False):
+        out = _ChunkedHead.apply(x.to(dtype), weight.to(dtype), targets, float(softcap), reduction)
+    return out.view(targets.shape) if reduction == "none" else out
+
+
+def _chunks(x, weight, targets, softcap: float, row_grad=None):
+    """Yield (rows, nll, g, scale) per chunk of rows. With row_grad (N,), the gradient of the chunk's raw logits
+    is g * scale[:, None]: the row scale is left to the caller, who applies it to the small (rows, d) matmul
+    operands instead of another pass over the (rows, V) logits.
+
+    The capped logits s = c tanh(u / c) lie in [-c, c], so exp(s) cannot overflow in fp32 and the softmax needs
+    no max subtraction: p = exp(s) / S with S = sum exp(s), and d nll / du = (p - onehot) (1 - tanh^2). tanh goes
+    through the sigmoid, tanh(v) = 2 sigmoid(2v) - 1 and 1 - tanh^2 = 4 sigmoid (1 - sigmoid): torch's CPU sigmoid
+    is about twice as fast as its tanh, and the factor 2 / c rides on the small x chunk.
+    """
+    step = min(chunk_rows(x.device, weight.size(0)), len(targets))
+    sig_buf = torch.empty(step, weight.size(0), device=x.device)  # two chunk buffers, reused: every pass in place
+    exp_buf = torch.empty_like(sig_buf)
+    minus_c = torch.full((), -softcap, device=x.device)
+    for start in range(0, len(targets), step):
+        rows = slice(start, start + step)
+        t = targets[rows]
+        sig, e = sig_buf[: len(t)], exp_buf[: len(t)]
+        _linear_into(sig, x[rows] * (2.0 / softcap), weight).sigmoid_()  # tanh(u/c) = 2 sig - 1
+        torch.add(minus_c, sig, alpha=2.0 * softcap, out=e).exp_()  # exp(s), s = c (2 sig - 1)
+        total = e.sum(dim=-1)
+        valid = t != -1
+        safe_t = t.clamp(min=0)[:, None]
+        sig_t = sig.gather(1, safe_t)[:, 0]
+        nll = (total.log() - softcap * (2.0 * sig_t - 1.0)) * valid
+        if row_grad is None:
+            yield rows, nll, None, None
+            continue
+        g = sig.addcmul_(sig, sig, value=-1.0).mul_(e)  # exp(s) sig (1 - sig) = exp(s) (1 - tanh^2) / 4
+        g.scatter_add_(1, safe_t, -(total * sig_t * (1.0 - sig_t))[:, None])  # minus S * onehot * that
+        yield rows, nll, g, 4.0 * valid * row_grad[rows] / total
+
+
+def _linear_into(out, x, weight):
+    """out (fp32) = x W^T, straight into out when the matmul is fp32."""
+    if weight.dtype == torch.float32:
+        return torch.matmul(x, weight.t(), out=out)
+    return out.copy_(F.linear(x, weight))
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """Chunk by chunk: the summed or mean NLL with its gradients computed in forward (backward only scales
+    them), or the per-row NLL (N,) whose backward recomputes each chunk."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, softcap, reduction):
+        x2, t = x.reshape(-1, x.size(-1)), targets.reshape(-1)
+        ctx.reduction, ctx.softcap, ctx.x_shape = reduction, softcap, x.shape
+        if reduction == "none":
+            nll = torch.empty(len(t), device=x.device)
+            for rows, nll_c, _, _ in _chunks(x2, weight, t, softcap):
+                nll[rows] = nll_c
+            ctx.save_for_backward(x2, weight, t)
+            return nll
+        want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        n = (t != -1).sum().clamp(min=1) if reduction == "mean" else torch.ones((), device=x.device)
+        total = torch.zeros((), device=x.device)
+        gx, gw = (torch.empty_like(x2), _zeros32(weight)) if want_grad else (None, None)
+        row_grad = (1.0 / n).expand(len(t)) if want_grad else None
+        for rows, nll_c, g, scale in _chunks(x2, weight, t, softcap, row_grad):
+            total += nll_c.sum()
+            if want_grad:
+                _accumulate(g, scale, x2[rows], weight, gx[rows], gw)
+        ctx.save_for_backward(gx, gw)
+        ctx.w_dtype = weight.dtype
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if ctx.reduction != "none":
+            gx, gw = ctx.saved_tensors
+            grad_out = grad_out.to(gx.dtype)
+            return (gx * grad_out).view(ctx.x_shape), (gw * grad_out.float()).to(ctx.w_dtype), None, None, None
+        x2, weight, t = ctx.saved_tensors
+        gx, gw = torch.empty_like(x2), _zeros32(weight)
+        for rows, _, g, scale in _chunks(x2, weight, t, ctx.softcap, grad_out.float()):
+            _accumulate(g, scale, x2[rows], weight, gx[rows], gw)
+        return gx.view(ctx.x_shape), gw.to(weight.dtype), None, None, None
+
+
+def _zeros32(weight):
+    return torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+
+
+def _accumulate(g, scale, x_rows, weight, gx_rows, gw):
+    """With the logits' gradient G = g * scale[:, None]: gx_rows = G W and gw += G^T x, summed in fp32."""
+    g, scale = g.to(weight.dtype), scale.to(weight.dtype)[:, None]
+    torch.matmul(g, weight, out=gx_rows)
+    gx_rows.mul_(scale)
+    if gw.dtype == weight.dtype:
+        gw.addmm_(g.t(), x_rows * scale)
+    else:
+        gw += (g.t() @ (x_rows * scale)).float()

@@ -39,9 +39,7 @@ from positional import PositionAxesError
 from settings import Rule, choices, setting
 
 from .attention import BACKENDS, Chunk, add_window, attend, check_backend, content_attention, make_plan
-from .fused import relu_square, rms_norm
-from .head import head_loss, softcapped_logits
-from .log_scaling import SSMAX_INIT, log_length_factor, log_positions
+from .fused import head_loss, relu_square, rms_norm, softcapped_logits
 
 # rms: gain-free QK-norm, logits within +-sqrt(head dim) | learned: a gain per head and dim, 1 at init | none
 QKNorm = choices("QKNorm", "rms", "learned", "none")
@@ -103,7 +101,7 @@ class GPTConfig(ModelConfig):
     def __post_init__(self):
         if message := settings.problem(self, "model."):
             raise ValueError(message)
-        positional.options(self.positional)
+        self.positional = positional.options(positional.spec_of(self.positional))  # checked once, here
 
     @property
     def head_dim(self) -> int:
@@ -166,8 +164,11 @@ class Attention(nn.Module):
             self.k_gain = nn.Parameter(torch.ones(cfg.n_kv_head, cfg.head_dim))
         # zeros: the nothing slot starts as one more key with score 0, a 1/(n+1) share of n visible keys
         self.sink = nn.Parameter(torch.zeros(cfg.n_head)) if cfg.sink_logit else None
-        # model.ssmax: each head's s in s ln n (model/log_scaling.py), a layer's own as in Nakanishi 2025
-        self.ssmax = nn.Parameter(torch.full((cfg.n_head,), SSMAX_INIT)) if cfg.ssmax else None
+        self.ssmax = None
+        if cfg.ssmax:  # each head's s in s ln n (model/log_scaling.py), a layer's own as in Nakanishi 2025
+            from .log_scaling import SSMAX_INIT
+
+            self.ssmax = nn.Parameter(torch.full((cfg.n_head,), SSMAX_INIT))
         # the scheme's own part of this layer (FoX: its forget gate), which reads the layer input
         self.pe_layer = None if pe is None else pe.layer_module()
         self.window = cfg.layer_window(layer_idx)
@@ -366,8 +367,12 @@ class GPT(nn.Module):
         scaling, log_length = (variant.scaling, variant.log_length) if variant else (None, None)
         backend = backend or c.attn_backend
         # the queries' log-length factors, made once from their positions for every layer (model/log_scaling.py)
-        q_scale = None if log_length is None else log_length_factor(q_pos, log_length)
-        log_n = log_positions(q_pos) if c.ssmax else None
+        q_scale = log_n = None
+        if log_length is not None or c.ssmax:
+            from .log_scaling import log_length_factor, log_positions
+
+            q_scale = None if log_length is None else log_length_factor(q_pos, log_length)
+            log_n = log_positions(q_pos) if c.ssmax else None
         q_ids, k_ids = (q_pos, k_pos) if ids is None else ids
 
         def rotary(pe):  # a scheme's rotation state under the variant, once per forward, and its far scores
@@ -400,7 +405,7 @@ class GPT(nn.Module):
         return plan
 
     def _head(self, x, targets=None, reduction="mean"):
-        """Softcapped fp32 logits, or the loss against targets computed in chunks of rows (model/head.py)."""
+        """Softcapped fp32 logits, or the loss against targets computed in chunks of rows (model/fused.py)."""
         if targets is None:
             return softcapped_logits(norm(x), self.lm_head.weight, self.cfg.softcap)
         return head_loss(norm(x), self.lm_head.weight, targets, self.cfg.softcap, reduction)

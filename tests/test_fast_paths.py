@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from conftest import SCHEMES, assert_same_logits_and_grads, random_model
 
-from model import head
+from model import fused as head
 from model.attention import dense_bias
 
 
@@ -244,7 +244,7 @@ def test_compiled_model_equals_eager(name):
 
 
 def test_compile_setting(monkeypatch, capsys):
-    from utils import compiling
+    from utils import runtime as compiling
     from utils.errors import UserError
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")

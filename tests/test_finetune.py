@@ -83,7 +83,7 @@ def test_every_scheme_takes_a_shorter_checkpoints_weights(name):
 
 def test_init_from_refuses_a_missing_checkpoint_or_another_shape(init_runs, tmp_path):
     """UserErrors: one line and exit status 2 from train.py (utils/errors.py, tests/test_errors.py)."""
-    with pytest.raises(UserError, match=r"init_from=/no/such/run holds no checkpoint"):
+    with pytest.raises(UserError, match=r"init_from=/no/such/run has no checkpoint at"):
         train(config(*TINY, "init_from=/no/such/run"), tmp_path / "a")
     with pytest.raises(UserError, match=r"init_from=.* another model shape.*model.n_layer=3 \(it has 2\)"):
         train(config(*TINY, *ADAMW, f"init_from={init_runs / 'rope'}", "model.n_layer=3"), tmp_path / "b")

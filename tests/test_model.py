@@ -173,7 +173,7 @@ def test_matrices_held_in_bf16_decode_as_autocast_computes(name):
     """hold_matrices (sample.py, decode_bench): decoding under bf16 autocast with every matrix weight kept in bf16
     gives exactly the logits of fp32 weights that autocast casts at every step, through a dense cache and the static
     step; embeddings and a scheme's own tensors stay fp32."""
-    from model.generate import hold_matrices
+    from model.kv_cache import hold_matrices
     from model.static_decode import StaticDecoder
 
     cast, held = random_model(name), hold_matrices(random_model(name), torch.bfloat16)

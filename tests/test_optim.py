@@ -1,8 +1,8 @@
-"""utils/muon.py: torch.optim.Muon's update, orthogonalized in fp32 on the CPU."""
+"""utils/optim.py Muon: torch.optim.Muon's update, orthogonalized in fp32 on the CPU."""
 
 import torch
 
-from utils.muon import Muon, orthogonalize
+from utils.optim import Muon, orthogonalize
 
 COEF = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's defaults
 

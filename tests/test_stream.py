@@ -11,8 +11,7 @@ import evaluation.sink_mass as sink_mass
 import model.attention as attention
 from evaluation.attention_map import pick_heads, plot_attention_maps
 from evaluation.sink_mass import SINK_THRESHOLD, first_token_attention, sink_shares
-from model.generate import sample_next
-from model.kv_cache import CacheError, DenseCache, SinkCache, build_cache, cache_sizes
+from model.kv_cache import CacheError, DenseCache, SinkCache, build_cache, cache_sizes, sample_next
 from model.static_decode import StaticDecoder
 from train import train
 

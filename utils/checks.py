@@ -4,21 +4,34 @@ python train.py train.seq_len=0     error: train.seq_len=0 must be >= 1; pass a 
 check() walks a composed config against every range and rule its dataclasses declare (utils/schema.py, settings.py);
 preflight() adds what needs more than the config: the paths it names, the model it would build (check_model, on the
 meta device: no memory, no data), and the rules that read a checkpoint it names (facts). resume_mismatch words a
-resume that changes a setting. utils/precheck.py runs preflight on every job of a sweep before the first one starts.
+resume that changes a setting.
+Every job is checked before any runs: Check, a Hydra callback registered in each entry point's configs/<name>.yaml as
+hydra.callbacks.check, makes the entry point's preflight on the config of each job before Hydra makes its folder.
+python train.py -m train.seq_len=256,0     error: train.seq_len=0 must be >= 1; ... (job 2 of 2: ...), before job 1
+python train.py out_dir=notes.txt          error: out_dir=notes.txt is a file, not a folder; ...
+on_run_start checks the run's config and makes the folder Hydra would make next (hydra.run.dir: train.py's out_dir),
+so that a folder that cannot be made is one line naming out_dir; on_multirun_start composes every job of the sweep as
+the basic sweeper will (its params and the command line's overrides, crossed) and checks each, so a bad later job
+stops the sweep before the first trains.
 """
 
+import copy
 import functools
+import itertools
 import json
 from pathlib import Path
 
 import torch
+from hydra.errors import CompactHydraException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 import positional
 import settings
 from model.gpt import GPT, GPTConfig
 from settings import config_type, files_problem, problem
 from utils import checkpoint
-from utils.errors import UserError
+from utils.errors import UserError, cli, compose_message
 from utils.schema import (
     CHECKPOINT_HINT,
     RUN,
@@ -28,6 +41,8 @@ from utils.schema import (
     plain,
     run_checkpoint,
 )
+
+PASSED: set[str] = set()  # the configs (as YAML) preflight passed in this process
 
 
 def facts(path) -> dict:
@@ -70,14 +85,18 @@ def preflight(cfg):
     """What an entry point checks before any work, each failure one line naming the key: every setting of the
     composed config against its declared range and rules, then the paths it names, then what needs more than the
     config: the model it would build (train.py, viz.py at init) and the rules that read a checkpoint it names (a
-    learned table's size, the training length). utils/precheck.py runs it on every job before Hydra starts one."""
+    learned table's size, the training length). Check runs it on every job before Hydra starts one, and
+    the entry point then calls it again: a config that passed once in this process is not checked twice."""
+    text = OmegaConf.to_yaml(cfg)
+    if text in PASSED:
+        return
     kind = config_type(cfg)
-    if kind is TrainConfig:  # init_from's checkpoint gives positional.original_length its value, as train.py does
+    if kind is TrainConfig and cfg.init_from:  # its checkpoint gives positional.original_length, as train.py does
         from utils.finetune import read_init
 
         if message := problem(cfg, values_only=True):  # the values read_init reads, first
             raise UserError(message)
-        if cfg.init_from and (why := run_checkpoint(str(cfg.init_from))):
+        if why := run_checkpoint(str(cfg.init_from)):
             raise UserError(f"init_from={cfg.init_from} {why}; {CHECKPOINT_HINT}")
         read_init(cfg)
     if message := problem(cfg, facts=dict.fromkeys(RUN, True)) or files_problem(cfg):
@@ -93,6 +112,7 @@ def preflight(cfg):
     for path in checkpoints(cfg):
         if message := problem(cfg, facts={**dict.fromkeys(RUN, True), **facts(path)}):
             raise UserError(message)
+    PASSED.add(text)
 
 
 def resume_mismatch(saved: dict, run: dict, path) -> str | None:
@@ -149,3 +169,72 @@ def fit_model(model: str, seq_len: int, drawn: int | None):
     built.pe.check_length(seq_len)
     if drawn is not None:
         built.pe.check_length(drawn)
+
+
+# ---- every job of a run or a sweep, before Hydra starts one ----
+
+
+def task_config(config: DictConfig) -> DictConfig:
+    """The job's own config, as Hydra hands it to the entry point: less its hydra node."""
+    cfg = copy.deepcopy(config)
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def sweep_jobs(config: DictConfig) -> tuple[list[list[str]], set[str]]:
+    """The overrides of each job of a sweep, as hydra's basic sweeper makes them (each sweep's values crossed), and
+    the keys swept; no jobs for another sweeper (its jobs are checked as each starts)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return [], set()
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    overrides = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+    by_key, swept = {}, set()
+    for o in overrides:
+        values = o.sweep_string_iterator() if o.is_discrete_sweep() else [o.get_value_element_as_str()]
+        by_key[o.get_key_element()] = [f"{o.get_key_element()}={v}" for v in values]
+        swept |= {o.get_key_element()} if o.is_sweep_override() else set()
+    return [list(job) for job in itertools.product(*by_key.values())], swept
+
+
+def check_run(config: DictConfig):
+    preflight(task_config(config))
+    folder = Path(config.hydra.run.dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        key = "out_dir" if "out_dir" in config else "hydra.run.dir"
+        raise UserError(f"{key}={folder} cannot be made ({e.strerror}); pass a folder you can write") from None
+
+
+def check_sweep(config: DictConfig):
+    from hydra.core.global_hydra import GlobalHydra
+
+    jobs, swept = sweep_jobs(config)
+    loader = GlobalHydra.instance().config_loader()
+    for n, overrides in enumerate(jobs, 1):
+        which = " ".join(o for o in overrides if o.partition("=")[0] in swept) or "as given"
+        try:
+            job = loader.load_sweep_config(master_config=config, sweep_overrides=overrides)
+        except CompactHydraException as e:  # an option that does not exist (positional=alibii)
+            raise UserError(f"{compose_message(e, config.hydra.job.config_name)} (job {n} of {len(jobs)})") from None
+        try:
+            preflight(task_config(job))
+        except UserError as e:
+            raise UserError(f"{e} (job {n} of {len(jobs)}: {which})") from None
+
+
+class Check(Callback):
+    """Hydra turns an exception a callback raises into a warning and goes on: a refusal here exits, through cli()."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        refuse(check_run, config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        refuse(check_sweep, config)
+
+
+def refuse(check, config: DictConfig):
+    cli(lambda: check(config))  # a UserError, or a scheme's or a cache's own refusal: one line and exit 2

@@ -6,7 +6,7 @@ Bugs still raise with a full traceback.
         hydra_cli(main)          # main: a @hydra.main function whose body calls cli(...)
 hydra_cli words a config that does not compose (a value of the wrong type, an unknown key or option, a
 malformed override) the same way: Hydra itself would print several lines and exit 1. It also prints the UserError
-of a check made before Hydra starts the run (utils/precheck.py, a Hydra callback: every job of a sweep is checked
+of a check made before Hydra starts the run (utils/checks.py Check, a Hydra callback: every job of a sweep is checked
 before the first runs).
 """
 
@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+# the settings of a training run, which the entry points that read its checkpoint take from it (utils/eval_schema.py)
+FROM_CHECKPOINT = ("positional", "model", "data", "tokenizer", "optim", "train", "init_from", "out_dir")
+READERS = ("eval", "sample", "longrope")  # entry points that read every one of them from a checkpoint
 # the entry point a process runs, by its script's name, as its configs/<name>.yaml is named
 SCRIPTS = {"longrope_search": "longrope"}
 
@@ -62,7 +65,7 @@ def hydra_cli(main):
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         return main()
-    except UserError as e:  # a check Hydra ran before the job (utils/precheck.py)
+    except UserError as e:  # a check Hydra ran before the job (utils/checks.py Check)
         fail(str(e))
     except CompactHydraException as e:
         if debug:
@@ -180,12 +183,9 @@ def no_group_message(group: str, text: str, name: str) -> str:
     fixes (eval.py positional=alibi), where it is set."""
     import difflib
 
-    from utils import schema
-
     value = re.search(r"use \+\S+=(\S+)", text)
     shown = f"{group}={value.group(1) if value else '...'}"
-    cls = schema.ENTRY_POINTS.get(name)
-    if group in getattr(cls, "FROM_CHECKPOINT", ()):
+    if name in READERS and group in FROM_CHECKPOINT:
         return (
             f"{shown}: {name}.py reads {group} from the checkpoint, as the run was trained; train a run with it "
             f"(python train.py {shown}), and pass that run's folder as checkpoint="

@@ -22,6 +22,7 @@ from positional.hf_rope_scaling import HFRopeScaling
 from positional.rope_scaling import KINDS, SEARCHED
 from settings import Rule, choices, fixed, group, number, setting
 from utils import checkpoint
+from utils.errors import FROM_CHECKPOINT  # an override of one of these names where it is set
 from utils.schema import (
     CHECKPOINT_HINT,
     ENTRY_POINTS,
@@ -200,8 +201,6 @@ def sweep_setting():  # a training sweep folder: every run in it
     return setting(None, "pass a training sweep folder (multirun/<time>)", nonempty=True, files=sweep_folder)
 
 
-# the settings of a training run, which eval.py and sample.py read from its checkpoint: an override of one names it
-FROM_CHECKPOINT = ("positional", "model", "data", "tokenizer", "optim", "train", "init_from", "out_dir")
 CACHE_ROOM = (  # sinks < capacity, where the window is left to fill the training length
     "{0} leaves no room for recent tokens: with {1} the cache holds the training length, {train_length} tokens "
     "(+ {n_prefix} learned sinks), sinks included; pass fewer sinks, or a window"

@@ -38,11 +38,6 @@ def read_init(cfg) -> dict | None:
     scaled = pos.get("scaling", "none") != "none" and pos.get("original_length") is None
     if not cfg.init_from:
         return None  # a scaling with no original length is refused by checks.check
-    if not checkpoint.checkpoint_path(cfg.init_from).exists():
-        raise UserError(
-            f"init_from={cfg.init_from} holds no checkpoint ({checkpoint.checkpoint_path(cfg.init_from)}); pass a run "
-            f"folder holding {checkpoint.NAME}, or a .pt file"
-        )
     ckpt = checkpoint.load(cfg.init_from, mmap=True)
     if scaled:
         saved = ckpt["model_config"]["positional"]
