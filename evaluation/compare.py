@@ -205,7 +205,7 @@ class CompareCallback(Callback):
 
     def on_multirun_end(self, config, **kwargs):
         sweep = Path(config.hydra.sweep.dir)
-        results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/length.json"))]
+        results = [report.read_result(p) for p in sorted(sweep.glob("*/length.json"))]
         if len(results) > 1:
             print(compare(results, sweep))
             print(f"comparison written to {sweep}/compare.{{json,txt,png}}")

@@ -24,7 +24,8 @@ from data import tasks
 from evaluation import plots, report
 from evaluation.bootstrap import wilson
 from evaluation.compare import group_runs
-from utils import checkpoint
+from utils import checkpoint, files
+from utils.errors import UserError, cli
 from utils.progress import progress, say
 
 BATCH = 32  # samples per forward
@@ -161,12 +162,10 @@ def compare(results: list[dict], out_dir: Path) -> str:
 def write_report(folder: Path) -> str:
     """<folder>/REPORT.md and <folder>/eval/tasks.{json,txt,png} from the runs' stored eval/tasks.json: the battery's
     tables without scoring anything again (runs/tasks.sh ends with it)."""
-    import json
-
     found = sorted(p for p in folder.rglob("eval/tasks.json") if p.parent.parent != folder)  # not the summary
     if not found:
-        raise SystemExit(f"no eval/tasks.json under {folder}: run python eval.py checkpoint=<run> eval.mode=tasks")
-    results = [json.loads(p.read_text()) for p in found]
+        raise UserError(f"no eval/tasks.json under {folder}; run python eval.py checkpoint=<run> eval.mode=tasks")
+    results = [report.read_result(p) for p in found]
     text = compare(results, folder / "eval")
     lines = [
         f"# Length generalization on tasks: {len(results)} runs",
@@ -179,11 +178,11 @@ def write_report(folder: Path) -> str:
         "",
         "![exact-match accuracy by task, scheme and length](eval/tasks.png)",
     ]
-    (folder / "REPORT.md").write_text("\n".join(lines) + "\n")
+    files.write_text(folder / "REPORT.md", "\n".join(lines) + "\n")
     return text
 
 
 if __name__ == "__main__":
     import sys
 
-    print(write_report(Path(sys.argv[1] if len(sys.argv) > 1 else "tasks")))
+    print(cli(lambda: write_report(Path(sys.argv[1] if len(sys.argv) > 1 else "tasks"))))

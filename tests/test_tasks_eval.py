@@ -1,7 +1,6 @@
 """eval.mode=tasks (evaluation/tasks.py) and the battery's runner (runs/tasks.sh): exact match scored only on the
 answer, pooled over seeds, n/a where positions run out; and the task names the config offers are data/tasks.py's."""
 
-import json
 import os
 import subprocess
 
@@ -9,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, TINY, config
-from test_study import fake_python
+from test_study import RESULT, fake_python
 
 from data import tasks
 from evaluation import tasks as scoring
@@ -148,7 +147,7 @@ def test_the_battery_trains_each_task_scheme_and_random_variant_once_and_resumes
     evals = [c for c in calls if c.startswith("eval.py")]
     assert len(evals) == 16 and all("eval.mode=tasks" in c for c in evals)
     assert sum(c.startswith("-m evaluation.tasks") for c in calls) == 2  # the report, each time
-    assert json.loads((tmp_path / "battery" / "add" / "rope-s1" / "eval" / "tasks.json").read_text()) == {}
+    assert (tmp_path / "battery" / "add" / "rope-s1" / "eval" / "tasks.json").read_text() == RESULT
     empty = {**env, "TASKS": str(tmp_path / "none"), "SCHEMES": "", "RANDOMIZED": "", "PRESETS": ""}
     log.write_text("")
     subprocess.run(["bash", "runs/tasks.sh"], cwd=ROOT, env=empty, check=True)
