@@ -21,7 +21,6 @@ checks the config, walks a sweep, and compares.
 """
 
 import importlib
-import json
 from pathlib import Path
 
 import hydra
@@ -32,9 +31,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
-from utils import checkpoint, checks, runtime, schema
+from utils import checkpoint, checks, files, runtime, schema, stopping
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import start_wandb
+from utils.progress import Eta
 
 OWN_DATA = ("grids", "tasks")  # modes that score only the models of their own data= (and those models only them)
 
@@ -74,10 +74,10 @@ def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict
     run.finish()
 
 
-def evaluate_one(path, cfg, rt) -> dict:
+def evaluate_one(path, cfg, rt, which: str = "") -> dict:
     run_dir = checkpoint.checkpoint_path(path).parent
     out_dir = run_dir / "eval"
-    print(f"evaluating {run_dir}", flush=True)
+    print(f"evaluating {run_dir}{which}", flush=True)
     source = checkpoint.load(path, mmap=True)["config"]["data"].get("source")
     own = source if source in OWN_DATA else None
     if own != (cfg.eval.mode if cfg.eval.mode in OWN_DATA else None):
@@ -93,21 +93,48 @@ def evaluate_one(path, cfg, rt) -> dict:
     return result
 
 
+def output_folders(cfg, paths: list[Path]):
+    """Every folder the evaluation will write, made and written to before any scoring: a run folder that cannot be
+    written fails now, not after the work (utils/files.py check_writable)."""
+    for p in paths:
+        files.check_writable(
+            checkpoint.checkpoint_path(p).parent / "eval", "checkpoint" if cfg.checkpoint else "sweep_dir"
+        )
+    if cfg.sweep_dir:
+        files.check_writable(Path(cfg.sweep_dir) / "eval", "sweep_dir")
+
+
+def evaluate_all(cfg, rt, paths: list[Path]) -> list[dict]:
+    """Each run in turn, with its place and the time left; a stop (SIGTERM, Ctrl-C) keeps the runs done."""
+    results, eta = [], Eta(len(paths))
+    try:
+        for p in paths:
+            torch._dynamo.reset()  # each model's compiled flex versions are its own: never add up to the cap
+            which = f" (run {eta.done + 1} of {len(paths)})" if len(paths) > 1 else ""
+            results.append(evaluate_one(p, cfg, rt, which))
+            if len(paths) > 1:
+                print(f"evaluated {eta.step('runs')}", flush=True)
+    except stopping.Stopped as e:
+        kept = f"the runs evaluated before it ({len(results)} of {len(paths)}) keep their results; " if results else ""
+        stopping.say(f"stopped by {e.name}: {kept}the evaluation under way wrote nothing; run the command again")
+        raise
+    return results
+
+
 def run(cfg: DictConfig, job_dir: Path | None = None):
     checks.preflight(cfg)  # every setting, the checkpoints it names, and the rules that read them (a learned table)
+    paths = checks.checkpoints(cfg)
+    output_folders(cfg, paths)
     rt = runtime.setup(cfg.device, cfg.dtype, 0)
+    results = evaluate_all(cfg, rt, paths)
     if cfg.sweep_dir:
-        results = []
-        for p in checks.checkpoints(cfg):
-            torch._dynamo.reset()  # each model's compiled flex versions are its own: never add up to the cap
-            results.append(evaluate_one(p, cfg, rt))
         if cfg.eval.mode == "length" or cfg.eval.mode in OWN_DATA:
             table = mode_module("compare" if cfg.eval.mode == "length" else cfg.eval.mode)
             print(table.compare(results, Path(cfg.sweep_dir) / "eval"))
         return results
-    result = evaluate_one(cfg.checkpoint, cfg, rt)
+    result = results[0]
     if job_dir is not None and cfg.eval.mode == "length":  # a -m job: leave a copy for the comparison callback
-        (job_dir / "length.json").write_text(json.dumps(result))
+        files.write_json(job_dir / "length.json", result, indent=None)
     return result
 
 
@@ -117,7 +144,7 @@ class CompareCallback(Callback):
 
     def on_multirun_end(self, config, **kwargs):
         sweep = Path(config.hydra.sweep.dir)
-        results = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/length.json"))]
+        results = [mode_module("report").read_result(p) for p in sorted(sweep.glob("*/length.json"))]
         if len(results) > 1:
             print(mode_module("compare").compare(results, sweep))
             print(f"comparison written to {sweep}/compare.{{json,txt,png}}")
@@ -127,7 +154,8 @@ class CompareCallback(Callback):
 def main(cfg: DictConfig):
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir) if hc.mode == RunMode.MULTIRUN else None
-    cli(lambda: run(cfg, job_dir))
+    with stopping.raising():  # SIGTERM, Ctrl-C: stop at once, keeping the runs done (evaluate_all)
+        cli(lambda: run(cfg, job_dir))
 
 
 if __name__ == "__main__":

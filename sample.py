@@ -113,7 +113,7 @@ def sample(cfg: DictConfig):
             f"data=grids' (row, column) ids; score it with python eval.py checkpoint={cfg.checkpoint} eval.mode=grids"
         )
     enc = tokenizer.load(ckpt["tokenizer"])
-    ids = [tokenizer.bos_id(ckpt["tokenizer"], enc)] + enc.encode_ordinary(text)
+    ids = [tokenizer.bos_id(ckpt["tokenizer"], enc)] + tokenizer.encode(ckpt["tokenizer"], enc, text, "prompt")
     prompt = torch.tensor([ids], device=rt.device)
     generator = torch.Generator(device=rt.device).manual_seed(cfg.seed)
     sizes = cache_sizes(model, cfg.cache.kind, ckpt["seq_len"], **{k: v for k, v in cfg.cache.items() if k != "kind"})

@@ -38,9 +38,10 @@ from data.loader import RowSampler, TokenSplit
 from data.prepare import prepare
 from data.shards import load_meta
 from model.kv_cache import DenseCache, generate
-from utils import checkpoint, checks, optim, parallel, runtime, schema
+from utils import checkpoint, checks, optim, parallel, runtime, schema, stopping
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, start_wandb
+from utils.progress import clock
 
 MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "bos_aligned", "optimizer_format")  # a resume shares these
 # options added after checkpoints were written: an older checkpoint was trained with their defaults
@@ -95,17 +96,22 @@ class Setup:
 
 
 class StopFlag:
-    """SIGTERM or a first Ctrl-C asks the loop to save and stop; a second Ctrl-C interrupts at once."""
+    """SIGTERM or a first Ctrl-C asks the loop to save and stop; a second Ctrl-C interrupts at once. Before the loop
+    (data preparation, setup) there is nothing to save: the signal stops the run at once (utils/stopping.py)."""
 
     def __init__(self):
         self.requested = False
         self.name = None  # of the signal that asked
+        self.saving = False  # set once the loop runs
         self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.requested, self.name = True, signal.Signals(signum).name
+        self.requested, self.name = True, stopping.ask(signum)
+        if not self.saving:
+            print(f"\n{self.name}: stopping before the first step, with nothing to save", flush=True)
+            raise stopping.Stopped(self.name)
         print(f"\n{self.name}: saving a checkpoint and stopping", flush=True)
 
     def restore(self):
@@ -174,8 +180,8 @@ def check_out_dir(out_dir: Path, tr):
         )
     if not tr.resume and ckpt.exists() and not tr.overwrite:
         raise UserError(
-            f"{out_dir} already holds a checkpoint: add train.resume=true to continue it, "
-            f"or train.overwrite=true to start over"
+            f"{out_dir} already holds a checkpoint: add train.resume=true to continue it, train.overwrite=true to "
+            f"start over, or out_dir=<another folder> for a run of its own"
         )
 
 
@@ -275,7 +281,7 @@ def resume(out_dir: Path, match: dict, model, opts, scaler, parallel_mode: str, 
     """Weights, optimizer moments, loss scale and data position from out_dir's checkpoint, which must match the run."""
     ckpt = checkpoint.load(out_dir)
     check_resume(ckpt, match, out_dir / checkpoint.NAME)
-    parallel.load_state(model, opts, ckpt["model"], ckpt["optimizer"], parallel_mode)
+    parallel.load_state(model, opts, ckpt["model"], ckpt["optimizer"], parallel_mode, out_dir / checkpoint.NAME)
     if ckpt.get("scaler"):  # empty where the run had no fp16 loss scaling
         scaler.load_state_dict(ckpt["scaler"])
     say(f"resuming {out_dir} at step {ckpt['step']}")
@@ -413,12 +419,6 @@ def metrics(state: TrainState, meter: Meter, elapsed: float, measured: dict | No
 DIGITS = {"train_loss": 5, "val_loss": 5, "grad_norm": 4}  # as metrics.jsonl keeps them; printed from the full value
 
 
-def clock(seconds: float) -> str:
-    """h:mm:ss, or m:ss under an hour."""
-    m, sec = divmod(round(seconds), 60)
-    return f"{m // 60}:{m % 60:02d}:{sec:02d}" if m >= 60 else f"{m}:{sec:02d}"
-
-
 def log(logger: Logger, m: dict, max_steps: int, probed: str = "", eta: float | None = None):
     """m into metrics.jsonl (and wandb), and the progress line printed from it (probed: what the probes show; eta:
     the seconds left at this run's pace)."""
@@ -511,7 +511,8 @@ def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stop
     tr = s.cfg.train
     if state.val_loss is not None:
         print(f"val loss {state.val_loss:.4f} (ppl {math.exp(state.val_loss):.1f}) at step {state.step}, {wall:.0f} s")
-    if tr.sample_tokens > 0 and state.step == tr.max_steps and not s.train_rows.split.position_axes:  # text only
+    sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN  # a sample per job: clutter
+    if tr.sample_tokens > 0 and state.step == tr.max_steps and not s.train_rows.split.position_axes and not sweep:
         # from the checkpoint the last step wrote: a whole model under DDP and FSDP alike (shards cannot decode
         # alone), and the sample sample.py gives from it
         model, ckpt = checkpoint.load_model(s.out_dir, s.rt.device)
@@ -565,7 +566,7 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
         # held-out rows that open as the training rows do (BOS first under data.bos_aligned): what probes read
         held_out = row_sampler(cfg, s.data_dir, "val", 0, s.match["bos_aligned"], s.model.pe.axes)
         meter, t_start, first = Meter(s, state.step), time.time(), state.step
-        stopped = None
+        stopped, stop.saving = None, True
         while state.step < tr.max_steps:
             state = step(s, state)
             last = state.step == tr.max_steps
@@ -579,11 +580,11 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
                 eta = elapsed / (state.step - first) * (tr.max_steps - state.step)  # at this run's pace so far
                 log(logger, metrics(state, meter, elapsed, measured), tr.max_steps, probed, eta)
             out_of_time = tr.time_limit_min is not None and elapsed > 60 * tr.time_limit_min
-            stopping = runtime.any_rank(stop.requested or out_of_time, rt.device)
-            if state.step % tr.ckpt_interval == 0 or last or stopping:
+            halt = runtime.any_rank(stop.requested or out_of_time, rt.device)
+            if state.step % tr.ckpt_interval == 0 or last or halt:
                 with meter.paused():
                     state = save(s, state, evaluated=measured is not None)
-            if stopping:
+            if halt:
                 stopped = stop.name or f"train.time_limit_min={tr.time_limit_min}"
                 break
         wall = time.time() - t_start

@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
-from utils import checks, schema
+from utils import checks, files, schema
 from utils.errors import UserError, cli, hydra_cli
 
 # matplotlib and the drawing code are imported where they are used (torch comes with utils.schema: each scheme's
@@ -115,20 +115,21 @@ def run(cfg: DictConfig, command: str = "python viz.py") -> Path:
     heads = None if cfg.viz.heads is None else [list(pair) for pair in cfg.viz.heads]
     options = Options(cfg.viz.factor, cfg.viz.samples, heads, cfg.viz.seed)
     subjects, out = subjects_and_folder(cfg)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a folder the checks found writable that the filesystem still refuses
-        raise UserError(f"viz.out={out} cannot be made ({e.strerror}); pass a folder you can write") from None
+    files.check_writable(out, "viz.out")  # made and written to before any picture is drawn
     entries = []
     for s in subjects:
         rows = draw(s, options, out)
         drawn = [file for _, file, _ in rows if file]
         skipped = [name for name, file, _ in rows if not file]
-        print(f"{s.label} ({s.state}): {len(drawn)} pictures; skipped (see the index): {', '.join(skipped)}")
+        print(f"{s.label} ({s.state}): {pictures(len(drawn))}; skipped (see the index): {', '.join(skipped) or 'none'}")
         entries.append((s.label, s.state, s.pe.name, rows))
     index = write_index(out, command, entries)
-    print(f"written {sum(1 for *_, rows in entries for _, f, _ in rows if f)} pictures to {out}, listed in {index}")
+    print(f"written {pictures(sum(1 for *_, rows in entries for _, f, _ in rows if f))} to {out}, listed in {index}")
     return index
+
+
+def pictures(n: int) -> str:
+    return f"{n} picture{'s' * (n != 1)}"
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="viz")

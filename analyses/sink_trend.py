@@ -25,6 +25,8 @@ from pathlib import Path
 
 from evaluation.report import show_table
 from evaluation.sink_mass import SINK_THRESHOLD
+from utils.files import save_figure
+from utils.logger import read_log
 
 COLLAPSE_COST = math.log(2)  # nats per token: twice the perplexity, the collapse that evicting a sink would be
 
@@ -34,8 +36,7 @@ def evals(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
     if not path.exists():
         raise SystemExit(f"{path} is missing: train with train.sink_metric=true into {run} first")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "first_token_max" in r]
+    rows = [r for r in read_log(path) if "first_token_max" in r]
     if not rows:
         raise SystemExit(f"{path} has no sink metric: train with train.sink_metric=true (experiment=sinks sets it)")
     return rows
@@ -168,8 +169,7 @@ def plot(runs: list[Path], path: Path, key0: dict[str, str] | None = None):
     )
     fig.legend(*ax1.get_legend_handles_labels(), fontsize=7, loc="outside lower center", ncol=3, frameon=False)
     ax2.legend(fontsize=7)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def parse_run(arg: str) -> tuple[Path, str | None]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from evaluation.report import markdown
+from utils.files import write_text
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 HISTORY_END = "<!-- /history -->"
@@ -36,7 +37,7 @@ def publish(rows: list[dict], fmt, details: str, device: torch.device, record: b
     print(f"\n{note}\n\n{table}")
     if record:
         summary = "; ".join(f"{fmt(list(r.values())[0])} {fmt(r.get(figure, list(r.values())[-1]))}" for r in rows)
-        path.write_text(recorded(path.read_text(), Path(sys.argv[0]).stem, note, table, summary))
+        write_text(path, recorded(path.read_text(), Path(sys.argv[0]).stem, note, table, summary))
 
 
 def recorded(text: str, name: str, note: str, table: str, summary: str) -> str:

@@ -22,15 +22,23 @@ from omegaconf import DictConfig
 
 from data import sources, tokenizer
 from data.shards import SPLITS, seal, write_token_split
-from utils import checks, schema  # registers the types of data= and tokenizer= (configs/data/*.yaml name them)
+from utils import checks, schema, stopping  # schema registers the types that configs/data/*.yaml name
 from utils.errors import UserError, cli, hydra_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def cache_root(data: dict) -> Path:
+    """Where prepared datasets live: data.cache_dir, else $NANOPOS_DATA, else .cache/data in the repository."""
     root = data.get("cache_dir") or os.environ.get("NANOPOS_DATA") or ROOT / ".cache" / "data"
-    return Path(root).expanduser().resolve()
+    try:
+        return Path(root).expanduser().resolve()
+    except (RuntimeError, OSError) as e:  # a symlink loop: RuntimeError up to Python 3.12, OSError (ELOOP) after
+        key = "data.cache_dir" if data.get("cache_dir") else "NANOPOS_DATA" if os.environ.get("NANOPOS_DATA") else ""
+        raise UserError(
+            f"{key + '=' if key else 'the data cache '}{root} cannot be followed ({e}); point it at a folder, or "
+            f"mend the link"
+        ) from None
 
 
 def tokenizer_key(tok: dict) -> str:
@@ -86,6 +94,8 @@ def build_atomically(out: Path, fill, data: dict, tok: dict, log) -> Path:
 def write_corpus(tmp: Path, data: dict, tok: dict, log):
     """Train (or fetch) the tokenizer, then tokenize both splits of the corpus into tmp."""
     if tok["kind"] == "bpe":
+        most = f"at most {tok['train_chars']:,} characters"
+        log(f"  training a BPE tokenizer of {tok['vocab_size']:,} tokens on the train split ({most})")
         spec = tokenizer.train_bpe(sources.documents(data, "train"), tok["vocab_size"], tok["train_chars"])
     else:
         spec = tokenizer.tiktoken_spec(tok["name"])
@@ -135,7 +145,8 @@ def main(cfg: DictConfig):
         checks.check(cfg)
         print(prepare(schema.plain(cfg.data), schema.plain(cfg.tokenizer)))
 
-    cli(run)
+    with stopping.raising("the dataset was not prepared, and its half-built folder is removed"):
+        cli(run)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from utils.errors import UserError
+from utils.files import shape_problem
 
 SPLITS = ("train", "val")
 
@@ -62,14 +63,45 @@ def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) 
     return {"shards": shards, "n_docs": len(starts), "n_tokens": n_total}
 
 
+META = {"vocab_size": int, "bos": int, "dtype": str, "splits": dict}  # what the readers take from meta.json
+SPLIT = {"shards": list, "n_docs": int, "n_tokens": int}
+SHARD = {"file": str, "tokens": int}
+RECORD = {"bytes": int, "sha256": str, "mtime_ns": int}  # of each file (seal)
+
+
 def load_meta(folder: Path) -> dict:
+    """A prepared folder's meta.json, checked: what every reader takes from it is there, with its type."""
     path = Path(folder) / "meta.json"
     if not path.exists():
         raise UserError(f"dataset not prepared at {folder}; run python -m data.prepare with the same data= options")
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        damaged(folder, "meta.json cannot be read")
+        damaged(folder, "meta.json cannot be read (cut short, or not JSON)")
+    if why := meta_problem(meta):
+        damaged(folder, f"meta.json {why}")
+    return meta
+
+
+def meta_problem(meta) -> str | None:
+    """What meta.json lacks of what the readers take from it (META, each split's SPLIT, each shard's SHARD), or None.
+    A split it does not hold is named by check_split, when that split is read."""
+    if why := shape_problem(meta, META):
+        return why
+    for split, info in meta["splits"].items():
+        if why := shape_problem(info, SPLIT, f"splits.{split}"):
+            return why
+        for i, shard in enumerate(info["shards"]):
+            if why := shape_problem(shard, SHARD, f"splits.{split}.shards[{i}]"):
+                return why
+    if "files" in meta and (why := shape_problem(meta, {"files": dict})):
+        return why
+    for name, record in meta.get("files", {}).items():
+        if why := shape_problem(record, RECORD, f"files.{name}"):
+            return why
+    if meta["dtype"] not in ("uint8", "uint16", "uint32"):
+        return f"holds dtype {meta['dtype']!r}, not a token type (uint8, uint16, uint32)"
+    return None
 
 
 def sha256(path: Path) -> str:
@@ -118,6 +150,8 @@ def check_files(folder: Path, names, meta: dict):
 def check_split(folder: Path, meta: dict, split: str):
     """check_files for a split's shards, position ids and document starts; for a folder prepared before sizes were
     recorded, each shard's size against its token count."""
+    if split not in meta["splits"]:
+        damaged(folder, f"meta.json has no {split} split")
     info = meta["splits"][split]
     names = [s["file"] for s in info["shards"]] + [s["positions"] for s in info["shards"] if "positions" in s]
     check_files(folder, [*names, f"{split}_docs.npy"], meta)

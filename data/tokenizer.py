@@ -10,6 +10,7 @@ Every document starts with the BOS token.
 import base64
 import hashlib
 import json
+import logging
 import os
 import socket
 import tempfile
@@ -19,6 +20,7 @@ import tiktoken
 
 from data import shards
 from utils.errors import UserError
+from utils.files import shape_problem
 
 BOS = "<|bos|>"
 
@@ -26,6 +28,7 @@ BOS = "<|bos|>"
 def train_bpe(texts, vocab_size: int, max_chars: int) -> dict:
     import rustbpe
 
+    logging.getLogger("rustbpe").setLevel(logging.WARNING)  # its progress is a hundred lines; prepare says one
     tok = rustbpe.Tokenizer()
     tok.train_from_iterator(_limit(texts, max_chars), vocab_size - 1)  # one id left for BOS
     ranks = {bytes(piece): rank for piece, rank in tok.get_mergeable_ranks()}
@@ -78,14 +81,38 @@ def _check_tiktoken_files(name: str):
         ) from None
 
 
+# what a spec holds by its kind: tiktoken's own encoding by name, or a BPE (and the task and grid character sets) by its
+# pattern, mergeable ranks (base64 of the bytes -> id) and special tokens
+SPEC = {"tiktoken": {"name": str, "bos": str}, "other": {"pattern": str, "ranks": dict, "special": dict}}
+
+
+def spec_problem(spec) -> str | None:
+    """What keeps spec from being a tokenizer, in words (checkpoint.load and read_spec put the file first), or None."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
+        return "has no kind"
+    if why := shape_problem(spec, SPEC["tiktoken" if spec["kind"] == "tiktoken" else "other"]):
+        return why
+    if spec["kind"] == "tiktoken":
+        return None
+    for table in ("ranks", "special"):
+        if not all(isinstance(k, str) and isinstance(v, int) for k, v in spec[table].items()):
+            return f"holds {table} that are not text -> id"
+    if spec.get("bos", BOS) not in spec["special"]:
+        return f"has no {spec.get('bos', BOS)} token"
+    return None
+
+
 def read_spec(folder) -> dict:
     """The tokenizer of a prepared folder, checked against its meta.json (data/shards.py: a truncated or edited
-    tokenizer.json is refused)."""
+    tokenizer.json is refused) and as a tokenizer."""
     shards.check_files(folder, ["tokenizer.json"], shards.load_meta(folder))
     try:
-        return json.loads((Path(folder) / "tokenizer.json").read_text())
+        spec = json.loads((Path(folder) / "tokenizer.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         shards.damaged(folder, "tokenizer.json cannot be read")
+    if why := spec_problem(spec):
+        shards.damaged(folder, f"tokenizer.json {why}")
+    return spec
 
 
 def load(spec: dict) -> tiktoken.Encoding:
@@ -95,6 +122,19 @@ def load(spec: dict) -> tiktoken.Encoding:
     return tiktoken.Encoding(
         name="nanopos-bpe", pat_str=spec["pattern"], mergeable_ranks=ranks, special_tokens=spec["special"]
     )
+
+
+def encode(spec: dict, enc: tiktoken.Encoding, text: str, key: str) -> list[int]:
+    """text's ids. A tokenizer without a token for every byte (the task and grid character sets) cannot encode a
+    character outside its set, and tiktoken panics on one: that is one line naming key and the characters."""
+    if spec["kind"] != "tiktoken":
+        known = {b[0] for b in map(base64.b64decode, spec["ranks"]) if len(b) == 1}  # the bytes with a token
+        if len(known) < 256 and (unknown := sorted({c for c in text if not set(c.encode()) <= known})):
+            raise UserError(
+                f"{key} holds {''.join(unknown)!r}, which this checkpoint's tokenizer has no token for; use only its "
+                f"{len(known)} characters, {bytes(sorted(known)).decode('latin-1')!r}"
+            )
+    return enc.encode_ordinary(text)
 
 
 def bos_id(spec: dict, enc: tiktoken.Encoding) -> int:

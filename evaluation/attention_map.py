@@ -11,6 +11,7 @@ Colour is log-scaled: a sink is a bright first column.
 import torch
 
 from evaluation.sink_mass import attention_probs
+from utils.files import save_figure
 
 
 def pick_heads(per_head: list[list[float]], n: int = 4) -> list[tuple[int, int]]:
@@ -68,6 +69,5 @@ def plot_attention_maps(
     title = f"{label or model.pe.name}: attention over one {window}-token window (key 0: {key0}; log colour)"
     fig.suptitle(title, fontsize=10)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="attention")
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    save_figure(fig, path, dpi=dpi)
     return heads

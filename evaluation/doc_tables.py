@@ -11,7 +11,6 @@ doc's table differs from what this writes, so a table cannot drift from its evid
 """
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -20,6 +19,8 @@ from functools import cache
 from pathlib import Path
 
 from data.tasks import TASKS
+from utils.files import read_json, write_text
+from utils.logger import read_log
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -28,7 +29,7 @@ MARKER = re.compile(r"(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /ta
 
 @cache
 def load(path: str) -> dict:
-    return json.loads((RESULTS / path).read_text())
+    return read_json(RESULTS / path, fix="restore it from git (git checkout -- results/)")
 
 
 def cells(study: str) -> dict:
@@ -296,8 +297,7 @@ SINK_RUNS = {  # results/sinks/<run> -> its row name
 
 def last_eval(run: str) -> dict:
     """The last line of a run's metrics.jsonl that holds a validation loss."""
-    lines = (RESULTS / "sinks" / run / "metrics.jsonl").read_text().splitlines()
-    return [row for row in map(json.loads, lines) if row.get("val_loss") is not None][-1]
+    return [row for row in read_log(RESULTS / "sinks" / run / "metrics.jsonl") if row.get("val_loss") is not None][-1]
 
 
 def sinks() -> str:
@@ -499,7 +499,7 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
                 print(f"{path.relative_to(root)}: table {name} differs from results/ (python -m evaluation.doc_tables)")
                 failed = True
         elif fill(text, depth) != text:
-            path.write_text(fill(text, depth))
+            write_text(path, fill(text, depth))
             print(f"written {path.relative_to(root)}")
     for name in TABLES.keys() - found:
         print(f"table {name} is in no doc: place <!-- table: {name} --> <!-- /table --> in one, or drop it here")

@@ -7,15 +7,13 @@ A model fine-tuned on data=passkey is evaluated on its corpus's held-out works (
 short, and drawn from the training split.
 """
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from data import sources
+from data import sources, tokenizer
 from data.loader import TokenSplit
 from data.prepare import data_dir, prepare
-from data.shards import load_meta
 from utils.errors import UserError
 
 
@@ -37,9 +35,8 @@ def held_out_folder(ckpt: dict, allow_prepare: bool) -> Path:
                 f"to prepare it from the checkpoint's data config"
             )
         folder = prepare(data, tok)
-    if json.loads((folder / "tokenizer.json").read_text()) != ckpt["tokenizer"]:
+    if tokenizer.read_spec(folder) != ckpt["tokenizer"]:  # read_spec: meta.json and tokenizer.json checked
         raise UserError(f"the data at {folder} was tokenized differently from this checkpoint; re-prepare it")
-    load_meta(folder)
     return folder
 
 

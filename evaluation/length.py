@@ -31,7 +31,7 @@ from evaluation.variants import note_search_overlap, plan_variants
 from positional import hf_rope_scaling
 from utils import checkpoint, runtime
 from utils.errors import UserError
-from utils.progress import progress, say
+from utils.progress import Eta, progress, say
 
 
 @dataclass
@@ -169,16 +169,18 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     name, rows, by_position, t0 = report.scheme_label(ckpt), [], {}, time.time()
     modes = ("nonoverlap", "sliding") if ev.sliding else ("nonoverlap",)
     cells = [(v, n, m) for v in variants for n in lengths for m in modes]
+    eta = Eta(len(cells))
     for variant, length, mode in progress(cells, "length eval", unit="cell"):
         row = {"scheme": name, "variant": variant, "length": length, "mode": mode}
         row |= {"stride": strides[length]} if mode == "sliding" else {}
         if limit is not None and length > limit:
             note = f"n/a: learned table covers {limit} positions"
             rows.append({**row, "ppl": None, "nll": None, "tokens": 0, "note": note})
+            eta.step()
             continue
         value, setting = at(variant, length)
         cell = score(model, regs, length, mode, strides[length], ev.batch_tokens, rt, value)
-        rows.append(cell_row({**row, **setting}, cell, draws, rt))
+        rows.append(cell_row({**row, **setting}, cell, draws, rt, eta.step("cells")))
         if mode == "nonoverlap":
             by_position.setdefault(variant, {})[str(length)] = report.binned(cell.by_position, cell.position_count)
     return {
@@ -201,13 +203,13 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     }
 
 
-def cell_row(row: dict, cell: Cell, draws, rt) -> dict:
+def cell_row(row: dict, cell: Cell, draws, rt, done: str = "") -> dict:
     """A scored cell's row: perplexity, its interval (the pieces' block bootstrap) and the per-piece NLLs a
-    comparison pairs on; and a progress line."""
+    comparison pairs on; and a progress line (done: the cells done and the time left, utils/progress.py Eta)."""
     ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))
     say(
         f"  {row['variant']:>11} {row['mode']:>10} {row['length']:>6}: ppl {cell.ppl:9.2f} [{ci[0]:.2f}, "
-        f"{ci[1]:.2f}] on {cell.tokens:,} tokens ({cell.seconds:.1f} s)"
+        f"{ci[1]:.2f}] on {cell.tokens:,} tokens ({cell.seconds:.1f} s{'; ' + done if done else ''})"
     )
     return {
         **row,
@@ -234,5 +236,4 @@ def run_length(path, cfg, rt, out_dir: Path) -> dict:
     first = next(iter(result["nll_by_position"].values()), None)
     draw = partial(plots.plot, result["results"], result["train_length"], title=result["scheme"], by_position=first)
     report.write_result(out_dir, "length", result, draw)
-    print(f"written {out_dir}/length.json and length.png ({result['seconds']} s)")
     return result

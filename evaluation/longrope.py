@@ -18,7 +18,6 @@ recorded in the file against the regions it reads and says so if another eval.le
 overlap.
 """
 
-import json
 import math
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from evaluation.pieces import equal_shares, read_span, scoring_pieces
 from positional.rope_scaling import Scaling
+from utils import files
 from utils.errors import UserError
 
 COMMAND = "python -m evaluation.longrope_search"
@@ -40,11 +40,9 @@ def make_command(run_dir: Path, target_length: int) -> str:
 
 
 def save(run_dir: Path, record: dict) -> Path:
-    """Write the record for its factor beside the checkpoint (a temporary file, then a rename)."""
+    """Write the record for its factor beside the checkpoint, whole or not at all (utils/files.py)."""
     path = Path(run_dir) / file_name(record["factor"])
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    files.write_json(path, record)
     return path
 
 
@@ -63,16 +61,10 @@ def load(run_dir: Path, factor: float, train_length: int, key: str = "eval.rope_
             f"{key}=longrope at {where} {target} ({factor:g} x {train_length}) needs {path}; "
             f"make it with: {make_command(run_dir, target)}"
         )
-    try:
-        record = json.loads(path.read_text())
-        bad = [k for k, t in REQUIRED.items() if not isinstance(record.get(k), t)]
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        bad = ["(not JSON)"]
-    if bad:
-        raise UserError(
-            f"{path} is not a LongRoPE factors file (bad or missing {', '.join(bad)}); make it again with: "
-            f"{make_command(run_dir, target)}"
-        )
+    again = f"make it again with: {make_command(run_dir, target)}"
+    record = files.read_json(path, REQUIRED, again, "a LongRoPE factors file")
+    if not all(isinstance(f, NUMBER) and f > 0 for f in record["factors"]):
+        raise UserError(f"{path} holds factors that are not positive numbers; {again}")
     if record["original_length"] != train_length or not math.isclose(record["factor"], factor):
         raise UserError(
             f"{path} was searched for x{record['factor']:g} of {record['original_length']} tokens, not x{factor:g} "

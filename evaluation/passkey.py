@@ -148,7 +148,6 @@ def score_variant(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], 
     stem = file_stem(variant)
     print(passkey_table(result))
     report.write_result(out_dir, stem, result, partial(plots.plot_passkey, result))
-    print(f"written {out_dir}/{stem}.json and {stem}.png ({result['seconds']} s)")
     return result
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.report import label, model_label
+from utils.files import save_figure
 
 VARIANT_STYLE = {  # a line style per RoPE extension, so a variant reads the same in every figure
     "none": "-",
@@ -120,7 +121,9 @@ def _length_axes(ax, rows: list[dict], train_length: int, title: str):
     )
     lengths = sorted({r["length"] for r in rows})
     scored = {r["length"] for r in rows if r["ppl"]}  # a length no cell scored (past a learned table) says so
-    ax.set_xticks(lengths, [str(n) if n in scored else f"{n}\nn/a" for n in lengths])
+    crowded = any(b < 1.6 * a for a, b in zip(lengths, lengths[1:], strict=False))  # their labels would touch
+    names = [str(n) if n in scored else f"{n}\nn/a" for n in lengths]
+    ax.set_xticks(lengths, names, rotation=45 if crowded else 0, ha="right" if crowded else "center")
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label))
@@ -170,7 +173,7 @@ def _legend(fig, ax):
     """One legend for the figure, under its panels, so it covers no line."""
     handles, names = ax.get_legend_handles_labels()
     if names:
-        fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=8, frameon=False)
+        fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=10, frameon=False)
 
 
 def na_note(rows: list[dict]) -> str:
@@ -207,7 +210,7 @@ def plot(rows: list[dict], train_length: int, path: Path, title: str, by_positio
             ylabel="mean NLL (nats)",
             title="NLL by position (nonoverlap)",
         )
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
         readable_log_axis(ax.xaxis)
     _save(fig, path)
 
@@ -230,11 +233,7 @@ def plot_compare(rows: list[dict], train_length: int, path: Path):
 
 
 def _save(fig, path: Path):
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, dpi=120, bbox_inches="tight")
 
 
 def plot_stream(result: dict, path):
@@ -261,10 +260,9 @@ def plot_stream(result: dict, path):
         ylabel=f"mean NLL per {result['block']}-token block (nats)",
         title=f"{legend_name(result['scheme'])}: streaming past the training length (bands: 95% intervals)",
     )
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     readable_log_axis(ax.xaxis)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def plot_passkey(result: dict, path):
@@ -297,8 +295,7 @@ def plot_passkey(result: dict, path):
     )
     fig.colorbar(image, ax=ax, label="accuracy")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def plot_tasks(cells: dict, path):

@@ -7,7 +7,12 @@ text tables, and write_result, which writes every evaluation's JSON (and its fig
 """
 
 import json
+import os
+import shutil
+import time
 from pathlib import Path
+
+from utils import files
 
 
 def trained_scaling(model_config: dict) -> str | None:
@@ -103,16 +108,29 @@ def model_label(result: dict) -> str:
     return result["scheme"] + extension + ("" if qk_norm == "rms" else f" (qk_norm={qk_norm})")
 
 
+RUN_RESULT = {"checkpoint": str, "scheme": str, "results": list}  # what the comparisons read of a run's result
+RESULT = {"length": RUN_RESULT, "tasks": RUN_RESULT, "grids": RUN_RESULT}
+RESULT |= {"passkey": {"scheme": str, "results": list}, "stream": {"scheme": str, "methods": dict}}
+
+
 def write_result(out_dir: Path, stem: str, result: dict, draw=None, text: str | None = None) -> Path:
     """<out_dir>/<stem>.json, <stem>.txt (text, where given) and <stem>.png drawn by draw(path=...) where given:
-    every evaluation's result is written here, so they all read back the same way."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{stem}.json"
-    path.write_text(json.dumps(result, indent=1))
-    if text is not None:
-        path.with_suffix(".txt").write_text(text + "\n")
-    if draw is not None:
-        draw(path=path.with_suffix(".png"))
+    every evaluation's result is written here, so they all read back the same way (read_result), and says where.
+    Each file is written whole or not at all (utils/files.py), the JSON (what scripts and reports read) last; a
+    failed write is one line naming the file. An earlier, different result of the same name is kept (keep_earlier)."""
+    path, content = out_dir / f"{stem}.json", json.dumps(result, indent=1)
+    kept = keep_earlier(path, content)
+    try:
+        if draw is not None:
+            draw(path=path.with_suffix(".png"))
+        if text is not None:
+            files.write_text(path.with_suffix(".txt"), text + "\n")
+        files.write_text(path, content)
+    except OSError as e:
+        raise files.cannot_write(e, path) from None
+    written = ["json"] + ["txt"] * (text is not None) + ["png"] * (draw is not None)
+    took = f" ({result['seconds']} s)" if "seconds" in result else ""
+    print(f"written {out_dir}/{stem}.{{{','.join(written)}}}{took}{kept}", flush=True)
     return path
 
 
@@ -124,6 +142,37 @@ def made_by(folder: Path) -> list[str]:
         return []
     return ["Made by (`commands.txt`, each call of the script that wrote this folder):", "", "```bash",
             *record.read_text().splitlines(), "```", ""]  # fmt: skip
+
+
+def keep_earlier(path: Path, content: str) -> str:
+    """Before a result replaces a different one of the same name (a second evaluation of a run, other settings),
+    link the earlier one's files into <folder>/earlier/<stem>-<its time>.*: a result is never lost to the next. The
+    words that say so, or '' (no earlier result, or the same one)."""
+    if not path.exists() or path.read_text(errors="replace") == content:
+        return ""
+    when = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(path.stat().st_mtime))
+    earlier = path.parent / "earlier"
+    earlier.mkdir(exist_ok=True)
+    for old in sorted(path.parent.glob(f"{path.stem}.*")):
+        target = earlier / f"{path.stem}-{when}{old.suffix}"
+        try:
+            os.link(old, target)  # the same bytes under a second name: the next write replaces only the first
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links
+            shutil.copy2(old, target)
+    return f"; the earlier result is kept as {earlier}/{path.stem}-{when}.*"
+
+
+def read_result(path) -> dict:
+    """A result write_result wrote (<run>/eval/<mode>.json, or a -m job's length.json), checked as it is read: one
+    line naming the file and the command that writes it again when it is cut short, empty or lacks what its readers
+    read (RESULT)."""
+    path = Path(path)
+    mode = path.stem.split("-")[0]  # passkey-<variant>.json: a passkey result
+    run = path.parent.parent if path.parent.name == "eval" else "<run>"
+    fix = f"delete it and evaluate again (python eval.py checkpoint={run} eval.mode={mode})"
+    return files.read_json(path, RESULT.get(mode, RESULT["length"]), fix, f"a {mode} result")
 
 
 def markdown(rows: list[dict], fmt=str) -> str:
@@ -142,4 +191,4 @@ def show_table(rows: list[dict], title: str, note: str, json_path: Path | None =
     print(f"\n{title}: {note}\n\n{markdown(rows)}")
     if json_path is not None:
         result = {"title": title, "note": note, "command": shlex.join(["python", *sys.argv]), "rows": rows}
-        print(f"written {write_result(Path(json_path).parent, Path(json_path).stem, result)}")
+        write_result(Path(json_path).parent, Path(json_path).stem, result)

@@ -189,7 +189,7 @@ def run_stream(path, cfg, rt, out_dir):
     report.write_result(out_dir, "stream", result, partial(plot_stream, result))
     maps = out_dir / "sink_attention.png"
     plot_attention_maps(model, tokens, train_length, sink["heads"], maps, label=result["scheme"], first=first)
-    print(f"written {out_dir}/stream.json, stream.png and sink_attention.png ({result['seconds']} s)")
+    print(f"written {maps}")
     return result
 
 

@@ -7,19 +7,20 @@ difference from the best lies inside the paired bootstrap's 95% interval are mar
 only what survives them.
 """
 
-import json
 import sys
 from pathlib import Path
 
 from evaluation import compare
 from evaluation.passkey import passkey_table
-from evaluation.report import label, made_by, model_label
+from evaluation.report import label, made_by, model_label, read_result
 from evaluation.stream import stream_table
+from utils import files
+from utils.errors import UserError, cli
 
 
 def results(study: Path, kind: str) -> list[tuple[Path, dict]]:
     """Every run's eval/<kind>.json (stream, passkey) in the study, with its path."""
-    return [(p, json.loads(p.read_text())) for p in sorted(study.glob(f"*/eval/{kind}.json"))]
+    return [(p, read_result(p)) for p in sorted(study.glob(f"*/eval/{kind}.json"))]
 
 
 def markdown_table(rows: list[dict], train_length: int, mode: str = "nonoverlap") -> str:
@@ -50,11 +51,15 @@ def markdown_table(rows: list[dict], train_length: int, mode: str = "nonoverlap"
 
 
 def report(study: Path) -> str:
-    lengths = [json.loads(p.read_text()) for p in sorted(study.glob("*/eval/length.json"))]
+    lengths = [read_result(p) for p in sorted(study.glob("*/eval/length.json"))]
     if not lengths:
-        raise SystemExit(f"error: no */eval/length.json under {study}; run bash runs/study.sh first")
+        raise UserError(f"no */eval/length.json under {study}; run bash runs/study.sh first")
+    streams = results(study, "stream")  # every result read (and checked) before anything is written
+    passkeys = sorted(
+        results(study, "passkey") + results(study, "passkey-*"), key=lambda pr: (pr[0].parent, pr[0].stem)
+    )
     table = compare.compare(lengths, study / "eval")
-    kept = json.loads((study / "eval" / "compare.json").read_text())
+    kept = files.read_json(study / "eval" / "compare.json", {"groups": list, "results": list})
     rows = kept["results"]
     group_of = {run: g["label"] for g in kept["groups"] for run in g["runs"]}  # a variant's stream: its group's name
     sizes = sorted({len(g["seeds"]) for g in kept["groups"]})  # seeds per group: a run alone is a group of one
@@ -81,15 +86,12 @@ def report(study: Path) -> str:
         "",
         "## Streaming",
     ]
-    for path, result in results(study, "stream"):
+    for path, result in streams:
         rel = path.parent.relative_to(study)
         name = group_of.get(result.get("checkpoint"), result["scheme"])
         lines += ["", f"### {name} ({rel.parent})", "", "```", stream_table(result), "```", ""]
         if (path.parent / "stream.png").exists():
             lines.append(f"![stream {name}]({rel}/stream.png)")
-    passkeys = sorted(
-        results(study, "passkey") + results(study, "passkey-*"), key=lambda pr: (pr[0].parent, pr[0].stem)
-    )
     if passkeys:
         lines += ["", "## Passkey retrieval"]
     for path, result in passkeys:  # runs fine-tuned on data=passkey: no length.json, so named by their scheme
@@ -104,9 +106,9 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m evaluation.study <study folder>")
     study = Path(argv[0])
-    (study / "REPORT.md").write_text(report(study))
-    print(f"written {study}/REPORT.md and {study}/eval/compare.{{json,txt,png}}")
+    files.write_text(study / "REPORT.md", report(study))
+    print(f"written {study}/REPORT.md")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(lambda: main(sys.argv[1:]))

@@ -30,7 +30,8 @@ from data import tasks
 from evaluation import bootstrap, plots, report
 from evaluation.bootstrap import wilson
 from evaluation.compare import group_runs
-from utils import checkpoint
+from utils import checkpoint, files
+from utils.errors import UserError, cli
 from utils.progress import progress, say
 
 BATCH = 32  # samples per forward
@@ -245,8 +246,8 @@ def write_report(folder: Path) -> str:
     tables without scoring anything again (runs/tasks.sh ends with it)."""
     found = sorted(p for p in folder.rglob("eval/tasks.json") if p.parent.parent != folder)  # not the summary
     if not found:
-        raise SystemExit(f"no eval/tasks.json under {folder}: run python eval.py checkpoint=<run> eval.mode=tasks")
-    results = [json.loads(p.read_text()) for p in found]
+        raise UserError(f"no eval/tasks.json under {folder}; run python eval.py checkpoint=<run> eval.mode=tasks")
+    results = [report.read_result(p) for p in found]
     text = compare(results, folder / "eval")
     lines = [
         f"# Length generalization on tasks: {len(results)} runs",
@@ -260,11 +261,11 @@ def write_report(folder: Path) -> str:
         "",
         "![exact-match accuracy by task, scheme and length](eval/tasks.png)",
     ]
-    (folder / "REPORT.md").write_text("\n".join(lines) + "\n")
+    files.write_text(folder / "REPORT.md", "\n".join(lines) + "\n")
     return text
 
 
 if __name__ == "__main__":
     import sys
 
-    print(write_report(Path(sys.argv[1] if len(sys.argv) > 1 else "tasks")))
+    print(cli(lambda: write_report(Path(sys.argv[1] if len(sys.argv) > 1 else "tasks"))))

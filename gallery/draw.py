@@ -29,6 +29,8 @@ from gallery.numbers import (  # noqa: E402
     rotary_logits,
     similarity_by_offset,
 )
+from utils.errors import UserError  # noqa: E402
+from utils.files import read_json, save_figure, shape_problem, write_text  # noqa: E402
 
 DPI = 100  # small files: a README shows a few of them
 ATTENTION_DPI = 80  # attention maps are noise to PNG's compression: at 110 dpi four 256 x 256 maps took 450 KB
@@ -131,8 +133,7 @@ def log_distance(ax, d: torch.Tensor):
 
 def save(fig, path: Path, title: str):
     fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    save_figure(fig, path, dpi=DPI)
 
 
 def layer_panels(n_layers: int):
@@ -276,10 +277,13 @@ def write_index(out_dir: Path, command: str, entries: list[tuple[str, str, str, 
     Pictures of other subjects already in the folder (an earlier `viz.py positional=...`) stay listed: the
     sections live in index.json, where this run's subjects replace their own and leave the others."""
     record = out_dir / "index.json"
-    sections = json.loads(record.read_text()) if record.exists() else {}
+    sections = read_json(record, fix="delete it (the next viz.py lists its own pictures)") if record.exists() else {}
+    for label, sec in sections.items():
+        if why := shape_problem(sec, {"state": str, "scheme": str, "command": str, "rows": list}, label):
+            raise UserError(f"{record} {why}; delete it (the next viz.py lists its own pictures)")
     for label, state, scheme, rows in entries:
         sections[label] = {"state": state, "scheme": scheme, "command": command, "rows": [list(r) for r in rows]}
-    record.write_text(json.dumps(sections, indent=1) + "\n")
+    write_text(record, json.dumps(sections, indent=1) + "\n")
     lines = ["# Positional pictures\n"]
     lines += [f"- `{name}`: {what}" for name, (*_, what) in PICTURES.items()]
     for label, sec in sections.items():
@@ -287,5 +291,5 @@ def write_index(out_dir: Path, command: str, entries: list[tuple[str, str, str, 
         lines += [f"![{label} {name}]({file})\n" for name, file, _ in sec["rows"] if file]
         lines += [f"- {name}: skipped, {sec['scheme']} {why}" for name, _, why in sec["rows"] if why]
     path = out_dir / "index.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_text(path, "\n".join(lines) + "\n")
     return path

@@ -29,6 +29,7 @@ cd "$(dirname "$0")/.."
 BASE=${BASE:-study}
 EXT=${EXT:-ext}
 PY=${PYTHON:-python}
+source runs/common.sh
 STEPS=${STEPS:-200}
 DROPE_STEPS=${DROPE_STEPS:-60}
 PASSKEY_STEPS=${PASSKEY_STEPS:-1200}
@@ -59,14 +60,14 @@ train() {  # train <out_dir> <overrides...>
   local resume=()
   [ -f "$run/ckpt.pt" ] && resume=(train.resume=true)
   echo "== $run: training ${resume[*]}"
-  "$PY" train.py out_dir="$run" logger.wandb=false logger.group="$EXT" "${resume[@]}" "$@"
+  "$PY" train.py out_dir="$run" logger.wandb=false logger.group="$(group "$EXT")" "${resume[@]}" "$@"
   touch "$run/DONE"
 }
 
 length_eval() {  # length_eval <run> <overrides...>
   local run=$1
   shift
-  [ -f "$run/eval/length.json" ] || "$PY" eval.py checkpoint="$run" eval.lengths="$LENGTHS" logger.wandb=false \
+  evaluated "$run/eval/length.json" || "$PY" eval.py checkpoint="$run" eval.lengths="$LENGTHS" logger.wandb=false \
     "${eval_args[@]}" "$@"
 }
 
@@ -110,7 +111,7 @@ passkey() {  # passkey <run> <overrides...>: learn the task from <run>'s weights
 passkey_eval() {  # passkey_eval <run> [eval.rope_scaling=<kind>]: eval.mode=passkey at LENGTHS, once
   local run=$1 file=passkey.json
   [ $# -lt 2 ] || file="passkey-${2#eval.rope_scaling=}.json"
-  [ -f "$run/eval/$file" ] || "$PY" eval.py checkpoint="$run" eval.mode=passkey eval.lengths="$LENGTHS" \
+  evaluated "$run/eval/$file" || "$PY" eval.py checkpoint="$run" eval.mode=passkey eval.lengths="$LENGTHS" \
     logger.wandb=false "${passkey_args[@]}" "${@:2}"
 }
 passkey rope

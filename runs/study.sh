@@ -10,8 +10,9 @@
 #                                                        # the plain runs: study/rope-window64-s<seed>
 #
 # It resumes where it stopped: a finished run (its DONE file) is skipped, an interrupted one resumes from its
-# checkpoint, an evaluated run (eval/length.json, eval/stream.json) is neither trained nor evaluated again. So a
-# study kept as its evaluations alone grows without retraining what it holds:
+# checkpoint, an evaluated run (eval/length.json, eval/stream.json) is neither trained nor evaluated again (a result
+# cut short or damaged is evaluated again); Ctrl-C stops it where it is (runs/common.sh). So a study kept as its
+# evaluations alone grows without retraining what it holds:
 #   cp -r results/study-breadth study-b && STUDY=study-b SCHEMES="kerple irope" bash runs/study.sh logger.wandb=false
 # Writes $STUDY/REPORT.md (the tables, with 95% intervals, and the plots) and $STUDY/eval/compare.{json,txt,png}; each
 # call appends itself with every variable it ran with to $STUDY/commands.txt, which the report quotes.
@@ -26,6 +27,7 @@ SEEDS=${SEEDS:-"1 2 3"}
 STREAM=${STREAM:-1}
 TAG=${TAG:+-$TAG}  # run folders are <scheme><-TAG>-s<seed>; the report names a variant by what its config changed
 PY=${PYTHON:-python}
+source runs/common.sh
 read -r -a eval_args <<< "${EVAL_ARGS:-}"
 read -r -a stream_args <<< "${STREAM_ARGS:-}"
 mkdir -p "$STUDY"
@@ -43,7 +45,7 @@ for scheme in $SCHEMES; do
     resume=()
     [ -f "$run/ckpt.pt" ] && resume=(train.resume=true)
     echo "== $run: training ${resume[*]}"
-    "$PY" train.py positional="$scheme" seed="$seed" out_dir="$run" logger.group="$STUDY" "${resume[@]}" "$@"
+    "$PY" train.py positional="$scheme" seed="$seed" out_dir="$run" logger.group="$(group "$STUDY")" "${resume[@]}" "$@"
     touch "$run/DONE"
   done
 done
@@ -51,10 +53,10 @@ done
 for scheme in $SCHEMES; do
   for seed in $SEEDS; do
     run="$STUDY/$scheme$TAG-s$seed"
-    [ -f "$run/eval/length.json" ] || "$PY" eval.py checkpoint="$run" logger.wandb=false "${eval_args[@]}"
+    evaluated "$run/eval/length.json" || "$PY" eval.py checkpoint="$run" logger.wandb=false "${eval_args[@]}"
   done
   first="$STUDY/$scheme$TAG-s${SEEDS%% *}"  # streaming is one long stream per scheme: its first seed
-  if [ "$STREAM" = 0 ] || [ -f "$first/eval/stream.json" ]; then
+  if [ "$STREAM" = 0 ] || evaluated "$first/eval/stream.json"; then
     :
   elif [ -f "$first/ckpt.pt" ]; then
     "$PY" eval.py checkpoint="$first" eval.mode=stream logger.wandb=false "${stream_args[@]}"

@@ -11,7 +11,8 @@
 # One task per run: the tiny model learns copy or reverse alone in 1,000 steps, and a mixture of tasks far more
 # slowly (dev/LOG.md). Each run is scored as soon as it is trained. It resumes where it stopped: a finished run (its
 # DONE file) is not trained again, an interrupted one resumes from its checkpoint, an evaluated one (eval/tasks.json)
-# is not evaluated again. A random-position variant (Ruoss et al. 2023) trains at positions drawn from range(RANGE)
+# is not evaluated again (one whose eval/tasks.json is cut short or damaged is); Ctrl-C stops it where it is
+# (runs/common.sh). A random-position variant (Ruoss et al. 2023) trains at positions drawn from range(RANGE)
 # (positional.random_positions; a learned table that large). A preset of PRESETS (configs/experiment: layouts of
 # windowed and global layers) trains over the battery's recipe, experiment=[tasks,<preset>]. Runs go to
 # <TASKS>/<task>/<scheme>[-random]-s<seed> and <TASKS>/<task>/<preset>-s<seed>; the report to
@@ -27,6 +28,7 @@ PRESETS=${PRESETS-"rnope_swa gemma3 llama4"}  # PRESETS= (empty): none
 SEEDS=${SEEDS:-"1 2 3"}
 RANGE=${RANGE:-1024}  # above the longest test sample of every task (data/tasks.py: 743 tokens, vt at n=128)
 PY=${PYTHON:-python}
+source runs/common.sh
 mkdir -p "$TASKS"
 echo "TASKS=$TASKS BATTERY=\"$BATTERY\" SCHEMES=\"$SCHEMES\" RANDOMIZED=\"$RANDOMIZED\" PRESETS=\"$PRESETS\"" \
   "SEEDS=\"$SEEDS\" RANGE=$RANGE EXPERIMENT=${EXPERIMENT:-tasks} bash runs/tasks.sh $*   # $(date -u +%F)," \
@@ -42,12 +44,12 @@ train() {  # run folder, then train.py overrides
   local resume=()
   [ -f "$run/ckpt.pt" ] && resume=(train.resume=true)
   echo "== $run: training ${resume[*]}"
-  "$PY" train.py experiment="${EXPERIMENT:-tasks}" out_dir="$run" logger.group="$TASKS" "${resume[@]}" "$@"
+  "$PY" train.py experiment="${EXPERIMENT:-tasks}" out_dir="$run" logger.group="$(group "$TASKS")" "${resume[@]}" "$@"
   touch "$run/DONE"
 }
 
 evaluate() {  # run folder: scored as soon as it is trained, so a battery stopped midway has a report of what ran
-  [ -f "$1/eval/tasks.json" ] || "$PY" eval.py checkpoint="$1" eval.mode=tasks logger.wandb=false
+  evaluated "$1/eval/tasks.json" || "$PY" eval.py checkpoint="$1" eval.mode=tasks logger.wandb=false
 }
 
 for seed in $SEEDS; do

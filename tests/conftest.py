@@ -63,6 +63,17 @@ def random_model(name: str, seed: int = 0, **kw) -> GPT:
     return model.eval()
 
 
+def checkpoint_state(model: GPT, seq_len: int = 32, **more) -> dict:
+    """What checkpoint.save needs for checkpoint.load to read model back: its weights, its config, a tokenizer (the
+    task battery's characters) and a training length; more: any other entries."""
+    from dataclasses import asdict
+
+    from data.tasks import tokenizer_spec
+
+    state = {"model": model.state_dict(), "model_config": asdict(model.cfg), "tokenizer": tokenizer_spec()}
+    return {**state, "seq_len": seq_len, **more}
+
+
 def assert_same_logits_and_grads(model, reference, idx, variant=None):
     """model gives the reference's logits and, for a loss on them, every parameter's gradient (both under variant)."""
     got, want = model(idx, variant=variant), reference(idx, variant=variant)

@@ -245,3 +245,29 @@ def test_bos_aligned_rows_on_the_corpus(shakespeare_dir):
     px, _ = plain.batch(0, 8)
     r = plain._order[:8]  # one shard: plain row r starts at r * seq_len
     assert np.array_equal(px.numpy(), stream[r[:, None] * 64 + np.arange(64)]) and not (px[:, 0] == split.bos).all()
+
+
+def test_a_prompt_outside_a_character_tokenizer_is_one_line():
+    """A task checkpoint's tokenizer has a token for each of its characters and no byte fallback: tiktoken panics on
+    any other character (a pyo3 PanicException, past every except clause), so the prompt is checked first and the
+    characters named. A BPE, with a token for every byte, encodes anything."""
+    from data.tasks import tokenizer_spec
+
+    spec = tokenizer_spec()
+    enc = tokenizer.load(spec)
+    assert tokenizer.encode(spec, enc, "abc|", "prompt") == enc.encode_ordinary("abc|")
+    with pytest.raises(UserError, match=r"prompt holds 'é€', which this checkpoint's tokenizer has no token for; use"):
+        tokenizer.encode(spec, enc, "aé€b", "prompt")
+    with pytest.raises(BaseException, match="(?i)panic|not found|key"):  # what sample.py met before
+        enc.encode_ordinary("aé€b")
+
+
+def test_a_data_cache_that_is_a_symlink_loop_is_one_line(tmp_path):
+    """data.cache_dir pointing into a loop of links: one line naming the key, where Path.resolve raised a
+    RuntimeError (an OSError from Python 3.13)."""
+    from data.prepare import cache_root
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(UserError, match=rf"data.cache_dir={tmp_path}/a/data cannot be followed \(.*\); point it at"):
+        cache_root({"cache_dir": str(tmp_path / "a" / "data")})

@@ -47,9 +47,9 @@ def temps(folder):
 
 def test_kill_9_while_saving_leaves_a_loadable_checkpoint_and_the_next_save_removes_its_temp(tmp_path):
     """A process that saves 16 MiB checkpoints in a loop is killed with SIGKILL at random moments (writing and
-    syncing take most of each turn of its loop, so most kills land inside a save). Every time, checkpoint.load reads a
+    syncing take most of each turn of its loop, so most kills land inside a save). Every time, ckpt.pt loads as a
     whole state, the last one saved or the one after it, and the next save removes the temp file the killed one left.
-    Checked to fail without the temp-then-rename write (torch.save straight to ckpt.pt: "corrupt or truncated" on
+    Checked to fail without the temp-then-rename write (torch.save straight to ckpt.pt: a torn archive on
     load), and on the code before stale temp files were removed (a kill inside a write left its temp file for good)."""
     path, rng, left_behind, inside_a_save = tmp_path / "ckpt.pt", random.Random(0), [], 0
     for _ in range(5):
@@ -61,7 +61,7 @@ def test_kill_9_while_saving_leaves_a_loadable_checkpoint_and_the_next_save_remo
         proc.wait()
         printed = [1, *map(int, proc.stdout.read().split())]  # the saves that finished
         proc.stdout.close()
-        ckpt = checkpoint.load(path)
+        ckpt = torch.load(path, weights_only=True)
         assert ckpt["step"] in (printed[-1], printed[-1] + 1)  # or killed after a rename, before its print
         w = ckpt["model"]["w"]
         assert w.numel() == 2**22 and bool((w == ckpt["step"]).all())
@@ -329,3 +329,140 @@ def test_progress_lines_show_elapsed_time_and_eta_and_the_end_says_where_and_wha
         "1:00:00",
         "25:01:01",
     ]
+
+
+def start(*args, env=None) -> subprocess.Popen:
+    """python <args> from the repo, its stdout and stderr apart, line by line."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env
+    )
+
+
+def signal_after(proc, needle: str, sig, timeout: float = 300) -> tuple[str, str]:
+    """Send sig once a line of proc's stdout holds needle; (its whole stdout, its stderr) once it ends."""
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if needle in line:
+            proc.send_signal(sig)
+            break
+    out, err = proc.communicate(timeout=timeout)
+    return "".join(seen) + out, err
+
+
+def test_sigterm_stops_a_sweep_after_its_job_saves(tmp_path, shakespeare_dir):
+    """SIGTERM while job 0 of three trains: job 0 saves and says how to resume, and jobs 1 and 2 never start; exit 0,
+    a stop that was asked for. Fails on the code before: Hydra started job 1 and trained it, and job 2, to the end."""
+    sweep = tmp_path / "sweep"
+    proc = start("train.py", "-m", "seed=1,2,3", *TINY, "train.max_steps=300", f"hydra.sweep.dir={sweep}")
+    out, err = signal_after(proc, "step 3/300", signal.SIGTERM)
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopped by SIGTERM at step" in out and (sweep / "0-rope" / "ckpt.pt").exists()
+    assert sorted(p.parent.name for p in sweep.glob("*/ckpt.pt")) == ["0-rope"]
+    assert "stopped by SIGTERM: job #1 (seed=2 " in err and "and the later ones were not started" in err
+
+
+def text_corpus(folder, megabytes: int):
+    """Random words over megabytes of text in 4 files: enough that preparing it (a BPE, then tokenizing) takes a
+    few seconds."""
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(2, 9))) for _ in range(20000)]
+    folder.mkdir()
+    for i in range(4):
+        (folder / f"{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(megabytes * 40000)))
+
+
+def test_sigterm_while_the_data_is_prepared_stops_at_once_and_leaves_no_half_dataset(tmp_path):
+    """SIGTERM while train.py prepares a corpus: nothing to save, so it stops at once with the shell's status for
+    the signal (143), says so, and leaves no dataset folder, whole or half-built, and no run folder content. Fails on
+    the code before: it printed "saving a checkpoint and stopping", prepared the corpus and trained on (SIGKILL was
+    the only way out)."""
+    text_corpus(tmp_path / "texts", 2)
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    options = [f"data.path={tmp_path / 'texts'}", f"data.cache_dir={cache}", "train.max_steps=2", f"out_dir={out}"]
+    proc = start("train.py", *TINY, "data=text", *options)
+    said, err = signal_after(proc, "preparing text", signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, said + err
+    assert "SIGTERM: stopping before the first step, with nothing to save" in said and "step 1/" not in said
+    assert [p.name for p in cache.rglob("*") if p.is_file()] == [] and not (out / "ckpt.pt").exists()
+
+
+def test_ctrl_c_in_a_sweep_evaluation_keeps_the_runs_done(tmp_path, shakespeare_dir):
+    """Ctrl-C while eval.py scores the second of two runs: exit 130 and one line on stderr; the first run keeps its
+    results, the second has none (nothing half-written). Fails on the code before: a KeyboardInterrupt traceback."""
+    for i in range(2):
+        train(config(*TINY, "train.max_steps=2", f"seed={i}"), tmp_path / "sweep" / f"{i}-rope")
+    proc = start("eval.py", f"sweep_dir={tmp_path / 'sweep'}", "logger.wandb=false", "eval.tokens=65536")
+    out, err = signal_after(proc, f"evaluating {tmp_path / 'sweep' / '1-rope'}", signal.SIGINT)
+    assert proc.returncode == 128 + signal.SIGINT, out + err
+    assert err.strip().splitlines() == [
+        "stopped by SIGINT: the runs evaluated before it (1 of 2) keep their results; the evaluation under way wrote "
+        "nothing; run the command again"
+    ]
+    assert (tmp_path / "sweep" / "0-rope" / "eval" / "length.json").exists()
+    assert [p.name for p in (tmp_path / "sweep" / "1-rope" / "eval").iterdir()] == []
+
+
+FULL_DISK_AT = """
+# Loaded at interpreter start only where the test puts this folder on PYTHONPATH: a write to a file whose name holds
+# FULL_DISK_AT fills the disk after 4 KiB.
+import builtins, errno, io, os
+
+_open = builtins.open
+
+
+class FullDisk(io.FileIO):
+    def write(self, b):
+        if self.tell() + len(b) > 4096:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(b)
+
+
+def open(file, mode="r", *args, **kwargs):
+    if os.environ["FULL_DISK_AT"] in str(file) and "w" in mode:
+        return io.BufferedWriter(FullDisk(file, "wb"))
+    return _open(file, mode, *args, **kwargs)
+
+
+builtins.open = open
+"""
+
+
+def test_a_full_disk_while_eval_draws_its_plot_is_one_line_and_leaves_no_torn_file(tiny_checkpoint, tmp_path):
+    """The disk fills while eval.py writes length.png: exit 2, one line naming length.png and what to do; no length.png
+    cut short and no length.json beside it (the JSON is written last), and no temp file. Fails on the code before:
+    a complete length.json beside a length.png cut short, and a traceback."""
+    run_dir, hook = tmp_path / "run", tmp_path / "hook"
+    shutil.copytree(tiny_checkpoint, run_dir)
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent(FULL_DISK_AT))
+    env = {"PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]), "FULL_DISK_AT": "length.png"}
+    proc = run("eval.py", f"checkpoint={run_dir}", "logger.wandb=false", "eval.lengths=[32]", env=env)
+    one_line_error(proc, f"cannot write {run_dir}/eval/length.png (No space left on device); free some space there")
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == []
+
+
+def test_an_output_folder_that_cannot_be_written_fails_before_any_scoring(tiny_checkpoint, tmp_path):
+    """A run whose eval/ cannot be made (a file stands there): one line naming it, before a single cell is scored.
+    Fails on the code before: every cell was scored first, then a FileExistsError traceback."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint, run_dir)
+    (run_dir / "eval").write_text("notes")
+    proc = run("eval.py", f"checkpoint={run_dir}", "logger.wandb=false", "eval.lengths=[32]")
+    one_line_error(proc, f"checkpoint: cannot write {run_dir}/eval", "pass another checkpoint")
+    assert "ppl" not in proc.stdout and (run_dir / "eval").read_text() == "notes"
+
+
+def test_a_second_evaluation_keeps_the_first_result(tiny_checkpoint, tmp_path):
+    """eval.py at other lengths over a run already evaluated: the new result takes the names, the first one's files
+    stay in eval/earlier/, and the output says where. Fails on the code before: the first result was replaced."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint, run_dir)
+    run("eval.py", f"checkpoint={run_dir}", "logger.wandb=false", "eval.lengths=[32]", check=True)
+    first = (run_dir / "eval" / "length.json").read_text()
+    proc = run("eval.py", f"checkpoint={run_dir}", "logger.wandb=false", "eval.lengths=[16,32]", check=True)
+    kept = sorted((run_dir / "eval" / "earlier").iterdir())
+    assert [p.suffix for p in kept] == [".json", ".png"] and kept[0].read_text() == first
+    assert json.loads((run_dir / "eval" / "length.json").read_text())["lengths"] == [16, 32]
+    assert f"the earlier result is kept as {run_dir}/eval/earlier/length-" in proc.stdout

@@ -3,7 +3,7 @@ KV-cache equality, save/load."""
 
 import pytest
 import torch
-from conftest import ABSOLUTE, SCHEMES, SHIFT_INVARIANT, random_model
+from conftest import ABSOLUTE, SCHEMES, SHIFT_INVARIANT, checkpoint_state, random_model
 
 import positional
 from model.attention import make_plan
@@ -106,9 +106,7 @@ def test_config_errors_name_the_fix():
 @pytest.mark.parametrize("name", SCHEMES)
 def test_save_load_gives_the_same_logits(name, tmp_path):
     model = random_model(name)
-    from dataclasses import asdict
-
-    checkpoint.save(tmp_path / "ckpt.pt", {"model": model.state_dict(), "model_config": asdict(model.cfg)})
+    checkpoint.save(tmp_path / "ckpt.pt", checkpoint_state(model))
     loaded, _ = checkpoint.load_model(tmp_path)
     idx = tokens()
     assert torch.equal(model(idx), loaded(idx))

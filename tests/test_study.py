@@ -50,8 +50,9 @@ if sys.argv[1] == "train.py":
 elif sys.argv[1] == "eval.py":
     out = pathlib.Path(args["checkpoint"]) / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    (out / (args.get("eval.mode", "length") + ".json")).write_text("{{}}")
+    (out / (args.get("eval.mode", "length") + ".json")).write_text({result!r})
 """
+RESULT = '{"checkpoint": "ckpt.pt", "scheme": "rope", "results": [], "methods": {}}'  # as much as the scripts read
 
 
 def fake_python(tmp_path):
@@ -63,7 +64,7 @@ def fake_python(tmp_path):
 
     ckpt, log, fake = tmp_path / "base.pt", tmp_path / "calls.log", tmp_path / "python"
     torch.save({"step": 280, "seq_len": 256}, ckpt)
-    fake.write_text(FAKE_PYTHON.format(exe=sys.executable, log=str(log), ckpt=str(ckpt)))
+    fake.write_text(FAKE_PYTHON.format(exe=sys.executable, log=str(log), ckpt=str(ckpt), result=RESULT))
     fake.chmod(0o755)
     return fake, log, ckpt
 
@@ -79,7 +80,7 @@ def run_study_script(tmp_path, kept: list[str], env: dict, *overrides: str) -> t
     fake, log, _ = fake_python(tmp_path)
     for run in kept:
         (tmp_path / "study" / run / "eval").mkdir(parents=True)
-        (tmp_path / "study" / run / "eval" / "length.json").write_text("{}")
+        (tmp_path / "study" / run / "eval" / "length.json").write_text(RESULT)
     env = {**os.environ, "PYTHON": str(fake), "STUDY": str(tmp_path / "study"), **env}
     cmd = ["bash", str(repo / "runs" / "study.sh"), *overrides]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
@@ -112,7 +113,7 @@ def test_study_script_puts_a_tagged_variant_beside_the_plain_runs_with_its_overr
         tmp_path, ["rope-s1"], {"SCHEMES": "rope", "SEEDS": "1", "TAG": "window64"}, "model.window=64"
     )
     assert calls[0] == (
-        f"train.py positional=rope seed=1 out_dir={study}/rope-window64-s1 logger.group={study} model.window=64"
+        f"train.py positional=rope seed=1 out_dir={study}/rope-window64-s1 logger.group=study model.window=64"
     )
     assert f"eval.py checkpoint={study}/rope-window64-s1 logger.wandb=false" in calls
     assert not any(f"{study}/rope-s1" in c for c in calls)
@@ -140,7 +141,7 @@ def test_the_report_titles_a_variants_stream_by_its_seed_group_not_its_bare_sche
         run["checkpoint"] = f"study/{name}/ckpt.pt"
         (study / name / "eval").mkdir(parents=True)
         (study / name / "eval" / "length.json").write_text(json.dumps(run))
-        stream = {"checkpoint": run["checkpoint"], "scheme": "rope"}
+        stream = {"checkpoint": run["checkpoint"], "scheme": "rope", "methods": {}}
         (study / name / "eval" / "stream.json").write_text(json.dumps(stream))
     text = study_module.report(study)
     assert "### rope (rope-s1)" in text and "### rope [train.window=64] (rope-window64-s1)" in text
@@ -225,3 +226,55 @@ def test_extension_script_searches_longrope_at_every_length_within_the_held_out_
     subprocess.run(["bash", str(repo / "runs" / "extension.sh")], env=env, check=True, capture_output=True)
     trained = [c for c in log.read_text().splitlines() if c.startswith("train.py")]
     assert len(trained) == 5 and all("model.qk_norm=rms" in c and "-passkey-rms " in c for c in trained)
+
+
+def test_a_result_cut_short_is_named_and_scored_again(tmp_path):
+    """runs/study.sh over a run whose eval/length.json was cut short (a disk that filled, an older writer): the script
+    names the file and evaluates the run again, where it used to skip it for existing and leave the report to fail on
+    it at every rerun."""
+    study = tmp_path / "study"
+    _, _, ckpt = fake_python(tmp_path)
+    (study / "rope-s1" / "eval").mkdir(parents=True)
+    (study / "rope-s1" / "DONE").write_text("")
+    (study / "rope-s1" / "ckpt.pt").write_bytes(ckpt.read_bytes())
+    (study / "rope-s1" / "eval" / "length.json").write_text(RESULT[:20])
+    calls, _ = run_study_script(tmp_path, [], {"SCHEMES": "rope", "SEEDS": "1", "STREAM": "0"})
+    assert calls == [f"eval.py checkpoint={study}/rope-s1 logger.wandb=false", f"-m evaluation.study {study}"]
+
+
+STOPPED_BY_SIGTERM = """#!{exe}
+import signal, sys, time, pathlib
+with open({log!r}, "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # as train.py: save, then exit 0, a stop that was asked for
+pathlib.Path({log!r} + ".started").write_text("")
+time.sleep(60)
+"""
+
+
+def test_sigterm_stops_a_study_without_marking_the_run_done(tmp_path):
+    """SIGTERM to the script's process group (timeout, SLURM, Ctrl-C's SIGINT alike) while a run trains: train.py
+    saves and exits 0, and the script stops there (exit 130), neither marking that run DONE nor starting the next.
+    Fails on the code before: the stopped run was marked DONE, so never resumed, and the next one started."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    fake, log = tmp_path / "python", tmp_path / "calls.log"
+    fake.write_text(STOPPED_BY_SIGTERM.format(exe=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "STUDY": str(tmp_path / "study"), "SCHEMES": "rope alibi", "SEEDS": "1"}
+    proc = subprocess.Popen(["bash", str(repo / "runs" / "study.sh")], env=env, start_new_session=True, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    for _ in range(600):
+        if Path(f"{log}.started").exists():
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "stopped: run the same command again" in err
+    assert len(log.read_text().splitlines()) == 1 and not (tmp_path / "study" / "rope-s1" / "DONE").exists()

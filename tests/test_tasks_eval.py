@@ -2,7 +2,6 @@
 answer, n/a where positions run out, a seed group's interval over its samples and its seeds, differences paired on the
 same samples; and the task names the config offers are data/tasks.py's."""
 
-import json
 import os
 import subprocess
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, TINY, config
-from test_study import fake_python
+from test_study import RESULT, fake_python
 
 from data import tasks
 from evaluation import tasks as scoring
@@ -180,7 +179,7 @@ def test_the_battery_trains_each_task_scheme_and_random_variant_once_and_resumes
     evals = [c for c in calls if c.startswith("eval.py")]
     assert len(evals) == 16 and all("eval.mode=tasks" in c for c in evals)
     assert sum(c.startswith("-m evaluation.tasks") for c in calls) == 2  # the report, each time
-    assert json.loads((tmp_path / "battery" / "add" / "rope-s1" / "eval" / "tasks.json").read_text()) == {}
+    assert (tmp_path / "battery" / "add" / "rope-s1" / "eval" / "tasks.json").read_text() == RESULT
     record = (tmp_path / "battery" / "commands.txt").read_text().splitlines()  # each call, every variable it ran with
     settings = 'BATTERY="copy add" SCHEMES="rope learned" RANDOMIZED="learned" PRESETS="gemma3" SEEDS="1 2" RANGE=512'
     call = f"TASKS={tmp_path / 'battery'} {settings} EXPERIMENT=tasks bash runs/tasks.sh train.max_steps=5   # "

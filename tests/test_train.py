@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, SCHEMES, TINY, config, random_model, run
+from conftest import ROOT, SCHEMES, TINY, checkpoint_state, config, random_model, run
 
 from train import grad_scaler, train
 from utils import checkpoint, runtime
@@ -338,8 +338,6 @@ def test_eval_and_sample_read_only_the_weights(tmp_path):
     Bytes read through system calls (rchar) show it; a full load, for contrast, reads them all."""
     from pathlib import Path
 
-    from conftest import scheme_spec
-
     from utils import checkpoint
 
     proc_io = Path("/proc/self/io")
@@ -350,10 +348,8 @@ def test_eval_and_sample_read_only_the_weights(tmp_path):
         return int(re.search(r"rchar: (\d+)", proc_io.read_text()).group(1))
 
     model = random_model("rope")
-    config = dict(vocab_size=97, n_layer=2, n_head=4, n_kv_head=2, d_model=32, positional=scheme_spec("rope"))
     moments = torch.ones(2**23)  # 32 MiB of optimizer state
-    state = {"model": model.state_dict(), "model_config": config, "optimizer": [{"state": {0: {"exp_avg": moments}}}]}
-    checkpoint.save(tmp_path / "ckpt.pt", state)
+    checkpoint.save(tmp_path / "ckpt.pt", checkpoint_state(model, optimizer=[{"state": {0: {"exp_avg": moments}}}]))
     before = bytes_read()
     loaded, ckpt = checkpoint.load_model(tmp_path)
     assert bytes_read() - before < 2**22  # well under the 32 MiB of moments

@@ -1,6 +1,7 @@
 """Metrics to out_dir/metrics.jsonl (one JSON object per logged step) and to wandb.
 
 python train.py logger.wandb=false          (jsonl only)
+python train.py train.resume=true           (metrics.jsonl read back by read_log, cut at the checkpoint's step)
 wandb is online when an API key is configured (WANDB_API_KEY or a netrc entry), otherwise offline; it never
 waits on a login prompt. logger.mode=online|offline|disabled forces a mode; online without a key, or with a key
 wandb refuses, or with no network, stops the run in one line naming logger.mode, before any step.
@@ -9,9 +10,11 @@ wandb refuses, or with no network, stops the run in one line naming logger.mode,
 import json
 import netrc
 import os
+import sys
 from pathlib import Path
 
 from utils.errors import UserError
+from utils.files import write_text
 
 WANDB_HOSTS = ("api.wandb.ai",)  # where `wandb login` keeps its key, besides WANDB_BASE_URL's host
 
@@ -77,12 +80,39 @@ def start_wandb(project: str, out_dir, config: dict, mode=None, group=None, name
         ) from None
 
 
+def read_log(path) -> list[dict]:
+    """The rows of a metrics.jsonl, each an object with an integer step. A last line cut short (no newline: a process
+    killed while it wrote it) is dropped with a warning on stderr; any other bad line is one line naming the file and
+    the line (a file edited by hand, or another file)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            row = False
+        if row is None:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+        elif n == len(lines) and row is False and not text.endswith("\n"):
+            print(f"warning: {path}: its last line is cut short (line {n}); dropped", file=sys.stderr, flush=True)
+        else:
+            raise UserError(
+                f"{path} line {n} is not a logged step (a JSON object with a step); delete that line, or move the "
+                f"file away to start the log afresh"
+            )
+    return rows
+
+
 class Logger:
     def __init__(self, out_dir, wandb_run=None, resume_step: int | None = None):
         self.path = Path(out_dir) / "metrics.jsonl"
         if resume_step is not None and self.path.exists():  # drop steps logged after the checkpoint we resume
-            kept = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= resume_step]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
+            kept = [row for row in read_log(self.path) if row["step"] <= resume_step]
+            write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
         self.file = open(self.path, "a" if resume_step is not None else "w")
         self.wandb = wandb_run
 

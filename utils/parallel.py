@@ -70,11 +70,21 @@ def full_state(model, opts, parallel: str):
     ]
 
 
-def load_state(model, opts, model_state: dict, opt_states: list, parallel: str):
-    """Weights and optimizer moments from a checkpoint; the optimizer's hyperparameters (lr, betas, weight decay)
-    stay as this run's config built them, so a resume with a lower optim.lr takes it."""
+def load_state(model, opts, model_state: dict, opt_states: list, parallel: str, path=None):
+    """Weights and optimizer moments from a checkpoint (path, for the message); the optimizer's hyperparameters (lr,
+    betas, weight decay) stay as this run's config built them, so a resume with a lower optim.lr takes it. Moments of
+    another optimizer, or of other parameters, are one line."""
     hyper = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in opts]
-    _load_state(model, opts, model_state, opt_states, parallel)
+    try:
+        _load_state(model, opts, model_state, opt_states, parallel)
+        if why := moments_problem(opts):
+            raise ValueError(why)
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise UserError(
+            f"checkpoint {path} holds optimizer state that does not fit this run's optimizer "
+            f"({' '.join(str(e).split())[:200]}); resume with the optim= it was trained with, or start afresh in "
+            f"another out_dir"
+        ) from None
     for opt, groups in zip(opts, hyper, strict=True):
         for group, settings in zip(opt.param_groups, groups, strict=True):
             group.update(settings)
@@ -92,6 +102,16 @@ def _load_state(model, opts, model_state: dict, opt_states: list, parallel: str)
     set_model_state_dict(model, model_state, options=options)
     for opt, state in zip(opts, opt_states, strict=True):
         set_optimizer_state_dict(model, opt, state, options=options)
+
+
+def moments_problem(opts) -> str | None:
+    """A loaded moment whose shape is not its parameter's (torch checks only the groups' sizes), or None."""
+    for opt in opts:
+        for p, state in opt.state.items():
+            for name, t in state.items():
+                if isinstance(t, torch.Tensor) and t.dim() and t.shape != p.shape:
+                    return f"a {name} of shape {list(t.shape)} for a parameter of shape {list(p.shape)}"
+    return None
 
 
 def digest(state: dict) -> str:

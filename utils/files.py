@@ -1,0 +1,167 @@
+"""Whole files: every file written is whole or absent, every output folder is checked before the work, and every
+JSON file read back is checked as it is read.
+
+python eval.py checkpoint=out/rope     eval/length.{json,txt,png}, each written by replacing(), the folder checked first
+A write goes to .<name>.tmp<pid><suffix> in the same folder, is synced and renamed over <name>: a crash, a full disk or
+SIGTERM midway leaves the file as it was (or absent), never torn. The temp file of a failed write is removed, and one
+left by kill -9 is removed by the next write of that name once its process is gone; a failure is one OSError naming
+the file.
+read_json reads back what was written so: a file cut short, empty, or without what its reader needs is one line naming
+the file, what is wrong and what to do (utils/errors.py UserError).
+"""
+
+import errno
+import json
+import os
+import re
+import tempfile
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from utils.errors import UserError
+
+FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota
+
+
+@contextmanager
+def replacing(path):
+    """Yield the temp path to write path's new content to; when the block ends, sync it and rename it over path. A
+    block that fails removes the temp file and leaves path as it was; an OSError is raised again as one OSError
+    naming path, with nothing chained (a library's own error about its half-written file would follow it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{path.suffix}")  # the suffix a writer may read the format from
+    try:
+        yield tmp
+        sync(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        cause = os_error(e)
+        if cause is None:
+            raise
+        raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from None
+    sync(path.parent)
+
+
+def sync(path: Path):
+    """fsync a file's data, or a folder's entries (a rename is durable once its folder is synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text(path, text: str):
+    with replacing(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path, value, indent: int | None = 1):
+    write_text(path, json.dumps(value, indent=indent))
+
+
+def save_figure(fig, path, **savefig):
+    """A matplotlib figure as path (its suffix gives the format), whole or not at all, then closed."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with replacing(path) as tmp:
+            fig.savefig(tmp, **savefig)
+    finally:
+        plt.close(fig)
+
+
+def os_error(e: BaseException) -> OSError | None:
+    """The OSError behind e (itself, or the one it was raised in handling of), if any."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def remove_stale_temps(path):
+    """Remove the temp files that writes of path left when killed midway: only ours (.<name>.tmp<pid>[<suffix>]), and
+    only where that process is gone (a pid reused since keeps its file: a leftover, never a loss)."""
+    path = Path(path)
+    ours = re.compile(rf"\.{re.escape(path.name)}\.tmp(\d+)(?:{re.escape(path.suffix)})?")
+    for tmp in path.parent.glob(f".{glob_escape(path.name)}.tmp*"):
+        found = ours.fullmatch(tmp.name)
+        if found and not alive(int(found.group(1))):
+            with suppress(FileNotFoundError):  # another process may clean up at the same time
+                tmp.unlink()
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: no signal, only the check
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def check_writable(folder, key: str):
+    """Make folder and write a file in it, before any work whose results go there: a folder that cannot be made or
+    written, or a disk already full, is one line naming key and the folder, not an error after the work."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check"):
+            pass
+    except OSError as e:
+        raise cannot_write(e, folder, key) from None
+
+
+def cannot_write(e: OSError, path, key: str = "") -> UserError:
+    """One line for a write that failed (a full disk, a folder made read-only since the check)."""
+    fix = "free some space there" if e.errno in FULL else "make it writable" if key == "" else f"pass another {key}"
+    where = f"{key}: " if key else ""
+    return UserError(f"{where}cannot write {e.filename or path} ({e.strerror}); {fix}, then run again")
+
+
+def read_json(path, need: dict | None = None, fix: str = "make it again", kind: str = ""):
+    """The JSON value in path, which must be an object holding need's keys with need's types ({key: type or tuple of
+    types}); anything else (missing, empty, cut short, not JSON, a key missing or of another type) is one line naming
+    the file, what is wrong and fix: `<path> is not <kind>: it <what>; <fix>` (`<path> <what>; <fix>` without kind)."""
+    path = Path(path)
+
+    def refuse(what: str):
+        raise UserError(f"{path} is not {kind}: it {what}; {fix}" if kind else f"{path} {what}; {fix}") from None
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        refuse("does not exist")
+    except (OSError, UnicodeDecodeError) as e:
+        refuse(f"cannot be read ({getattr(e, 'strerror', None) or e})")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        refuse("is empty" if not text.strip() else f"is cut short or not JSON ({e.msg} at line {e.lineno})")
+    if need is not None and (why := shape_problem(value, need)):
+        refuse(why)
+    return value
+
+
+def shape_problem(value, need: dict, within: str = "") -> str | None:
+    """What value lacks of need ({key: type or tuple of types}): not an object, a key missing, or a value of another
+    type (a bool is no int here). within: the key value sits under, to name its keys in full (config.data)."""
+    where = f"{within}." if within else ""
+    if not isinstance(value, dict):
+        return f"holds {f'{within} as' if within else 'a'} {type(value).__name__} where an object is expected"
+    for key, kind in need.items():
+        if key not in value:
+            return f"has no {where}{key}"
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value[key], kinds) or isinstance(value[key], bool) and bool not in kinds:
+            names = " or ".join(t.__name__ for t in kinds)
+            return f"holds {where}{key} as {type(value[key]).__name__} where {names} is expected"
+    return None
