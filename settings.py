@@ -203,9 +203,13 @@ def passes(test, value) -> bool:
 def value_problem(key: str, value, f) -> str | None:
     """key=value against field f's declared checks (and, for a dataclass instance built in code, its choices)."""
     meta, hint = f.metadata, f.metadata.get("hint", "")
+    shown = f"{key}={show(value)}"
+    if value is None and f.type in (Any, "Any") and f.default is not None:  # of mixed type: null is no value of it
+        if "choices" in meta:
+            return f"{shown} is not one of {', '.join(show(c) for c in meta['choices'])}; {hint}"
+        return f"{shown} must {meta['must']}; {hint}"
     if value is None:
         return None
-    shown = f"{key}={show(value)}"
     if "group" in meta and config_type(value) is None:  # a value where an option's settings belong
         return f"{shown} is not an option of {meta['group']}; pick one with {meta['group']}=<option>"
     if "choices" in meta and not any(value == c and type(value) is type(c) for c in meta["choices"]):

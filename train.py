@@ -43,7 +43,7 @@ from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, start_wandb
 from utils.progress import clock
 
-MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "bos_aligned", "optimizer_format")  # a resume shares these
+MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "bos_aligned", "optimizer_format", "data")  # a resume shares
 # options added after checkpoints were written: an older checkpoint was trained with their defaults
 OLDER = {"bos_aligned": False, "model_config": {"qk_norm": "rms", "sink_logit": False, "ssmax": False}}
 LOCK = ".lock"  # in out_dir while a run may write there (utils/runtime.py lock_folder)
@@ -190,12 +190,19 @@ def check_resume(ckpt: dict, run: dict, path):
     setting that differs is one line with both values (utils/schema.py resume_mismatch)."""
 
     def saved(k):
+        if k == "data" and k not in ckpt:  # a checkpoint older than the key: its run config's
+            return corpus(ckpt["config"]["data"])
         if isinstance(OLDER.get(k), dict) and isinstance(ckpt.get(k), dict):
             return {**OLDER[k], **ckpt[k]}
         return ckpt.get(k, OLDER.get(k))
 
     if message := checks.resume_mismatch({k: saved(k) for k in MATCH_KEYS}, {k: run[k] for k in MATCH_KEYS}, path):
         raise UserError(message)
+
+
+def corpus(data: dict) -> dict:
+    """The data settings that say which documents a run reads (not where the prepared copy is kept)."""
+    return {k: v for k, v in data.items() if k != "cache_dir"}
 
 
 def prepare_data(resolved: dict, rt, say) -> tuple[Path, dict, int]:
@@ -227,6 +234,7 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
         "seq_len": tr.seq_len,
         "bos_aligned": bos_aligned,  # another row order: another run
         "optimizer_format": parallel.optimizer_format(rt, tr.parallel),
+        "data": corpus(resolved["data"]),  # other documents (data.tasks): another run
     }
     model = checkpoint.build_model(match["model_config"])
     model.pe.check_length(tr.seq_len)

@@ -35,7 +35,7 @@ def scheme_spec(name: str, cfg) -> dict:
     import positional
 
     node = OmegaConf.create({"train": schema.plain(cfg.train)})
-    node.positional = OmegaConf.structured(positional.SCHEMES[name].Options)
+    node.positional = OmegaConf.structured(positional.SCHEMES[name].Options(name=name))
     return positional.spec_of(node.positional)
 
 

@@ -102,6 +102,25 @@ class GPTConfig(ModelConfig):
         if message := settings.problem(self, "model."):
             raise ValueError(message)
         self.positional = positional.options(positional.spec_of(self.positional))  # checked once, here
+        if message := self.layers_problem():
+            raise ValueError(message)
+
+    def layers_problem(self) -> str | None:
+        """A per-layer setting that reaches no layer of this network, or None."""
+        pattern, base = self.positional.get("layers"), self.positional.get("global_base")
+        if pattern and len(pattern) > self.n_layer:
+            return (
+                f"positional.layers={pattern} is longer than the network, model.n_layer={self.n_layer}: its last "
+                f"{len(pattern) - self.n_layer} letters reach no layer; pass at most {self.n_layer} letters"
+            )
+        if base is not None and not any(map(self.layer_long, range(self.n_layer))):
+            return (
+                f"positional.global_base={settings.show(base)} is the base of the full-attention layers of the scheme, "
+                f"and model.window_pattern={self.window_pattern} with model.window={settings.show(self.window)} and "
+                f"model.chunk={settings.show(self.chunk)} leaves none; put an L in the pattern and set a window or "
+                f"chunk, or pass positional.global_base=null"
+            )
+        return None
 
     @property
     def head_dim(self) -> int:

@@ -33,6 +33,15 @@ CASES = [  # (entry point and overrides, the key the message must name)
     (TRAIN + ["positional=sink", "positional.n_sink=0"], "positional.n_sink"),
     (TRAIN + ["positional=xpoz"], "positional"),
     (TRAIN + ["positional=irope", "positional.layers=PPXN"], "positional.layers"),
+    (TRAIN + ["model=null"], "model=null is not one of"),
+    (["train.py", "--cfg", "jobb"], "invalid choice: 'jobb'"),  # Hydra's own flags: one line too
+    (TRAIN + ["compile=null"], "compile=null"),  # a setting of mixed type takes null only where it is the default
+    (TRAIN + ["positional=sink", "positional.inner=null"], "positional.inner=null"),
+    (EVAL + [NO_CKPT, "eval.rope_factor=null"], "eval.rope_factor=null"),
+    (EVAL + [NO_CKPT, "eval.mode=tasks", "eval.lengths=[64]"], "eval.lengths=[64] is read in length and passkey"),
+    (EVAL + [NO_CKPT, "eval.sliding=false", "eval.stride=16"], "eval.stride=16 is the sliding windows' stride"),
+    (TRAIN + ["positional=irope", "model.n_layer=3"], "positional.layers=PPPN is longer than the network"),
+    (TRAIN + ["experiment=gemma3", "model.n_layer=4"], "positional.global_base=1000000"),  # all four windowed
     (TRAIN + ["train.max_stepz=3"], "train.max_stepz"),
     (TRAIN + ["train.seq_len=["], "train.seq_len=[ cannot be parsed"),
     (TRAIN + ["positional.bsae=1"], "positional.bsae is not an option of positional=rope (its options: base,"),
@@ -239,3 +248,11 @@ def test_resuming_another_scheme_names_the_key_and_the_setting_that_resumes():
     table = {"model_config": {"positional": {"name": "learned", "max_positions": 32}}, "seq_len": 32}
     wider = {"model_config": {"positional": {"name": "learned", "max_positions": 64}}, "seq_len": 64}
     assert checks.resume_mismatch(table, wider, "x").startswith("train.seq_len=64 ")  # what the user set, first
+
+
+def test_a_missing_launcher_plugin_names_the_package():
+    """hydra/launcher=slurm without the submitit plugin: Hydra cannot load its config; the line says what to install."""
+    from hydra.errors import MissingConfigException
+
+    e = MissingConfigException("Could not load 'hydra/launcher/submitit_slurm'.", "hydra/launcher/submitit_slurm")
+    assert compose_message(e, "train").endswith("pip install hydra-submitit-launcher")

@@ -47,3 +47,12 @@ def test_a_step_is_torchs_up_to_its_bf16_rounding_and_the_state_is_the_same():
     buf = opt_theirs.state_dict()["state"][0]["momentum_buffer"]
     assert (opt_ours.state_dict()["state"][0]["momentum_buffer"] - buf).norm() < 0.02 * buf.norm()
     opt_theirs.load_state_dict(opt_ours.state_dict())  # a checkpoint moves from one to the other
+
+
+def test_a_warmup_longer_than_the_run_is_the_whole_run():
+    """train.max_steps=30 with the default train.warmup_steps=40: the rate rises every step to its peak at the last."""
+    from utils.optim import lr_factor
+
+    factors = [lr_factor(step, 30, 40, 0.1, "cosine") for step in range(30)]
+    assert all(a < b for a, b in zip(factors[:-1], factors[1:], strict=True)) and factors[-1] == 1.0
+    assert [lr_factor(s, 100, 40, 0.1, "cosine") for s in (0, 39)] == [1 / 40, 1.0]  # within the run: as before

@@ -292,3 +292,14 @@ def test_a_per_layer_scheme_draws_its_p_layers(tmp_path):
     proc = run("viz.py", "positional=irope", f"viz.out={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "rope-PPPN_decay.png").exists()
+
+
+def test_viz_all_builds_every_scheme_at_its_defaults():
+    """viz.all=true draws every scheme at init: each one's options at their defaults, under its own name, build."""
+    import viz
+
+    cfg = viz_config("viz.all=true")
+    for name in positional.names():
+        spec = viz.scheme_spec(name, cfg)
+        assert spec["name"] == name
+        assert viz.init_subject(spec, cfg).pe.name == name

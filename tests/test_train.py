@@ -17,6 +17,7 @@ from conftest import ROOT, SCHEMES, TINY, checkpoint_state, config, random_model
 
 from train import grad_scaler, train
 from utils import checkpoint, runtime
+from utils.errors import UserError
 
 
 def metrics(out_dir):
@@ -290,11 +291,22 @@ def test_resume_refuses_another_row_order(trained, tmp_path):
     )
 
 
+def test_resume_refuses_other_documents(trained, tmp_path):
+    """A run resumed with other data settings (data.tasks, the held-out plays) would go on training on other documents:
+    refused, naming the setting and the value the checkpoint was trained with."""
+    ckpt = torch.load(trained / "ckpt.pt", weights_only=True)
+    ckpt["data"]["val_works"] = 3  # as if trained with data.val_works=3
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    refusal = r"data.val_works=\[hamlet, .*\] does not match .* trained with 3; resume with data.val_works=3"
+    with pytest.raises(UserError, match=refusal):
+        train(config(*TINY, "train.max_steps=4", "train.resume=true"), tmp_path)
+
+
 def test_a_checkpoint_from_before_the_attention_options_resumes(trained, tmp_path):
     """Checkpoints written before model.qk_norm, model.sink_logit and data.bos_aligned existed were trained with
     their defaults, and resume."""
     ckpt = torch.load(trained / "ckpt.pt", weights_only=True)
-    del ckpt["bos_aligned"], ckpt["model_config"]["qk_norm"], ckpt["model_config"]["sink_logit"]
+    del ckpt["bos_aligned"], ckpt["model_config"]["qk_norm"], ckpt["model_config"]["sink_logit"], ckpt["data"]
     torch.save(ckpt, tmp_path / "ckpt.pt")
     train(config(*TINY, "train.max_steps=4", "train.resume=true"), tmp_path)
     assert metrics(tmp_path)[-1]["step"] == 4

@@ -109,15 +109,16 @@ def values_for(cls, f, places) -> list[str]:
         return ["''", "0", "-1", "abc", "[1,2]", "${nosuch}"]
     if kind in (int, float):
         return NUMBERS + WORDS + (["1.5"] if kind is int else [])
-    return ["0", "-1", "1.5", "inf", "nan", "''", "abc", "[1,2]", "${nosuch}"]  # bool, an enum, Any
+    odd = ["0", "-1", "1.5", "inf", "nan", "''", "abc", "[1,2]", "${nosuch}"]  # bool, an enum, Any
+    return odd + ["null"] * (kind is typing.Any)  # a mixed type takes null only where it is the default
 
 
 def declared_ok(f, value) -> bool:
     """Whether the declaration admits value (as composed): its bounds, choices, test, pattern, emptiness, length.
     The test's own reading of the metadata setting() stores, so a walker that skipped a check shows here."""
     meta = f.metadata
-    if value is None:
-        return True
+    if value is None:  # null is a value of a typed field where its type is optional (Hydra checks that)
+        return not (f.type in (typing.Any, "Any") and f.default is not None)
     if isinstance(value, ListConfig | DictConfig):
         value = OmegaConf.to_container(value)
     if "choices" in meta and not any(value == c and type(value) is type(c) for c in meta["choices"]):
@@ -255,11 +256,12 @@ def learned_run(tmp_path_factory, shakespeare_dir):
 
 TRAIN = ["train.py", *TINY, "train.max_steps=2", "train.warmup_steps=1"]
 E2E = [  # (command, what the one line must hold); {rope}, {learned}, {file}, {folder}, {run}: paths filled in
-    (TRAIN + ["out_dir={run}", "train.warmup_steps=3"], "train.warmup_steps=3 is longer than the run"),
+    (TRAIN + ["out_dir={run}", "positional=irope"], "positional.layers=PPPN is longer than the network"),
     (TRAIN + ["out_dir={file}"], "out_dir="),
     (TRAIN + ["out_dir={run}", "+train.foo=1"], "train.foo is not an option of train"),
     (["train.py", "-m", *TINY, "train.seq_len=32,0", "hydra.sweep.dir={sweep}"], "(job 2 of 2: train.seq_len=0)"),
     (["train.py", "-m", *TINY, "positional=rope,alibii", "hydra.sweep.dir={sweep}"], "positional=alibii"),
+    (["train.py", "-m", *TINY, "seed=1,2", "hydra.sweep.dir={file}"], "hydra.sweep.dir="),
     (TRAIN + ["out_dir={run}", "logger.wandb=true", "logger.mode=online"], "logger.mode=online"),
     (["eval.py", "checkpoint={rope}", "sweep_dir={folder}", "logger.wandb=false"], "checkpoint="),
     (["eval.py", "checkpoint={learned}", "eval.lengths=[64,128]", "logger.wandb=false"], "eval.lengths=[64, 128]"),

@@ -59,10 +59,14 @@ def hydra_cli(main):
     Hydra catches its composition errors and prints them over several lines, unless HYDRA_FULL_ERROR=1, when it
     raises them: that is set here, and they are caught and worded. Anything else (a bug) raises as before, with
     its traceback. A user who sets HYDRA_FULL_ERROR=1 gets Hydra's own full report."""
+    import argparse
+
     from hydra.errors import CompactHydraException
 
     debug = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    # a flag Hydra's parser refuses (--cfg jobb): its one line, not argparse's usage block over it
+    argparse.ArgumentParser.error = lambda parser, message: fail(f"{message}; see python {parser.prog} --help")
     try:
         return main()
     except UserError as e:  # a check Hydra ran before the job (utils/checks.py Check)
@@ -96,7 +100,7 @@ def group_value_message(overrides) -> str | None:
     """One line for a group given a value that is not an option's name (model=5, positional=null)."""
     for override in overrides:
         key, _, value = override.partition("=")
-        if (CONFIGS / key).is_dir() and not re.fullmatch(r"[A-Za-z_][\w.-]*|\[.*\]", value):
+        if (CONFIGS / key).is_dir() and (value == "null" or not re.fullmatch(r"[A-Za-z_][\w.-]*|\[.*\]", value)):
             return f"{key}={value} is not one of {', '.join(options(key))}; pick one (configs/{key}/)"
     return None
 
@@ -156,6 +160,8 @@ def compose_message(e, name: str = "") -> str:
         key, value = split(merging.group(1))
         why = str(cause).splitlines()[0].rstrip(".") if cause else "of the wrong type"
         return f"{key}={value} cannot be set ({why}); pass a value of its type (--cfg job prints the current one)"
+    if isinstance(e, MissingConfigException) and (e.missing_cfg_file or "").startswith("hydra/launcher/submitit"):
+        return "hydra/launcher=slurm runs its jobs through Hydra's submitit plugin; pip install hydra-submitit-launcher"
     if isinstance(e, MissingConfigException) and e.options and "/" in (e.missing_cfg_file or ""):
         group, _, option = e.missing_cfg_file.rpartition("/")
         return f"{group}={settings.show(option)} is not one of {', '.join(e.options)}; pick one (configs/{group}/)"

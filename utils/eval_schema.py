@@ -104,8 +104,8 @@ class Scoring:
     )
     # at least this many held-out tokens scored per cell (the same tokens in every cell), in pieces of the longest
     # length, an equal number from each held-out work (fewer where the held-out works hold fewer, with a note)
-    tokens: int = setting(65536, "pass how many held-out tokens to score per cell", ge=1)
-    batch_tokens: int = setting(16384, "pass tokens per forward pass", ge=1)
+    tokens: int = setting(65536, "pass how many held-out tokens to score per cell", ge=1, le=2**30)
+    batch_tokens: int = setting(16384, "pass tokens per forward pass", ge=1, le=MAX_TOKENS)
     prepare: bool = False  # prepare the checkpoint's held-out data if it is missing
 
 
@@ -170,6 +170,16 @@ class Eval(Scoring):
             ("lengths", "mode"),
             lambda lengths, mode: mode != "passkey" or not lengths or max(lengths) <= MAX_TOKENS,
             f"{{0}} in {{1}}: a sample is made at each length, and these pass {MAX_TOKENS:,} tokens; pass shorter ones",
+        ),
+        Rule(
+            ("lengths", "mode"),
+            lambda lengths, mode: lengths is None or mode in ("length", "passkey"),
+            "{0} is read in length and passkey modes, and {1} scores at lengths of its own; pass eval.lengths=null",
+        ),
+        Rule(
+            ("stride", "sliding"),
+            lambda stride, sliding: stride is None or sliding,
+            "{0} is the sliding windows' stride, and {1} scores none; pass eval.sliding=true, or eval.stride=null",
         ),
     )
 
@@ -362,7 +372,7 @@ class SampleConfig:
         test=lambda t: t == 0 or t >= 1e-3,
         must="be 0 (greedy) or at least 0.001",
     )
-    top_k: int | None = setting(50, "pass null for the whole vocabulary", ge=1)
+    top_k: int | None = setting(50, "pass null for the whole vocabulary", ge=1, le=MAX_TOKENS)
     seed: int = seed()
     num_samples: int = setting(1, "pass how many samples to write", ge=1, le=MAX_COUNT)
     static: bool = False  # true: a compiled fixed-shape decode step (CUDA graphs on a GPU); compiles once, first

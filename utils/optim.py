@@ -62,7 +62,9 @@ def build(model, optim: dict, fused: bool = False) -> list[torch.optim.Optimizer
 
 
 def lr_factor(step: int, max_steps: int, warmup: int, min_ratio: float, schedule: str) -> float:
-    """Linear warmup, then cosine or linear decay to min_ratio, or constant."""
+    """Linear warmup, then cosine or linear decay to min_ratio, or constant. A warmup longer than the run is the whole
+    run (a shortened command keeps its default warmup): the rate reaches its peak at the last step."""
+    warmup = min(warmup, max_steps)
     if step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":
