@@ -1,14 +1,17 @@
-"""A newcomer's first hour: the README's commands run one after another, and the figures they draw.
+"""A newcomer's first hour: the README's commands run one after another, the figures they draw, and what each
+prints along the way.
 
 python -m pytest -q tests/test_newcomer.py
 The README's commands, in the order shown, never train two runs into one folder, and every checkpoint one of them
-reads is made by a command shown before it. Length labels never touch and legends are readable.
+reads is made by a command shown before it. Length labels never touch and legends are readable. Preparing a corpus
+prints a few lines, a stream says how far it is, a sweep's comparison says where it is written.
 """
 
 from itertools import combinations
 
 import pytest
-from conftest import ROOT, random_model
+import torch
+from conftest import ROOT, random_model, run
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from test_docs import segments, shown_commands
@@ -144,3 +147,51 @@ def test_every_legend_is_readable_and_a_pictures_legend_covers_no_panel(figures,
             box = legend.get_window_extent(renderer)
             assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes if ax.get_visible())
         assert not any(ax.get_legend() for ax in fig.axes)
+
+
+# ---- what a run prints on the way ----
+
+
+def test_preparing_a_corpus_prints_a_few_lines_not_the_tokenizers_progress(tmp_path):
+    """The first run of a corpus trains its BPE tokenizer: rustbpe logs each merge step (about a hundred lines);
+    the user sees prepare's few lines."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    words = "the of and to in that is was he for it with as his on be at by this had not are but from or".split()
+    for d in range(12):
+        (texts / f"{d}.txt").write_text(" ".join(words[(d * i) % len(words)] for i in range(2000)))
+    proc = run(
+        "-m", "data.prepare", "data=text", f"data.path={texts}/*.txt", f"data.cache_dir={tmp_path / 'cache'}",
+        "tokenizer.vocab_size=300", check=True,
+    )  # fmt: skip
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert "training a BPE tokenizer" in proc.stdout and len(lines) <= 6, lines
+
+
+def test_a_stream_shows_its_progress(monkeypatch, capsys):
+    """Each cache of eval.mode=stream takes minutes on a long stream: it says how far it is (here a line per token,
+    as a log file gets one every 30 s)."""
+    import utils.progress
+    from evaluation.stream import stream_nll
+    from model.kv_cache import DenseCache
+    from utils import runtime
+
+    monkeypatch.setattr(utils.progress, "EVERY", 0.0)
+    model, tokens = random_model("rope").eval(), torch.randint(0, 97, (10,))
+    nll, stopped = stream_nll(
+        model, tokens, DenseCache(model, 1, 16), runtime.Runtime(torch.device("cpu"), torch.float32), "dense"
+    )
+    out = capsys.readouterr().out
+    assert len(nll) == 9 and stopped is None
+    assert "dense: 1/9 tok, eta" in out and "dense: 9/9 tok, eta 0:00" in out
+
+
+def test_a_sweeps_comparison_says_where_it_is_written(tmp_path, capsys):
+    """python eval.py sweep_dir=... (and -m checkpoint=a,b) print where the comparison's files are."""
+    from test_compare import fake_run
+
+    from evaluation.compare import compare
+
+    compare([fake_run("rope", 1, 0.0), fake_run("alibi", 1, 0.5)], tmp_path)
+    assert f"written {tmp_path}/compare.{{json,txt,png}}" in capsys.readouterr().out
+    assert all((tmp_path / f"compare.{ext}").exists() for ext in ("json", "txt", "png"))
