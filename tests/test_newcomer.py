@@ -195,3 +195,19 @@ def test_a_sweeps_comparison_says_where_it_is_written(tmp_path, capsys):
     compare([fake_run("rope", 1, 0.0), fake_run("alibi", 1, 0.5)], tmp_path)
     assert f"written {tmp_path}/compare.{{json,txt,png}}" in capsys.readouterr().out
     assert all((tmp_path / f"compare.{ext}").exists() for ext in ("json", "txt", "png"))
+
+
+def test_a_slurm_job_without_submitit_names_the_package_to_install(monkeypatch):
+    """A task of a multi-task SLURM job turns SLURM's variables into torchrun's with submitit: where it is missing,
+    the one line says what to pip install."""
+    import sys
+
+    from utils import runtime
+    from utils.errors import UserError
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setitem(sys.modules, "submitit.helpers", None)  # as if submitit were not installed
+    with pytest.raises(UserError, match="pip install hydra-submitit-launcher"):
+        runtime.from_slurm()
