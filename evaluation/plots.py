@@ -4,7 +4,9 @@ python eval.py checkpoint=out/rope                      -> out/rope/eval/length.
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00   -> <sweep_dir>/eval/compare.png
 python eval.py checkpoint=out/sink eval.mode=stream     -> out/sink/eval/stream.png (and passkey.png, passkey mode)
 Every series has its own colour, marker and (a RoPE extension) line style; a 95% interval is a band, or a thin bar
-where more than eight lines share a panel; log axes say so. The tables and labels are evaluation/report.py's.
+where more than eight lines share a panel; log axes say so; lengths read 4K for 4096, and where their labels would
+touch only every second (third, ...) one is labelled; legends are LEGEND_SIZE points. The tables and labels are
+evaluation/report.py's.
 """
 
 import math
@@ -38,6 +40,9 @@ MARKERS = "osD^vP*Xh<>"  # 11 markers against 14 colours: no two of the first 15
 
 
 BAND_LIMIT = 8  # more series than this in a panel: their 95% intervals as thin bars, not bands that merge
+
+
+LEGEND_SIZE = 10  # points: every legend of these figures, readable at their 120 dpi
 
 
 def _pyplot():
@@ -108,22 +113,27 @@ def readable_log_axis(axis):
         axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_plain if decades < 1 else _minor_label))
 
 
+def length_name(n: int) -> str:
+    """A length as its tick reads: 4096 -> 4K, 1536 -> 1.5K (K = 1024 tokens, as context lengths are named); any
+    other length in full."""
+    return f"{n / 1024:g}K" if n >= 1024 and n % 512 == 0 else str(n)
+
+
 def _length_axes(ax, rows: list[dict], train_length: int, title: str):
     import matplotlib.ticker
 
     ax.axvline(train_length, color="gray", ls=":", lw=1)
+    lengths = sorted({r["length"] for r in rows})
     ax.set(
         xscale="log",
         yscale="log",
-        xlabel="evaluation length in tokens (log scale)",
+        xlabel="evaluation length in tokens (log scale" + ("; 1K = 1024)" if lengths[-1] >= 1024 else ")"),
         ylabel="perplexity (log scale)",
         title=title,
     )
-    lengths = sorted({r["length"] for r in rows})
     scored = {r["length"] for r in rows if r["ppl"]}  # a length no cell scored (past a learned table) says so
-    crowded = any(b < 1.6 * a for a, b in zip(lengths, lengths[1:], strict=False))  # their labels would touch
-    names = [str(n) if n in scored else f"{n}\nn/a" for n in lengths]
-    ax.set_xticks(lengths, names, rotation=45 if crowded else 0, ha="right" if crowded else "center")
+    names = [length_name(n) if n in scored else f"{length_name(n)}\nn/a" for n in lengths]
+    ax.set_xticks(lengths, names)  # spaced_labels() drops those that would touch, once the figure is laid out
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label))
@@ -169,11 +179,32 @@ def _length_panels(axes, rows: list[dict], train_length: int) -> str:
     return ("bands" if band else "thin bars") + ": 95% intervals" + seed_note(rows)
 
 
+def spaced_labels(fig, axes, train_length: int, gap: float = 6.0):
+    """Label every k-th length of each axis in axes, k as small as keeps gap points between labels, counted from
+    the training length (its dotted line) so that 1x, 4x, 16x stay labelled when every second one goes; the other
+    ticks stay, unlabelled. Measured on the laid-out figure: a panel's width and a label's size decide."""
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    pad = renderer.points_to_pixels(gap)
+    for ax in axes:
+        ticks, labels = list(ax.get_xticks()), ax.get_xticklabels()
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        start = ticks.index(train_length) if train_length in ticks else 0
+        for k in range(1, len(ticks) + 1):
+            kept = [i for i in range(len(ticks)) if (i - start) % k == 0]
+            if all(boxes[a].x1 + pad <= boxes[b].x0 for a, b in zip(kept, kept[1:], strict=False)):
+                break
+        if len(kept) < len(ticks):
+            ax.set_xticks(ticks, [t.get_text() if i in kept else "" for i, t in enumerate(labels)])
+
+
 def _legend(fig, ax):
     """One legend for the figure, under its panels, so it covers no line."""
     handles, names = ax.get_legend_handles_labels()
     if names:
-        fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=10, frameon=False)
+        fig.legend(
+            handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=LEGEND_SIZE, frameon=False
+        )
 
 
 def na_note(rows: list[dict]) -> str:
@@ -210,8 +241,9 @@ def plot(rows: list[dict], train_length: int, path: Path, title: str, by_positio
             ylabel="mean NLL (nats)",
             title="NLL by position (nonoverlap)",
         )
-        ax.legend(fontsize=9)
+        ax.legend(fontsize=LEGEND_SIZE)
         readable_log_axis(ax.xaxis)
+    spaced_labels(fig, axes[: len(modes)], train_length)
     _save(fig, path)
 
 
@@ -229,6 +261,7 @@ def plot_compare(rows: list[dict], train_length: int, path: Path):
     fig.suptitle(
         f"train short, test long: held-out perplexity against evaluation length ({intervals})" + (note and f"\n{note}")
     )
+    spaced_labels(fig, axes[0], train_length)
     _save(fig, path)
 
 
@@ -260,7 +293,7 @@ def plot_stream(result: dict, path):
         ylabel=f"mean NLL per {result['block']}-token block (nats)",
         title=f"{legend_name(result['scheme'])}: streaming past the training length (bands: 95% intervals)",
     )
-    ax.legend(fontsize=9)
+    ax.legend(fontsize=LEGEND_SIZE, loc="best")
     readable_log_axis(ax.xaxis)
     save_figure(fig, path, dpi=120)
 

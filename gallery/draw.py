@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from evaluation.attention_map import plot_attention_maps  # noqa: E402
+from evaluation.plots import LEGEND_SIZE  # noqa: E402
 from evaluation.sink_mass import first_token_attention  # noqa: E402
 from gallery.numbers import (  # noqa: E402
     bias_by_distance,
@@ -131,6 +132,13 @@ def log_distance(ax, d: torch.Tensor):
     ax.set_xlim(0, int(d.max()))
 
 
+def figure_legend(fig, ax, loc: str = "outside right upper"):
+    """One legend for the figure, outside its panels (it covers no curve), at the evaluation figures' size."""
+    handles, names = ax.get_legend_handles_labels()
+    ncol = len(names) if "lower" in loc else 1  # under the panels: one row
+    fig.legend(handles, names, loc=loc, ncol=ncol, fontsize=LEGEND_SIZE, frameon=False)
+
+
 def save(fig, path: Path, title: str):
     fig.suptitle(title, fontsize=10)
     save_figure(fig, path, dpi=DPI)
@@ -155,7 +163,7 @@ def draw_vectors(s: Subject, o: Options, numbers, path: Path):
 
 
 def draw_decay(s: Subject, o: Options, numbers, path: Path):
-    """A panel per scaling variant, over the unscaled curve."""
+    """A panel per scaling variant (its title), over the unscaled curve."""
     d, curves = numbers
     variants = [kind for kind in curves if kind != "none"]
     rows = -(-len(variants) // 2)  # two panels a row, as many rows as the variants fill
@@ -164,11 +172,12 @@ def draw_decay(s: Subject, o: Options, numbers, path: Path):
         ax.set_visible(False)
     for ax, kind in zip(axes.flat, variants, strict=False):
         ax.plot(d.numpy(), curves["none"].numpy(), color="0.6", lw=0.9, label="no scaling")
-        ax.plot(d.numpy(), curves[kind].numpy(), color="C1", lw=0.9, label=f"{kind} x{o.factor:g}")
+        ax.plot(d.numpy(), curves[kind].numpy(), color="C1", lw=0.9, label=f"the panel's scaling, x{o.factor:g}")
         mark_length(ax, s.length)
         ax.axhline(0, color="0.8", lw=0.8)
         log_distance(ax, d)
-        ax.legend(fontsize=7, loc="upper right")
+        ax.set_title(f"{kind} x{o.factor:g}", fontsize=LEGEND_SIZE)
+    figure_legend(fig, axes.flat[0], "outside lower center")
     for ax in axes[-1]:
         ax.set_xlabel("distance (query position - key position; log scale)")
     for ax in axes[:, 0]:
@@ -187,7 +196,7 @@ def draw_decay_trained(s: Subject, o: Options, numbers, path: Path):
         log_distance(ax, d)
         ax.set(title=f"layer {layer}", xlabel="distance (log scale)")
     axes[0].set_ylabel("logit of mean q, mean k")
-    axes[-1].legend(fontsize=7)
+    figure_legend(fig, axes[-1])
     save(fig, path, f"{s.label} ({s.state}): trained mean query against mean key by distance")
 
 
@@ -209,7 +218,7 @@ def draw_bias(s: Subject, o: Options, numbers, path: Path):
     mark_length(axes[1], s.length)
     log_distance(axes[1], d)
     axes[1].set_xlabel("distance (query position - key position; log scale)")
-    axes[1].legend(fontsize=8)
+    figure_legend(fig, axes[1])
     where = f"query at {len(d) - 1}" + ("" if near is None else f"; dashed: query at {s.length - 1}")
     save(fig, path, f"{s.label} ({s.state}): score bias by distance ({where})")
 
@@ -222,7 +231,7 @@ def draw_content_bias(s: Subject, o: Options, per_layer, path: Path):
             ax.plot(curve.numpy(), color=colors[h], lw=1, label=f"head {h}")
         ax.set(title=f"layer {layer}", xlabel="distance")
     axes[0].set_ylabel("mean bias over the text")
-    axes[-1].legend(fontsize=7)
+    figure_legend(fig, axes[-1])
     save(fig, path, f"{s.label} ({s.state}): content bias by distance, mean over held-out text")
 
 
