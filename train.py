@@ -18,11 +18,7 @@ uniform guess: see lost()) stops with exit status 2, and never writes its weight
 
 import errno
 import math
-import os
-import shlex
-import signal
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -40,13 +36,8 @@ from data.shards import load_meta
 from model.kv_cache import DenseCache, generate
 from utils import checkpoint, checks, optim, parallel, runtime, schema, stopping
 from utils.errors import UserError, cli, hydra_cli
-from utils.logger import Logger, start_wandb
-from utils.progress import clock
+from utils.logger import Logger, Meter, log, metrics, start_wandb, wandb_where
 
-MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "bos_aligned", "optimizer_format", "data")  # a resume shares
-# options added after checkpoints were written: an older checkpoint was trained with their defaults
-OLDER = {"bos_aligned": False, "model_config": {"qk_norm": "rms", "sink_logit": False, "ssmax": False}}
-LOCK = ".lock"  # in out_dir while a run may write there (utils/runtime.py lock_folder)
 LOST_STEPS = 5  # lost steps in a row (lost()) that stop a run as diverged
 FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota
 EVAL_MODE = {"grids": "eval.mode=grids", "passkey": "eval.mode=passkey", "tasks": "eval.mode=tasks"}  # own ways
@@ -76,7 +67,7 @@ class Setup:
     rt: runtime.Runtime
     out_dir: Path
     resolved: dict  # the config with every value resolved, as the checkpoint keeps it
-    match: dict  # what a resumed run must match (MATCH_KEYS)
+    match: dict  # what a resumed run must match (checkpoint.MATCH_KEYS)
     data_dir: Path
     model: torch.nn.Module  # the raw model: its weights are saved, probes read it
     runner: torch.nn.Module  # what a step calls: the model wrapped for DDP or FSDP, and compiled
@@ -95,30 +86,6 @@ class Setup:
         return self.match["model_config"]["vocab_size"]
 
 
-class StopFlag:
-    """SIGTERM or a first Ctrl-C asks the loop to save and stop; a second Ctrl-C interrupts at once. Before the loop
-    (data preparation, setup) there is nothing to save: the signal stops the run at once (utils/stopping.py)."""
-
-    def __init__(self):
-        self.requested = False
-        self.name = None  # of the signal that asked
-        self.saving = False  # set once the loop runs
-        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested, self.name = True, stopping.ask(signum)
-        if not self.saving:
-            print(f"\n{self.name}: stopping before the first step, with nothing to save", flush=True)
-            raise stopping.Stopped(self.name)
-        print(f"\n{self.name}: saving a checkpoint and stopping", flush=True)
-
-    def restore(self):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-
 def measure(probes: list, model, rows, rt) -> tuple[dict, str]:
     from evaluation import probes as probing  # loaded where a run has probes (train.sink_metric, a study's)
 
@@ -135,74 +102,6 @@ def grad_accum_steps(tr, world: int) -> int:
             f"processes = {per_step}; change one of them"
         )
     return tr.total_batch_size // per_step
-
-
-def lock_out_dir(out_dir: Path, rt):
-    """Rank 0 locks out_dir for the run: two runs writing one folder would interleave their checkpoints and metrics.
-    Also removes the temp files of checkpoint writes killed midway (utils/checkpoint.py). Returns the lock."""
-    lock, holder = None, None
-    if rt.master:
-        try:
-            lock = runtime.lock_folder(out_dir, LOCK)
-        except runtime.FolderBusy as e:
-            holder = e.pid
-        except OSError as e:
-            raise UserError(f"out_dir={out_dir} cannot be written ({e.strerror}); pass another out_dir") from None
-    busy = runtime.any_rank(holder is not None, rt.device)
-    pid = int(runtime.max_over_ranks(int(holder) if holder and holder.isdigit() else 0, rt.device))
-    if busy:
-        raise UserError(
-            f"out_dir={out_dir} is in use by another run (pid {pid or 'unknown'}); wait for it to end, or pass "
-            f"another out_dir"
-        )
-    if rt.master:
-        checkpoint.remove_stale_temps(out_dir / checkpoint.NAME)
-    return lock
-
-
-def resume_command(out_dir: Path, rt) -> str:
-    """The command that continues this run: the options it was given (known under Hydra), then train.resume=true."""
-    given = ["..."]  # train() called from Python: its options are the caller's
-    if HydraConfig.initialized():
-        skip = ("out_dir", "train.resume", "train.overwrite")
-        given = [shlex.quote(o) for o in HydraConfig.get().overrides.task if o.lstrip("+~").split("=")[0] not in skip]
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", rt.world))
-    launch = ["python"] if rt.world == 1 else ["torchrun", f"--nproc_per_node={local}"]
-    launch += [f"--nnodes={rt.world // local}"] if rt.world > local else []
-    return " ".join([*launch, "train.py", *given, "train.resume=true", f"out_dir={shlex.quote(str(out_dir))}"])
-
-
-def check_out_dir(out_dir: Path, tr):
-    ckpt = out_dir / checkpoint.NAME
-    if tr.resume and not ckpt.exists():
-        raise UserError(
-            f"train.resume=true but {out_dir} holds no {checkpoint.NAME}; drop train.resume to start afresh"
-        )
-    if not tr.resume and ckpt.exists() and not tr.overwrite:
-        raise UserError(
-            f"{out_dir} already holds a checkpoint: add train.resume=true to continue it, train.overwrite=true to "
-            f"start over, or out_dir=<another folder> for a run of its own"
-        )
-
-
-def check_resume(ckpt: dict, run: dict, path):
-    """A resume must match its checkpoint in MATCH_KEYS (a checkpoint older than a key: OLDER's value); the first
-    setting that differs is one line with both values (utils/schema.py resume_mismatch)."""
-
-    def saved(k):
-        if k == "data" and k not in ckpt:  # a checkpoint older than the key: its run config's
-            return corpus(ckpt["config"]["data"])
-        if isinstance(OLDER.get(k), dict) and isinstance(ckpt.get(k), dict):
-            return {**OLDER[k], **ckpt[k]}
-        return ckpt.get(k, OLDER.get(k))
-
-    if message := checks.resume_mismatch({k: saved(k) for k in MATCH_KEYS}, {k: run[k] for k in MATCH_KEYS}, path):
-        raise UserError(message)
-
-
-def corpus(data: dict) -> dict:
-    """The data settings that say which documents a run reads (not where the prepared copy is kept)."""
-    return {k: v for k, v in data.items() if k != "cache_dir"}
 
 
 def prepare_data(resolved: dict, rt, say) -> tuple[Path, dict, int]:
@@ -224,7 +123,7 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
     """Data, model and optimizer, and the state to start from: step 0 (from init_from's weights in a fine-tune) or
     out_dir's checkpoint under train.resume."""
     tr, say = cfg.train, (print if rt.master else (lambda *a, **k: None))
-    check_out_dir(out_dir, tr)
+    checkpoint.check_out_dir(out_dir, tr)
     resolved = schema.plain(cfg, throw_on_missing=True)
     data_dir, tok_spec, vocab_size = prepare_data(resolved, rt, say)
     bos_aligned = bool(resolved["data"].get("bos_aligned", False))  # absent from configs older than the option
@@ -234,7 +133,7 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
         "seq_len": tr.seq_len,
         "bos_aligned": bos_aligned,  # another row order: another run
         "optimizer_format": parallel.optimizer_format(rt, tr.parallel),
-        "data": corpus(resolved["data"]),  # other documents (data.tasks): another run
+        "data": checkpoint.corpus(resolved["data"]),  # other documents (data.tasks): another run
     }
     model = checkpoint.build_model(match["model_config"])
     model.pe.check_length(tr.seq_len)
@@ -242,7 +141,7 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
     if init is not None and not tr.resume:  # weights only, before any wrapping: every rank loads the same
         from utils import finetune
 
-        state.init_from = finetune.load_weights(model, init, match, cfg.init_from, OLDER)
+        state.init_from = finetune.load_weights(model, init, match, cfg.init_from, checkpoint.OLDER)
         say(
             f"starting from the weights of {state.init_from['path']} (step {init['step']}, seq_len "
             f"{init['seq_len']}); fresh optimizer, step 0"
@@ -288,7 +187,7 @@ def row_sampler(cfg, data_dir: Path, split: str, seed: int, aligned: bool, axes:
 def resume(out_dir: Path, match: dict, model, opts, scaler, parallel_mode: str, say) -> TrainState:
     """Weights, optimizer moments, loss scale and data position from out_dir's checkpoint, which must match the run."""
     ckpt = checkpoint.load(out_dir)
-    check_resume(ckpt, match, out_dir / checkpoint.NAME)
+    checkpoint.check_resume(ckpt, match, out_dir / checkpoint.NAME)
     parallel.load_state(model, opts, ckpt["model"], ckpt["optimizer"], parallel_mode, out_dir / checkpoint.NAME)
     if ckpt.get("scaler"):  # empty where the run had no fp16 loss scaling
         scaler.load_state_dict(ckpt["scaler"])
@@ -383,61 +282,6 @@ def evaluate(model, sampler: RowSampler, n_batches: int, batch_size: int, rt) ->
     return (runtime.all_reduce_mean(total) * rt.world / n_batches).item()
 
 
-class Meter:
-    """Training speed between logs: tokens/s with evaluation time left out, model FLOP/s, and MFU against the
-    datasheet bf16 peak of every GPU (null where none is known, as on a CPU)."""
-
-    def __init__(self, s: Setup, step: int):
-        self.tokens_per_step = s.rows_per_step * s.cfg.train.seq_len
-        self.flops_per_token = s.model.flops_per_token(s.cfg.train.seq_len)
-        self.peak = (runtime.datasheet_peak(s.rt.device) or 0) * s.rt.world
-        self.start, self.step = time.time(), step
-
-    @contextmanager
-    def paused(self):
-        t = time.time()
-        yield
-        self.start += time.time() - t
-
-    def read(self, step: int) -> dict:
-        """The speed since the last read (or the start), up to step."""
-        tokens_per_sec = round((step - self.step) * self.tokens_per_step / (time.time() - self.start), 1)
-        flops = tokens_per_sec * self.flops_per_token  # model FLOPs done per second, over all processes
-        self.start, self.step = time.time(), step
-        mfu = round(flops / self.peak, 4) if self.peak else None
-        return {"tokens_per_sec": tokens_per_sec, "tflops_per_sec": float(f"{flops / 1e12:.4g}"), "mfu": mfu}
-
-
-def metrics(state: TrainState, meter: Meter, elapsed: float, measured: dict | None) -> dict:
-    """A logged step's metrics, and at an evaluation the validation loss and the probes' too (log rounds them)."""
-    m = {
-        "step": state.step,
-        "train_loss": state.train_loss,
-        "lr": state.lr,
-        "grad_norm": state.grad_norm,
-        **meter.read(state.step),
-        "tokens": state.step * meter.tokens_per_step,
-        "elapsed_s": round(elapsed, 2),
-    }
-    if measured is not None:
-        m.update(val_loss=state.val_loss, **measured)
-    return m
-
-
-DIGITS = {"train_loss": 5, "val_loss": 5, "grad_norm": 4}  # as metrics.jsonl keeps them; printed from the full value
-
-
-def log(logger: Logger, m: dict, max_steps: int, probed: str = "", eta: float | None = None):
-    """m into metrics.jsonl (and wandb), and the progress line printed from it (probed: what the probes show; eta:
-    the seconds left at this run's pace)."""
-    logger.log({k: round(v, DIGITS[k]) if k in DIGITS else v for k, v in m.items()})
-    val = f" val {m['val_loss']:.4f}" if "val_loss" in m else ""
-    probed = f" {probed}" if probed else ""
-    speed = f"lr {m['lr']:.2e} gnorm {m['grad_norm']:.3f} {m['tokens_per_sec']:.0f} tok/s"
-    times = f"elapsed {clock(m['elapsed_s'])}" + (f" eta {clock(eta)}" if eta is not None else "")
-    print(f"step {m['step']}/{max_steps} loss {m['train_loss']:.4f}{val}{probed} {speed} {times}")
-
-
 def kept(out_dir: Path, state: TrainState) -> str:
     """Which checkpoint is left on disk."""
     if state.saved is None:
@@ -451,7 +295,7 @@ def diverged(what: str, step: int, s: Setup, state: TrainState) -> UserError:
 
 def cannot_write(e: OSError, out_dir: Path, state: TrainState, rt) -> UserError:
     fix = "free some space there" if e.errno in FULL else "make it writable"
-    then = f"resume: {resume_command(out_dir, rt)}" if state.saved is not None else "run again"
+    then = f"resume: {checkpoint.resume_command(out_dir, rt)}" if state.saved is not None else "run again"
     return UserError(f"cannot write {e.filename or out_dir} ({e.strerror}); {kept(out_dir, state)}; {fix}, then {then}")
 
 
@@ -531,7 +375,7 @@ def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stop
     if stopped:
         print(
             f"stopped by {stopped} at step {state.step}/{tr.max_steps}, as asked (exit status 0); resume: "
-            f"{resume_command(s.out_dir, s.rt)}"
+            f"{checkpoint.resume_command(s.out_dir, s.rt)}"
         )
     else:
         print(" ".join(["next: python eval.py", f"checkpoint={s.out_dir}", *eval_mode(s.cfg.data.source)]))
@@ -539,16 +383,6 @@ def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stop
 
 def eval_mode(source: str) -> list[str]:
     return [EVAL_MODE[source]] if source in EVAL_MODE else []
-
-
-def wandb_where(run) -> str:
-    """Where a wandb run's files are, and its page (online) or how to upload it (offline); empty without wandb."""
-    if run is None:
-        return ""
-    folder = Path(run.dir).parent  # <out_dir>/wandb/<mode>-run-<time>-<id>; run.dir is its files/
-    return (
-        f"; wandb {folder} (offline: wandb sync {folder})" if run.offline else f"; wandb {run.url}, files in {folder}"
-    )
 
 
 def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | None = None) -> dict:
@@ -566,14 +400,16 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
 
         probes = [*(probes or []), SinkProbe()]
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
-    stop, lock, state = StopFlag(), None, TrainState()
+    stop, lock, state = stopping.StopFlag(), None, TrainState()
     try:
-        lock = lock_out_dir(out_dir, rt)
+        lock = checkpoint.lock_out_dir(out_dir, rt)
         s, state = setup(cfg, out_dir, rt, init)
         logger, state = start_logger(s, state, group)
         # held-out rows that open as the training rows do (BOS first under data.bos_aligned): what probes read
         held_out = row_sampler(cfg, s.data_dir, "val", 0, s.match["bos_aligned"], s.model.pe.axes)
-        meter, t_start, first = Meter(s, state.step), time.time(), state.step
+        peak = (runtime.datasheet_peak(rt.device) or 0) * rt.world  # bf16 FLOP/s of every GPU (none on a CPU)
+        meter = Meter(s.rows_per_step * tr.seq_len, s.model.flops_per_token(tr.seq_len), peak, state.step)
+        t_start, first = time.time(), state.step
         stopped, stop.saving = None, True
         while state.step < tr.max_steps:
             state = step(s, state)

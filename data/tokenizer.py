@@ -20,9 +20,7 @@ import tiktoken
 
 from data import shards
 from utils.errors import UserError
-from utils.files import shape_problem
-
-BOS = "<|bos|>"
+from utils.files import BOS, spec_problem  # noqa: F401  (BOS: data/grids.py, data/tasks.py)
 
 
 def train_bpe(texts, vocab_size: int, max_chars: int) -> dict:
@@ -79,27 +77,6 @@ def _check_tiktoken_files(name: str):
             f"tokenizer={name} needs tiktoken's files, which are not cached ({cache}) and cannot be downloaded "
             f"(no network); use the default tokenizer=bpe, or copy the cache there from a machine online"
         ) from None
-
-
-# what a spec holds by its kind: tiktoken's own encoding by name, or a BPE (and the task and grid character sets) by its
-# pattern, mergeable ranks (base64 of the bytes -> id) and special tokens
-SPEC = {"tiktoken": {"name": str, "bos": str}, "other": {"pattern": str, "ranks": dict, "special": dict}}
-
-
-def spec_problem(spec) -> str | None:
-    """What keeps spec from being a tokenizer, in words (checkpoint.load and read_spec put the file first), or None."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
-        return "has no kind"
-    if why := shape_problem(spec, SPEC["tiktoken" if spec["kind"] == "tiktoken" else "other"]):
-        return why
-    if spec["kind"] == "tiktoken":
-        return None
-    for table in ("ranks", "special"):
-        if not all(isinstance(k, str) and isinstance(v, int) for k, v in spec[table].items()):
-            return f"holds {table} that are not text -> id"
-    if spec.get("bos", BOS) not in spec["special"]:
-        return f"has no {spec.get('bos', BOS)} token"
-    return None
 
 
 def read_spec(folder) -> dict:

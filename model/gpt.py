@@ -110,8 +110,8 @@ class GPTConfig(ModelConfig):
         pattern, base = self.positional.get("layers"), self.positional.get("global_base")
         if pattern and len(pattern) > self.n_layer:
             return (
-                f"positional.layers={pattern} is longer than the network, model.n_layer={self.n_layer}: its last "
-                f"{len(pattern) - self.n_layer} letters reach no layer; pass at most {self.n_layer} letters"
+                f"positional.layers={pattern} is longer than the network, model.n_layer={self.n_layer}: a letter past "
+                f"the last layer reaches none; pass at most {self.n_layer} letters"
             )
         if base is not None and not any(map(self.layer_long, range(self.n_layer))):
             return (
@@ -278,7 +278,9 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         # the scheme, and NoPE for the N layers of positional.layers (None without any)
-        self.pe, self.pe_nope = positional.build_layers(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model)
+        self.pe, self.pe_nope = positional.build_layers(
+            cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model, checked=True
+        )
         if self.pe.content_weights is not None:  # it gives the weights: no softmax slot, no flex score_mod
             if cfg.sink_logit:
                 raise ValueError(
@@ -288,7 +290,9 @@ class GPT(nn.Module):
             check_backend(self.pe, cfg.attn_backend)
         # and the scheme at positional.global_base for the full-attention layers (None without any)
         long = any(map(cfg.layer_long, range(cfg.n_layer)))
-        self.pe_long = positional.build_long(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model) if long else None
+        self.pe_long = (
+            positional.build_long(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model, True) if long else None
+        )
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         schemes = [self.layer_scheme(i) for i in range(cfg.n_layer)]
         self.blocks = nn.ModuleList(Block(cfg, i, pe) for i, pe in enumerate(schemes))

@@ -89,16 +89,10 @@ SCALING_KEYS = ("scaling", "scaling_factor", "original_length")
 SHARED = tuple(f.name for f in fields(PositionalOptions))  # the options every scheme has (base.py)
 
 
-class Checked(dict):
-    """A spec options() has checked: options() returns it as it is, so a model's spec is checked once."""
-
-
 def spec_of(opts) -> dict:
     """A spec as a plain dict (of a composed node, a dataclass or a dict), less the shared options that are off: the
     scaling keys at scaling none, and the N layers' options where they are null. What a model saves: its config holds
     only what it uses, as it did before these options existed (so older checkpoints still resume)."""
-    if isinstance(opts, Checked):
-        return opts
     if isinstance(opts, DictConfig):
         opts = OmegaConf.to_container(opts, resolve=True, enum_to_str=True)
     spec = asdict(opts) if is_dataclass(opts) else dict(opts)
@@ -112,8 +106,6 @@ def options(spec, key: str = "positional") -> dict:
     """spec (a dict) checked against its scheme's Options class: each option it gives is one the scheme has, of its
     type, in its range, and the class's rules hold. Returns the given options, as plain values; a ValueError (one line
     naming key.<option>) otherwise."""
-    if isinstance(spec, Checked):
-        return spec
     name = spec.get("name")
     if name not in SCHEMES:
         raise ValueError(f"{key}.name={settings.show(name)} is not one of {', '.join(SCHEMES)}; pick one")
@@ -128,7 +120,7 @@ def options(spec, key: str = "positional") -> dict:
             raise ValueError(settings.invalid(e, f"{key}.{option}")) from None
     if message := settings.problem(node, f"{key}.", only=spec):
         raise ValueError(message)
-    return Checked({k: v for k, v in OmegaConf.to_container(node, enum_to_str=True).items() if k in spec})
+    return {k: v for k, v in OmegaConf.to_container(node, enum_to_str=True).items() if k in spec}
 
 
 def rotary(spec: dict) -> bool:
@@ -136,11 +128,11 @@ def rotary(spec: dict) -> bool:
     return rotary(spec.get("inner", {"name": "rope"})) if spec["name"] == "sink" else SCHEMES[spec["name"]].rotary
 
 
-def build(spec, n_head: int, head_dim: int, d_model: int, key: str = "positional") -> Positional:
+def build(spec, n_head: int, head_dim: int, d_model: int, key: str = "positional", checked=False) -> Positional:
     """Make a scheme from its options (a composed node or a dict: {'name': 'rope', 'base': 10000, ...}). The options
     that say which layers get which scheme (layers, global_base) are build_layers' and build_long's: ignored here, in
-    the model's own scheme, and refused in a wrapped one (no layer reads them there)."""
-    spec = dict(options(spec_of(spec), key))  # a copy: the options below are taken out of it
+    the model's own scheme, and refused in a wrapped one (no layer reads them there). checked: options() made spec."""
+    spec = dict(spec if checked else options(spec_of(spec), key))  # a copy: the options below are taken out of it
     if spec.pop("global_base", None) is not None and key != "positional":
         raise ValueError(f"{key}.global_base is read from positional.global_base alone; set it there")
     scaling = {k: spec.pop(k) for k in SCALING_KEYS if k in spec}
@@ -168,16 +160,16 @@ def layer_pattern(spec: dict) -> str:
     return spec.get("layers") or "P"
 
 
-def build_layers(spec, n_head: int, head_dim: int, d_model: int) -> tuple[Positional, Positional | None]:
+def build_layers(spec, n_head: int, head_dim: int, d_model: int, checked=False) -> tuple[Positional, Positional | None]:
     """The scheme, and the NoPE scheme of the N layers of positional.layers (None when the pattern has no N).
 
     With positional.layers given, attn_scale and floor_scale are the N layers' options, not the scheme's."""
-    spec = dict(options(spec_of(spec)))  # a copy: the layers' options are taken out of it
+    spec = dict(spec if checked else options(spec_of(spec)))  # a copy: the layers' options are taken out of it
     pattern = layer_pattern(spec)
     layered = "layers" in spec and spec["name"] != "nope"  # positional=nope's own temperature stays its own
     nope_spec = {k: spec.pop(k) for k in NOPE_OPTIONS if layered and k in spec}
     spec.pop("layers", None)
-    pe = build(Checked(spec), n_head, head_dim, d_model)
+    pe = build(spec, n_head, head_dim, d_model, checked=True)
     if "N" not in pattern:
         return pe, None
     acts = pe.rotary or pe.score_bias is not None or pe.content_bias is not None or pe.content_weights is not None
@@ -194,7 +186,7 @@ def build_layers(spec, n_head: int, head_dim: int, d_model: int) -> tuple[Positi
     return pe, SCHEMES["nope"](n_head, head_dim, d_model, **nope_spec)
 
 
-def build_long(spec, n_head: int, head_dim: int, d_model: int) -> Positional | None:
+def build_long(spec, n_head: int, head_dim: int, d_model: int, checked=False) -> Positional | None:
     """The scheme of the full-attention layers where positional.global_base gives them a RoPE base of their own
     (Gemma 3: 1,000,000 there, 10,000 in its sliding-window layers), else None.
 
@@ -202,6 +194,6 @@ def build_long(spec, n_head: int, head_dim: int, d_model: int) -> Positional | N
     layer inside RoPE: its rotation() is the L layers' rotation state, made once per forward in a plan of its own
     (model/gpt.py plan.long) as the scheme's own is, so the layers, both caches, every backend and the eval-time
     scalings take it as they are. The rotary schemes hold no parameters, so it adds none."""
-    spec = dict(options(spec_of(spec)))
+    spec = dict(spec if checked else options(spec_of(spec)))
     base = spec.pop("global_base", None)
-    return None if base is None else build(Checked({**spec, "base": base}), n_head, head_dim, d_model)
+    return None if base is None else build({**spec, "base": base}, n_head, head_dim, d_model, checked=True)

@@ -11,7 +11,7 @@ from conftest import ROOT, SCHEMES, run
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from utils import checks
+from utils import checkpoint, checks
 from utils.errors import UserError, compose_message
 
 TRAIN = ["train.py", "device=cpu", "logger.wandb=false"]
@@ -239,15 +239,15 @@ def test_resuming_another_scheme_names_the_key_and_the_setting_that_resumes():
     """What train.py's resume must match, worded: the first setting that differs, both values, the fix."""
     saved = {"model_config": {"n_layer": 2, "positional": {"name": "rope", "base": 10000.0}}, "seq_len": 32}
     run = {"model_config": {"n_layer": 2, "positional": {"name": "alibi"}}, "seq_len": 32}
-    message = checks.resume_mismatch(saved, run, "out/rope/ckpt.pt")
+    message = checkpoint.resume_mismatch(saved, run, "out/rope/ckpt.pt")
     assert message.startswith("positional.name=alibi does not match this run's checkpoint out/rope/ckpt.pt")
     assert message.endswith("trained with rope; resume with positional=rope, or start afresh in another out_dir")
-    longer = checks.resume_mismatch(saved, {**saved, "seq_len": 64}, "x")
+    longer = checkpoint.resume_mismatch(saved, {**saved, "seq_len": 64}, "x")
     assert longer.startswith("train.seq_len=64 ") and "resume with train.seq_len=32" in longer
-    assert checks.resume_mismatch(saved, saved, "x") is None
+    assert checkpoint.resume_mismatch(saved, saved, "x") is None
     table = {"model_config": {"positional": {"name": "learned", "max_positions": 32}}, "seq_len": 32}
     wider = {"model_config": {"positional": {"name": "learned", "max_positions": 64}}, "seq_len": 64}
-    assert checks.resume_mismatch(table, wider, "x").startswith("train.seq_len=64 ")  # what the user set, first
+    assert checkpoint.resume_mismatch(table, wider, "x").startswith("train.seq_len=64 ")  # what the user set, first
 
 
 def test_a_missing_launcher_plugin_names_the_package():

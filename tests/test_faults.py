@@ -28,9 +28,10 @@ from conftest import ROOT, TINY, config, run
 from data import shards, tokenizer
 from data.loader import TokenSplit
 from data.prepare import prepare
-from train import LOST_STEPS, clock, lost, train
+from train import LOST_STEPS, lost, train
 from utils import checkpoint
 from utils.errors import UserError
+from utils.progress import clock
 
 WRITER = """
 import sys, torch

@@ -13,8 +13,9 @@ from model.gpt import GPT, GPTConfig
 from model.variant import Variant
 from positional.learned import interpolate_rows
 from positional.rope_scaling import Scaling
-from train import OLDER, train
+from train import train
 from utils import checkpoint, finetune, schema
+from utils.checkpoint import OLDER
 from utils.errors import UserError
 
 ADAMW = ["optim=adamw", "train.warmup_steps=0", "train.schedule=constant", "train.max_steps=1"]

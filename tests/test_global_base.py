@@ -44,8 +44,8 @@ def test_the_full_attention_layers_take_the_global_base():
 
 
 def test_it_is_the_base_of_those_layers_and_no_other():
-    """Every layer full: the model is RoPE at the global base (the same weights); the global base at base's value,
-    or no full-attention layer: RoPE at base. The N layers of positional.layers keep NoPE."""
+    """Every layer full: the model is RoPE at the global base (the same weights); the global base at base's value:
+    RoPE at base. No full-attention layer for the global base: refused, not ignored. The N layers keep NoPE."""
     idx = tokens()
     with torch.no_grad():
         all_full = two_bases(window=None)(idx)
@@ -53,8 +53,8 @@ def test_it_is_the_base_of_those_layers_and_no_other():
         same = random_model("rope", window=W, window_pattern="SL", positional={"name": "rope", "global_base": 1e4})
         plain = random_model("rope", window=W, window_pattern="SL")
         assert torch.equal(same(idx), plain(idx))
-        windowed = two_bases()  # the default pattern S: every layer windowed, none at the global base
-        assert windowed.pe_long is None and torch.equal(windowed(idx), random_model("rope", window=W)(idx))
+    with pytest.raises(ValueError, match=r"positional.global_base=1000000.0 .*window_pattern=S .*leaves none"):
+        two_bases()  # the default pattern S: every layer windowed, none for the global base
     layered = two_bases(n_layer=4, window_pattern="SL", spec={"layers": "PPPN"})
     assert [b.attn.long for b in layered.blocks] == [False, True, False, False]
     assert [b.attn.nope for b in layered.blocks] == [False, False, False, True]

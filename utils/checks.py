@@ -3,8 +3,7 @@
 python train.py train.seq_len=0     error: train.seq_len=0 must be >= 1; pass a positive length
 check() walks a composed config against every range and rule its dataclasses declare (utils/schema.py, settings.py);
 preflight() adds what needs more than the config: the paths it names, the model it would build (check_model, on the
-meta device: no memory, no data), and the rules that read a checkpoint it names (facts). resume_mismatch words a
-resume that changes a setting.
+meta device: no memory, no data), and the rules that read a checkpoint it names (facts).
 Every job is checked before any runs: Check, a Hydra callback registered in each entry point's configs/<name>.yaml as
 hydra.callbacks.check, makes the entry point's preflight on the config of each job before Hydra makes its folder.
 python train.py -m train.seq_len=256,0     error: train.seq_len=0 must be >= 1; ... (job 2 of 2: ...), before job 1
@@ -27,7 +26,6 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 import positional
-import settings
 from model.gpt import GPT, GPTConfig
 from settings import config_type, files_problem, problem
 from utils import checkpoint
@@ -113,40 +111,6 @@ def preflight(cfg):
         if message := problem(cfg, facts={**dict.fromkeys(RUN, True), **facts(path)}):
             raise UserError(message)
     PASSED.add(text)
-
-
-def resume_mismatch(saved: dict, run: dict, path) -> str | None:
-    """One line naming the first setting a resumed run changes from the checkpoint it resumes, with both values and
-    the setting that resumes it, or None. saved and run: what a resume must match (train.py's MATCH_KEYS:
-    model_config, tokenizer, seq_len, bos_aligned, optimizer_format), the checkpoint's with its older defaults."""
-    keys = {"seq_len": "train.seq_len", "bos_aligned": "data.bos_aligned", "optimizer_format": "train.parallel"}
-
-    def flat(d: dict, prefix: str = "") -> dict:
-        return {k: v for key, value in d.items() for k, v in flat_item(f"{prefix}{key}", value).items()}
-
-    def flat_item(key: str, value) -> dict:
-        return flat(value, f"{key}.") if isinstance(value, dict) and value else {key: value}
-
-    def where(key: str) -> str:  # a model_config key as the run's setting
-        head, _, rest = key.partition(".")
-        if head == "model_config":
-            first = rest.partition(".")[0]
-            return (
-                rest if first == "positional" else "tokenizer.vocab_size" if first == "vocab_size" else f"model.{rest}"
-            )
-        return keys.get(head, key)
-
-    old, new = flat({k: saved.get(k) for k in run}), flat(run)
-    diff = [k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k)]
-    diff.sort(key=lambda k: k.startswith("model_config."))  # a run setting first: it sets model ones (a table's size)
-    if not diff:
-        return None
-    key, was = diff[0], settings.show(old.get(diff[0]))
-    setting = "positional" if where(key) == "positional.name" else where(key)  # a scheme is picked by its group
-    return (
-        f"{where(key)}={settings.show(new.get(key))} does not match this run's checkpoint {path}, trained with "
-        f"{was}; resume with {setting}={was}, or start afresh in another out_dir"
-    )
 
 
 def check_model(cfg):

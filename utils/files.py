@@ -165,3 +165,27 @@ def shape_problem(value, need: dict, within: str = "") -> str | None:
             names = " or ".join(t.__name__ for t in kinds)
             return f"holds {where}{key} as {type(value[key]).__name__} where {names} is expected"
     return None
+
+
+# a tokenizer as data/tokenizer.py makes it and a checkpoint keeps it: checked here, below both readers
+BOS = "<|bos|>"
+# what a spec holds by its kind: tiktoken's own encoding by name, or a BPE (and the task and grid character sets) by
+# its pattern, mergeable ranks (base64 of the bytes -> id) and special tokens
+SPEC = {"tiktoken": {"name": str, "bos": str}, "other": {"pattern": str, "ranks": dict, "special": dict}}
+
+
+def spec_problem(spec) -> str | None:
+    """What keeps spec from being a tokenizer, in words (utils/checkpoint.py load and data/tokenizer.py read_spec put
+    the file first), or None."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
+        return "has no kind"
+    if why := shape_problem(spec, SPEC["tiktoken" if spec["kind"] == "tiktoken" else "other"]):
+        return why
+    if spec["kind"] == "tiktoken":
+        return None
+    for table in ("ranks", "special"):
+        if not all(isinstance(k, str) and isinstance(v, int) for k, v in spec[table].items()):
+            return f"holds {table} that are not text -> id"
+    if spec.get("bos", BOS) not in spec["special"]:
+        return f"has no {spec.get('bos', BOS)} token"
+    return None

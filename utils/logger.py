@@ -11,10 +11,13 @@ import json
 import netrc
 import os
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from utils.errors import UserError
 from utils.files import write_text
+from utils.progress import clock
 
 WANDB_HOSTS = ("api.wandb.ai",)  # where `wandb login` keeps its key, besides WANDB_BASE_URL's host
 
@@ -126,3 +129,66 @@ class Logger:
         self.file.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+class Meter:
+    """Training speed between logs: tokens/s with evaluation time left out, model FLOP/s, and MFU against the
+    datasheet bf16 peak of every GPU (null where none is known, as on a CPU)."""
+
+    def __init__(self, tokens_per_step: int, flops_per_token: float, peak: float, step: int):
+        self.tokens_per_step, self.flops_per_token, self.peak = tokens_per_step, flops_per_token, peak
+        self.start, self.step = time.time(), step
+
+    @contextmanager
+    def paused(self):
+        t = time.time()
+        yield
+        self.start += time.time() - t
+
+    def read(self, step: int) -> dict:
+        """The speed since the last read (or the start), up to step."""
+        tokens_per_sec = round((step - self.step) * self.tokens_per_step / (time.time() - self.start), 1)
+        flops = tokens_per_sec * self.flops_per_token  # model FLOPs done per second, over all processes
+        self.start, self.step = time.time(), step
+        mfu = round(flops / self.peak, 4) if self.peak else None
+        return {"tokens_per_sec": tokens_per_sec, "tflops_per_sec": float(f"{flops / 1e12:.4g}"), "mfu": mfu}
+
+
+def metrics(state, meter: Meter, elapsed: float, measured: dict | None) -> dict:
+    """A logged step's metrics, and at an evaluation the validation loss and the probes' too (log rounds them)."""
+    m = {
+        "step": state.step,
+        "train_loss": state.train_loss,
+        "lr": state.lr,
+        "grad_norm": state.grad_norm,
+        **meter.read(state.step),
+        "tokens": state.step * meter.tokens_per_step,
+        "elapsed_s": round(elapsed, 2),
+    }
+    if measured is not None:
+        m.update(val_loss=state.val_loss, **measured)
+    return m
+
+
+DIGITS = {"train_loss": 5, "val_loss": 5, "grad_norm": 4}  # as metrics.jsonl keeps them; printed from the full value
+
+
+def log(logger: Logger, m: dict, max_steps: int, probed: str = "", eta: float | None = None):
+    """m into metrics.jsonl (and wandb), and the progress line printed from it (probed: what the probes show; eta:
+    the seconds left at this run's pace)."""
+    logger.log({k: round(v, DIGITS[k]) if k in DIGITS else v for k, v in m.items()})
+    val = f" val {m['val_loss']:.4f}" if "val_loss" in m else ""
+    probed = f" {probed}" if probed else ""
+    speed = f"lr {m['lr']:.2e} gnorm {m['grad_norm']:.3f} {m['tokens_per_sec']:.0f} tok/s"
+    times = f"elapsed {clock(m['elapsed_s'])}" + (f" eta {clock(eta)}" if eta is not None else "")
+    print(f"step {m['step']}/{max_steps} loss {m['train_loss']:.4f}{val}{probed} {speed} {times}")
+
+
+def wandb_where(run) -> str:
+    """Where a wandb run's files are, and its page (online) or how to upload it (offline); empty without wandb."""
+    if run is None:
+        return ""
+    folder = Path(run.dir).parent  # <out_dir>/wandb/<mode>-run-<time>-<id>; run.dir is its files/
+    return (
+        f"; wandb {folder} (offline: wandb sync {folder})" if run.offline else f"; wandb {run.url}, files in {folder}"
+    )

@@ -66,3 +66,27 @@ class StopSweep(Callback):
             which = " ".join(config.hydra.overrides.task)
             say(f"stopped by {asked}: job #{config.hydra.job.num} ({which}) and the later ones were not started")
             sys.exit(0)
+
+
+class StopFlag:
+    """SIGTERM or a first Ctrl-C asks the loop to save and stop; a second Ctrl-C interrupts at once. Before the loop
+    (data preparation, setup) there is nothing to save: the signal stops the run at once (raising)."""
+
+    def __init__(self):
+        self.requested = False
+        self.name = None  # of the signal that asked
+        self.saving = False  # set once the loop runs
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested, self.name = True, ask(signum)
+        if not self.saving:
+            print(f"\n{self.name}: stopping before the first step, with nothing to save", flush=True)
+            raise Stopped(self.name)
+        print(f"\n{self.name}: saving a checkpoint and stopping", flush=True)
+
+    def restore(self):
+        for s, h in self._old.items():
+            signal.signal(s, h)
