@@ -31,10 +31,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
-from utils import checkpoint, checks, files, runtime, schema, stopping
+from utils import checkpoint, checks, files, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
-from utils.logger import start_wandb
-from utils.progress import Eta
+from utils.logger import Eta, start_wandb
 
 OWN_DATA = ("grids", "tasks")  # modes that score only the models of their own data= (and those models only them)
 
@@ -114,9 +113,9 @@ def evaluate_all(cfg, rt, paths: list[Path]) -> list[dict]:
             results.append(evaluate_one(p, cfg, rt, which))
             if len(paths) > 1:
                 print(f"evaluated {eta.step('runs')}", flush=True)
-    except stopping.Stopped as e:
+    except runtime.Stopped as e:
         kept = f"the runs evaluated before it ({len(results)} of {len(paths)}) keep their results; " if results else ""
-        stopping.say(f"stopped by {e.name}: {kept}the evaluation under way wrote nothing; run the command again")
+        runtime.say(f"stopped by {e.name}: {kept}the evaluation under way wrote nothing; run the command again")
         raise
     return results
 
@@ -154,7 +153,7 @@ class CompareCallback(Callback):
 def main(cfg: DictConfig):
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir) if hc.mode == RunMode.MULTIRUN else None
-    with stopping.raising():  # SIGTERM, Ctrl-C: stop at once, keeping the runs done (evaluate_all)
+    with runtime.raising():  # SIGTERM, Ctrl-C: stop at once, keeping the runs done (evaluate_all)
         cli(lambda: run(cfg, job_dir))
 
 

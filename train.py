@@ -30,11 +30,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from data import tokenizer
-from data.loader import RowSampler, TokenSplit
+from data.loader import RowSampler, TokenSplit, load_meta
 from data.prepare import prepare
-from data.shards import load_meta
 from model.kv_cache import DenseCache, generate
-from utils import checkpoint, checks, optim, parallel, runtime, schema, stopping
+from utils import checkpoint, checks, optim, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, Meter, log, metrics, start_wandb, wandb_where
 
@@ -132,7 +131,7 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
         "tokenizer": tok_spec,
         "seq_len": tr.seq_len,
         "bos_aligned": bos_aligned,  # another row order: another run
-        "optimizer_format": parallel.optimizer_format(rt, tr.parallel),
+        "optimizer_format": runtime.optimizer_format(rt, tr.parallel),
         "data": checkpoint.corpus(resolved["data"]),  # other documents (data.tasks): another run
     }
     model = checkpoint.build_model(match["model_config"])
@@ -147,7 +146,7 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
             f"{init['seq_len']}); fresh optimizer, step 0"
         )
     model.to(rt.device)
-    runner = parallel.wrap(model, rt, tr.parallel, resolved["optim"]["name"])
+    runner = runtime.wrap(model, rt, tr.parallel, resolved["optim"]["name"])
     fused = rt.device.type == "cuda" and match["optimizer_format"] == "plain"
     opts = optim.build(model, resolved["optim"], fused=fused)
     scaler = grad_scaler(rt)
@@ -188,7 +187,7 @@ def resume(out_dir: Path, match: dict, model, opts, scaler, parallel_mode: str, 
     """Weights, optimizer moments, loss scale and data position from out_dir's checkpoint, which must match the run."""
     ckpt = checkpoint.load(out_dir)
     checkpoint.check_resume(ckpt, match, out_dir / checkpoint.NAME)
-    parallel.load_state(model, opts, ckpt["model"], ckpt["optimizer"], parallel_mode, out_dir / checkpoint.NAME)
+    runtime.load_state(model, opts, ckpt["model"], ckpt["optimizer"], parallel_mode, out_dir / checkpoint.NAME)
     if ckpt.get("scaler"):  # empty where the run had no fp16 loss scaling
         scaler.load_state_dict(ckpt["scaler"])
     say(f"resuming {out_dir} at step {ckpt['step']}")
@@ -217,7 +216,7 @@ def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, 
         first = rows + (micro * rt.world + rt.rank) * tr.batch_size
         x, y = batches.batch(first, tr.batch_size, rt.device)
         pos = batches.positions(first, tr.batch_size, rt.device)  # (axes, T) ids for a grid; None for text
-        with parallel.sync_grads(runner, tr.parallel, micro == accum - 1), rt.autocast():
+        with runtime.sync_grads(runner, tr.parallel, micro == accum - 1), rt.autocast():
             loss = runner(x, y, pos=pos) / accum
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
@@ -308,7 +307,7 @@ def save(s: Setup, state: TrainState, evaluated: bool) -> TrainState:
         held_out = state.val_loss if evaluated else evaluate(s.runner, s.val_rows, tr.eval_batches, tr.batch_size, s.rt)
         if lost(held_out, s.vocab_size, state.step, tr.warmup_steps):
             raise diverged(f"validation loss {held_out:.4f}: {no_better(s.vocab_size)}", state.step, s, state)
-    model_state, opt_states = parallel.full_state(s.model, s.opts, tr.parallel)
+    model_state, opt_states = runtime.full_state(s.model, s.opts, tr.parallel)
     if runtime.any_rank(s.rt.master and not all(t.isfinite().all() for t in model_state.values()), s.rt.device):
         raise diverged("weights became non-finite", state.step, s, state)
     failed = None
@@ -357,7 +356,7 @@ def print_sample(model, tok_spec, n_tokens: int, rt):
 def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stopped: str | None):
     """Once the ranks agree on the weights (DDP), rank 0's closing lines: the validation loss, for text the sample
     of the saved model, where the run's files are, and the next command (stopped: what stopped the run early)."""
-    parallel.check_ranks_agree(s.model, s.rt, s.cfg.train.parallel)
+    runtime.check_ranks_agree(s.model, s.rt, s.cfg.train.parallel)
     if not s.rt.master:
         return
     tr = s.cfg.train
@@ -400,7 +399,7 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
 
         probes = [*(probes or []), SinkProbe()]
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
-    stop, lock, state = stopping.StopFlag(), None, TrainState()
+    stop, lock, state = runtime.StopFlag(), None, TrainState()
     try:
         lock = checkpoint.lock_out_dir(out_dir, rt)
         s, state = setup(cfg, out_dir, rt, init)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.shards import SPLITS, write_token_split
+from data.loader import SPLITS, write_token_split
 from data.tokenizer import BOS
 
 CHARS = ".#|\n"  # dead, alive, left wall, right wall; BOS is id len(CHARS)

@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from data import tokenizer
-from data.loader import TokenSplit
-from data.shards import SPLITS, load_meta, write_token_split
+from data.loader import SPLITS, TokenSplit, load_meta, write_token_split
 from utils.errors import UserError
 
 NEEDLE = (" The pass key is", ". Remember it.", " is the pass key.")  # KEY goes between them

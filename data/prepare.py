@@ -4,13 +4,14 @@ python -m data.prepare data=text data.path=notes/ tokenizer.vocab_size=8192   (t
 Layout: <data.cache_dir>/<dataset key>/<tokenizer key>/ holds tokenizer.json, meta.json and per split
 <split>_NNN.bin (token ids, a BOS before each document) and <split>_docs.npy (where each document starts).
 The folder is built under a temporary name and renamed into place, so a crash never leaves half a dataset; its
-meta.json records every file's size and sha256, and a folder damaged since is refused when read (data/shards.py).
+meta.json records every file's size and sha256, and a folder damaged since is refused when read (data/loader.py).
 data=passkey (data/passkey.py) is generated from another prepared corpus, with that corpus's tokenizer.
 data=grids (data/grids.py) is generated from a seed, with its own tokenizer of five tokens, and position ids per
 token (<split>_NNN.pos.npy beside each shard); data=tasks (data/tasks.py) from a seed too, with a character
 tokenizer of its own.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,9 +21,9 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig
 
-from data import sources, tokenizer
-from data.shards import SPLITS, seal, write_token_split
-from utils import checks, schema, stopping  # schema registers the types that configs/data/*.yaml name
+from data import tokenizer
+from data.loader import SPLITS, seal, write_token_split
+from utils import checks, runtime, schema  # schema registers the types that configs/data/*.yaml name
 from utils.errors import UserError, cli, hydra_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,12 +42,24 @@ def cache_root(data: dict) -> Path:
         ) from None
 
 
+LOADER_KEYS = ("name", "bos_aligned")  # data options that leave the documents as they are: not in the key
+
+
+def dataset_key(data: dict) -> str:
+    """A folder name that changes whenever what the documents would be changes."""
+    spec = {k: v for k, v in data.items() if k not in LOADER_KEYS}
+    if data["source"] == "text":  # the files themselves, not just the pattern
+        spec["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in schema.text_files(data["path"])]
+    digest = hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"{data['name']}-{digest}"
+
+
 def tokenizer_key(tok: dict) -> str:
     return f"bpe{tok['vocab_size']}" if tok["kind"] == "bpe" else tok["name"]
 
 
 def data_dir(data: dict, tok: dict) -> Path:
-    return cache_root(data) / sources.dataset_key(data) / tokenizer_key(tok)
+    return cache_root(data) / dataset_key(data) / tokenizer_key(tok)
 
 
 def prepare(data: dict, tok: dict, log=print) -> Path:
@@ -93,10 +106,12 @@ def build_atomically(out: Path, fill, data: dict, tok: dict, log) -> Path:
 
 def write_corpus(tmp: Path, data: dict, tok: dict, log):
     """Train (or fetch) the tokenizer, then tokenize both splits of the corpus into tmp."""
+    from data.sources import documents  # the corpus readers: loaded only where a folder is made
+
     if tok["kind"] == "bpe":
         most = f"at most {tok['train_chars']:,} characters"
         log(f"  training a BPE tokenizer of {tok['vocab_size']:,} tokens on the train split ({most})")
-        spec = tokenizer.train_bpe(sources.documents(data, "train"), tok["vocab_size"], tok["train_chars"])
+        spec = tokenizer.train_bpe(documents(data, "train"), tok["vocab_size"], tok["train_chars"])
     else:
         spec = tokenizer.tiktoken_spec(tok["name"])
     (tmp / "tokenizer.json").write_text(json.dumps(spec))
@@ -106,7 +121,7 @@ def write_corpus(tmp: Path, data: dict, tok: dict, log):
     meta = {"vocab_size": enc.n_vocab, "bos": bos, "dtype": np.dtype(dtype).name, "splits": {}}
     for split in SPLITS:
         meta["splits"][split] = write_split(
-            tmp, split, sources.documents(data, split), enc, bos, dtype, int(data.get("shard_tokens", 2**28))
+            tmp, split, documents(data, split), enc, bos, dtype, int(data.get("shard_tokens", 2**28))
         )
         info = meta["splits"][split]
         log(f"  {split}: {info['n_docs']} documents, {info['n_tokens']:,} tokens")
@@ -145,7 +160,7 @@ def main(cfg: DictConfig):
         checks.check(cfg)
         print(prepare(schema.plain(cfg.data), schema.plain(cfg.tokenizer)))
 
-    with stopping.raising("the dataset was not prepared, and its half-built folder is removed"):
+    with runtime.raising("the dataset was not prepared, and its half-built folder is removed"):
         cli(run)
 
 

@@ -6,9 +6,7 @@ python train.py data=tinystories | data=fineweb_edu   (Hugging Face `datasets`, 
 Every source yields whole documents; the split is by document, never a cut through a stream.
 """
 
-import hashlib
 import importlib.util
-import json
 import random
 import re
 from collections.abc import Iterator
@@ -39,18 +37,6 @@ def documents(data: dict, split: str) -> Iterator[str]:
     if source == "hf":
         return hf_documents(data, split)
     raise UserError(f"unknown data.source '{source}'; choose one of: shakespeare, text, hf")
-
-
-LOADER_KEYS = ("name", "bos_aligned")  # data options that leave the documents as they are: not in the key
-
-
-def dataset_key(data: dict) -> str:
-    """A folder name that changes whenever what the documents would be changes."""
-    spec = {k: v for k, v in data.items() if k not in LOADER_KEYS}
-    if data["source"] == "text":  # the files themselves, not just the pattern
-        spec["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in text_files(data["path"])]
-    digest = hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"{data['name']}-{digest}"
 
 
 # --- the embedded corpus -------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from data.shards import SPLITS, write_token_split
+from data.loader import SPLITS, write_token_split
 from data.tokenizer import BOS
 from utils.errors import UserError
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tiktoken
 
-from data import shards
+from data import loader
 from utils.errors import UserError
 from utils.files import BOS, spec_problem  # noqa: F401  (BOS: data/grids.py, data/tasks.py)
 
@@ -80,15 +80,15 @@ def _check_tiktoken_files(name: str):
 
 
 def read_spec(folder) -> dict:
-    """The tokenizer of a prepared folder, checked against its meta.json (data/shards.py: a truncated or edited
+    """The tokenizer of a prepared folder, checked against its meta.json (data/loader.py: a truncated or edited
     tokenizer.json is refused) and as a tokenizer."""
-    shards.check_files(folder, ["tokenizer.json"], shards.load_meta(folder))
+    loader.check_files(folder, ["tokenizer.json"], loader.load_meta(folder))
     try:
         spec = json.loads((Path(folder) / "tokenizer.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        shards.damaged(folder, "tokenizer.json cannot be read")
+        loader.damaged(folder, "tokenizer.json cannot be read")
     if why := spec_problem(spec):
-        shards.damaged(folder, f"tokenizer.json {why}")
+        loader.damaged(folder, f"tokenizer.json {why}")
     return spec
 
 

@@ -26,7 +26,7 @@ from evaluation import bootstrap, report
 from evaluation.compare import group_runs
 from utils import checkpoint
 from utils.errors import UserError
-from utils.progress import say
+from utils.logger import say
 
 
 def default_sizes(data: dict) -> list[list[int]]:

@@ -31,7 +31,7 @@ from evaluation.variants import note_search_overlap, plan_variants
 from positional import hf_rope_scaling
 from utils import checkpoint, runtime
 from utils.errors import UserError
-from utils.progress import Eta, progress, say
+from utils.logger import Eta, progress, say
 
 
 @dataclass
@@ -205,7 +205,7 @@ def evaluate_lengths(path, cfg, rt) -> dict:
 
 def cell_row(row: dict, cell: Cell, draws, rt, done: str = "") -> dict:
     """A scored cell's row: perplexity, its interval (the pieces' block bootstrap) and the per-piece NLLs a
-    comparison pairs on; and a progress line (done: the cells done and the time left, utils/progress.py Eta)."""
+    comparison pairs on; and a progress line (done: the cells done and the time left, utils/logger.py Eta)."""
     ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))
     say(
         f"  {row['variant']:>11} {row['mode']:>10} {row['length']:>6}: ppl {cell.ppl:9.2f} [{ci[0]:.2f}, "

@@ -36,7 +36,7 @@ from evaluation.report import model_label, scheme_label
 from evaluation.variants import plan_variants
 from utils import checkpoint
 from utils.errors import UserError
-from utils.progress import progress, say
+from utils.logger import progress, say
 from utils.schema import PasskeyData
 
 DEFAULT_DIGITS = PasskeyData.key_digits  # a checkpoint trained on other data: data=passkey's default

@@ -32,7 +32,7 @@ from evaluation.bootstrap import wilson
 from evaluation.compare import group_runs
 from utils import checkpoint, files
 from utils.errors import UserError, cli
-from utils.progress import progress, say
+from utils.logger import progress, say
 
 BATCH = 32  # samples per forward
 

@@ -18,7 +18,7 @@ from positional import hf_rope_scaling, rerope
 from positional.rope_scaling import KINDS, SEARCHED, Scaling, refusal
 from utils import checkpoint
 from utils.errors import UserError
-from utils.progress import say
+from utils.logger import say
 
 LOG = "log"  # the variant row of eval.log_scaling
 

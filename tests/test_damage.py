@@ -224,10 +224,10 @@ def resealed(change):
     """A damage to a prepared file made as if it had been prepared so: meta.json records the file as it now is."""
 
     def damage(path):
-        from data import shards
+        from data import loader
 
         edit_json(change)(path)
-        shards.seal(path.parent)
+        loader.seal(path.parent)
 
     return damage
 

@@ -25,13 +25,13 @@ import pytest
 import torch
 from conftest import ROOT, TINY, config, run
 
-from data import shards, tokenizer
+from data import loader, tokenizer
 from data.loader import TokenSplit
 from data.prepare import prepare
 from train import LOST_STEPS, lost, train
 from utils import checkpoint
 from utils.errors import UserError
-from utils.progress import clock
+from utils.logger import clock
 
 WRITER = """
 import sys, torch
@@ -248,8 +248,8 @@ def test_a_shard_is_hashed_once_per_process_and_only_when_its_mtime_moved(tmp_pa
     once per process and version of the file. A folder prepared before sizes and checksums were recorded has its
     shards' sizes checked against their token counts."""
     folder, _ = small_corpus(tmp_path)
-    hashed, original = [], shards.sha256
-    monkeypatch.setattr(shards, "sha256", lambda p: hashed.append(p.name) or original(p))
+    hashed, original = [], loader.sha256
+    monkeypatch.setattr(loader, "sha256", lambda p: hashed.append(p.name) or original(p))
     for _ in range(3):
         TokenSplit(folder, "train")
     assert hashed == []

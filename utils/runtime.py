@@ -14,15 +14,19 @@ s (cold) first; the small model compiled ran 1.04x eager after 33 s of compiling
 import ctypes
 import fcntl
 import gc
+import hashlib
 import os
 import resource
 import shutil
-from contextlib import nullcontext, suppress
+import signal
+import sys
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from hydra.experimental.callback import Callback
 
 from utils.errors import UserError
 
@@ -224,3 +228,214 @@ def should_compile(setting, device: torch.device, say=print) -> bool:
         return True
     say("compile=auto: eager on the CPU, where compiling measured no gain (bench/RESULTS.md); compile=true forces it")
     return False
+
+
+# ---- stops asked for by SIGTERM or Ctrl-C: what is done is kept, and nothing more starts ----
+# python train.py -m seed=1,2,3          the running job saves and stops (StopFlag); no later job starts (StopSweep)
+# python eval.py sweep_dir=multirun/x    the runs evaluated so far keep their results; the one under way writes nothing
+# python -m data.prepare data=text       the half-built folder is removed; nothing else changes
+# Where nothing can be saved (data preparation, an evaluation), the signal raises Stopped where the program is: a
+# SystemExit with the shell's status for the signal (130 for Ctrl-C, 143 for SIGTERM), so every finally block runs (a
+# temp file or folder removed, a lock released), Hydra starts no other job, and the process ends without a traceback.
+# A training run saves first and exits 0; `asked` keeps the signal's name for the rest of the process, so that
+# StopSweep (a Hydra callback in configs/train.yaml) starts no other job after it.
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+asked: str | None = None  # the name of the signal that asked this process to stop, once one has
+
+
+class Stopped(SystemExit):
+    """A stop asked for by a signal, where nothing could be saved: exit status 128 + its number."""
+
+    def __init__(self, name: str):
+        super().__init__(128 + signal.Signals[name])
+        self.name = name
+
+
+def ask(signum: int) -> str:
+    """Record that signal signum asked this process to stop; its name."""
+    global asked
+    asked = signal.Signals(signum).name
+    return asked
+
+
+def say(line: str):
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def raising(said: str | None = None):
+    """Within the block SIGTERM and Ctrl-C raise Stopped at once (said, where given: what that leaves, in a line on
+    stderr); the handlers before it are put back after."""
+
+    def handle(signum, frame):
+        name = ask(signum)
+        if said:
+            say(f"stopped by {name}: {said}")
+        raise Stopped(name)
+
+    old = {s: signal.signal(s, handle) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class StopSweep(Callback):
+    """A -m sweep whose job was stopped by a signal (and saved, exit 0) starts no other job."""
+
+    def on_job_start(self, config, **kwargs):
+        if asked:
+            which = " ".join(config.hydra.overrides.task)
+            say(f"stopped by {asked}: job #{config.hydra.job.num} ({which}) and the later ones were not started")
+            sys.exit(0)
+
+
+class StopFlag:
+    """SIGTERM or a first Ctrl-C asks the loop to save and stop; a second Ctrl-C interrupts at once. Before the loop
+    (data preparation, setup) there is nothing to save: the signal stops the run at once (raising)."""
+
+    def __init__(self):
+        self.requested = False
+        self.name = None  # of the signal that asked
+        self.saving = False  # set once the loop runs
+        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested, self.name = True, ask(signum)
+        if not self.saving:
+            print(f"\n{self.name}: stopping before the first step, with nothing to save", flush=True)
+            raise Stopped(self.name)
+        print(f"\n{self.name}: saving a checkpoint and stopping", flush=True)
+
+    def restore(self):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+# ---- many processes: DDP or FSDP wrapping, their checkpoints' state, and ranks that must agree ----
+# torchrun --nproc_per_node=8 train.py model=d12                       DDP: every rank holds the whole model
+# torchrun --nproc_per_node=8 train.py model=d12 train.parallel=fsdp   FSDP2: parameters, gradients and optimizer
+#                                                                      state sharded over the ranks
+# Checkpoints hold full (unsharded) weights either way, so eval.py and sample.py load them on one device.
+
+
+def wrap(model, rt, parallel: str, optim_name: str):
+    """The module the training loop calls: the model itself, or its DDP / FSDP2 wrapping."""
+    if parallel == "fsdp" and optim_name == "muon":
+        raise UserError(
+            "optim=muon orthogonalizes whole matrices, which FSDP shards; use train.parallel=ddp, or FSDP with "
+            "optim=adamw"
+        )
+    if not rt.distributed:
+        return model
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mixed = rt.dtype != torch.float32  # gather bf16 parameters, reduce gradients in fp32
+    kwargs = {"mp_policy": MixedPrecisionPolicy(param_dtype=rt.dtype, reduce_dtype=torch.float32)} if mixed else {}
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def optimizer_format(rt, parallel: str) -> str:
+    """How optimizer state is keyed in a checkpoint: a resumed run must read it the same way."""
+    return "fsdp" if parallel == "fsdp" and rt.distributed else "plain"
+
+
+def sync_grads(runner, parallel: str, sync: bool):
+    """Gradient accumulation: skip the gradient all-reduce on all but the last micro-batch."""
+    if not dist.is_initialized():
+        return nullcontext()
+    if parallel == "fsdp":
+        runner.set_requires_gradient_sync(sync)
+        return nullcontext()
+    return nullcontext() if sync else runner.no_sync()
+
+
+def _fsdp(parallel: str) -> bool:
+    return parallel == "fsdp" and dist.is_initialized()
+
+
+def full_state(model, opts, parallel: str):
+    """(model state, optimizer states) as whole tensors on the CPU; gathered from the shards under FSDP (a
+    collective: every rank calls it; only rank 0 gets the tensors)."""
+    if not _fsdp(parallel):
+        return model.state_dict(), [o.state_dict() for o in opts]
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options), [
+        get_optimizer_state_dict(model, o, options=options) for o in opts
+    ]
+
+
+def load_state(model, opts, model_state: dict, opt_states: list, parallel: str, path=None):
+    """Weights and optimizer moments from a checkpoint (path, for the message); the optimizer's hyperparameters (lr,
+    betas, weight decay) stay as this run's config built them, so a resume with a lower optim.lr takes it. Moments of
+    another optimizer, or of other parameters, are one line."""
+    hyper = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in opts]
+    try:
+        _load_state(model, opts, model_state, opt_states, parallel)
+        if why := moments_problem(opts):
+            raise ValueError(why)
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise UserError(
+            f"checkpoint {path} holds optimizer state that does not fit this run's optimizer "
+            f"({' '.join(str(e).split())[:200]}); resume with the optim= it was trained with, or start afresh in "
+            f"another out_dir"
+        ) from None
+    for opt, groups in zip(opts, hyper, strict=True):
+        for group, settings in zip(opt.param_groups, groups, strict=True):
+            group.update(settings)
+
+
+def _load_state(model, opts, model_state: dict, opt_states: list, parallel: str):
+    if not _fsdp(parallel):
+        model.load_state_dict(model_state)
+        for opt, state in zip(opts, opt_states, strict=True):
+            opt.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_state, options=options)
+    for opt, state in zip(opts, opt_states, strict=True):
+        set_optimizer_state_dict(model, opt, state, options=options)
+
+
+def moments_problem(opts) -> str | None:
+    """A loaded moment whose shape is not its parameter's (torch checks only the groups' sizes), or None."""
+    for opt in opts:
+        for p, state in opt.state.items():
+            for name, t in state.items():
+                if isinstance(t, torch.Tensor) and t.dim() and t.shape != p.shape:
+                    return f"a {name} of shape {list(t.shape)} for a parameter of shape {list(p.shape)}"
+    return None
+
+
+def digest(state: dict) -> str:
+    h = hashlib.sha256()
+    for t in state.values():
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def check_ranks_agree(model, rt, parallel: str):
+    """Under DDP every rank must end with the same weights: say so, or stop with an error."""
+    if not rt.distributed or parallel != "ddp":
+        return
+    digests = [None] * rt.world
+    dist.all_gather_object(digests, digest(model.state_dict()))
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"DDP ranks ended with different weights: {digests}")
+    if rt.master:
+        print(f"weights identical on {rt.world} ranks (sha256 {digests[0]})", flush=True)

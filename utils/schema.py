@@ -264,7 +264,7 @@ class Muon:  # torch.optim.Muon for block matrices, AdamW for embeddings, head a
 
 @dataclass
 class Corpus:
-    """What every data source shares. Every key but these two goes into the prepared folder's name (data/sources.py
+    """What every data source shares. Every key but these two goes into the prepared folder's name (data/prepare.py
     dataset_key), so a source's keys are those its documents depend on."""
 
     name: str = folder_name()  # the data= option, in run folders and reports
