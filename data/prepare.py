@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from data import tokenizer
 from data.loader import SPLITS, seal, write_token_split
-from utils import checks, runtime, schema  # schema registers the types that configs/data/*.yaml name
+from utils import checks, files, runtime, schema  # schema registers the types that configs/data/*.yaml name
 from utils.errors import UserError, cli, hydra_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def dataset_key(data: dict) -> str:
     """A folder name that changes whenever what the documents would be changes."""
     spec = {k: v for k, v in data.items() if k not in LOADER_KEYS}
     if data["source"] == "text":  # the files themselves, not just the pattern
-        spec["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in schema.text_files(data["path"])]
+        spec["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files.text_files(data["path"])]
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{data['name']}-{digest}"
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from utils.errors import UserError
-from utils.schema import text_files
+from utils.files import text_files
 
 # First Folio file stems whose spelling differs from their modern-spelling twin; both go to the same split.
 FOLIO_TWINS = {

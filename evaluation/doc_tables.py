@@ -164,77 +164,56 @@ def extension() -> str:
 
 # --- the README's scheme table ----------------------------------------------------------------------------------
 
-SCHEMES = [  # (positional=, what it does, the study that measured it: results/<study>, "grids" or None)
-    ("learned", "GPT-2's table of learned vectors added to the embeddings; refuses positions past it", "study"),
-    ("sinusoidal", "fixed sinusoids added to the embeddings (Vaswani et al. 2017)", "study"),
-    ("alibi", "a per-head linear distance penalty on the scores (Press et al. 2022)", "study"),
-    ("rope", "rotary queries and keys (Su et al. 2021)", "study"),
-    ("nope", "no positions: the causal mask alone", "study"),
-    ("sink", "RoPE and a learned attention-sink token before every row (Xiao et al. 2024)", "study"),
-    ("t5", "a learned bias per log-bucketed distance and head (Raffel et al. 2020)", "study"),
-    ("kerple", "a learned per-head log (or power) kernel of distance on the scores (Chi et al. 2022)", "study-breadth"),
-    ("fire", "an MLP per head of a normalised log distance (Li et al. 2024)", "study-breadth"),
-    ("shaw", "learned vectors for distances clipped to 16, added to the keys (Shaw et al. 2018)", "study-breadth"),
-    ("fox", "Forgetting Transformer: data-dependent forget gates as the only bias (Lin et al. 2025)", "study-breadth"),
-    ("xpos", "RoPE with a per-pair exponential decay (Sun et al. 2023)", "study-breadth"),
-    ("prope", "p-RoPE: only the fastest 75% of RoPE's frequencies turn (Barbero et al. 2025)", "study-breadth"),
-    ("pope", "PoPE: magnitude from content, phase from position (Gopalakrishnan et al. 2025)", "study-breadth"),
-    ("irope", "iRoPE: RoPE, and NoPE with a length temperature in every 4th layer (Llama 4)", "study-breadth"),
-    ("cope", "CoPE: positions counted by gates on the scores (Golovneva et al. 2024)", "study-content"),
-    (
-        "stickbreaking",
-        "stick-breaking attention: the nearest key takes its share first, no softmax (Tan et al. 2024)",
-        "study-content",
-    ),
-    (
-        "path",
-        "PaTH: keys transformed by Householder-like matrices of the tokens between (Yang et al. 2025)",
-        "study-content",
-    ),
-    ("rope2d", "axial 2D RoPE over (row, column) positions (Heo et al. 2024)", "grids"),
-    ("mrope", "M-RoPE: RoPE's pairs in temporal, height and width sections (Qwen2-VL, Wang et al. 2024)", "grids"),
-    ("sinusoidal2d`, `sinusoidal3d", "fixed sinusoids per position axis", None),
-    (
-        "experiment=rnope_swa",
+STUDIES = ("study", "study-breadth", "study-content", "study-presets")  # where the scheme table finds each row
+ON_GRIDS = ("rope2d", "mrope")  # measured on data=grids alone (dev/LOG.md), not in a length study
+PRESETS = {  # a preset of configs/ -> (what it does, its group label in its study)
+    "irope": ("iRoPE: RoPE, and NoPE with a length temperature in every 4th layer (Llama 4)", "rope/PPPN"),
+    "experiment=rnope_swa": (
         "RNoPE-SWA (Command A): 3 RoPE layers in windows of 64, 1 global NoPE layer",
-        "study-presets",
+        "rope/PPPN [model.chunk=None, model.window=64, positional.attn_scale=None, positional.floor_scale=None]",
     ),
-    (
-        "experiment=gemma3",
+    "experiment=gemma3": (
         "Gemma 3, 6 layers (every other row 4): 5 RoPE layers in windows of 64, 1 global RoPE layer at base 10^6",
-        "study-presets",
+        "rope [model.n_layer=6, model.window=64, model.window_pattern=SSSSSL, positional.global_base=1000000.0]",
     ),
-    (
-        "experiment=llama4",
+    "experiment=llama4": (
         "Llama 4: 3 RoPE layers (base 10^4; Llama 4's 5 x 10^5) in chunks of 64, 1 global NoPE layer with iRoPE's "
         "temperature",
-        "study-presets",
+        "rope/PPPN [model.chunk=64, model.window=None, positional.attn_scale=0.1, positional.floor_scale=256.0]",
     ),
-]
-LABELS = {  # a row's group label in its study, where it is not the scheme's name
-    "irope": "rope/PPPN",
-    "experiment=rnope_swa": "rope/PPPN [model.chunk=None, model.window=64, positional.attn_scale=None, "
-    "positional.floor_scale=None]",
-    "experiment=gemma3": "rope [model.n_layer=6, model.window=64, model.window_pattern=SSSSSL, "
-    "positional.global_base=1000000.0]",
-    "experiment=llama4": "rope/PPPN [model.chunk=64, model.window=None, positional.attn_scale=0.1, "
-    "positional.floor_scale=256.0]",
 }
+
+
+def measured_in(label: str) -> str | None:
+    """The first study whose comparison holds a group of this label."""
+    groups = {s: [g["label"] for g in load(f"{s}/eval/compare.json")["groups"]] for s in STUDIES}
+    return next((s for s in STUDIES if label in groups[s]), None)
+
+
+def scheme_rows() -> list[tuple[str, str, str | None]]:
+    """(`positional=` or the preset, what it does, the study that measured it): every scheme of positional/ (its
+    about), then the presets, in the order of the studies that measured them."""
+    import positional
+
+    rows = [(n, positional.SCHEMES[n].about, measured_in(n)) for n in positional.names()]
+    rows += [(p, about, measured_in(label)) for p, (about, label) in PRESETS.items()]
+    order = {s: i for i, s in enumerate(STUDIES)}
+    return sorted(rows, key=lambda r: order.get(r[2], len(STUDIES) + (r[0] not in ON_GRIDS)))
 
 
 def schemes() -> str:
     head = ["`positional=` (or a preset)", "what it does", "ppl at 256 → 4096"]
     body = []
-    for name, what, study in SCHEMES:
-        label = LABELS.get(name, name)
-        if study in (None, "grids"):  # grids: measured on data=grids alone (dev/LOG.md), not in a length study
-            measured = "on grids only" if study else "not measured"
+    for name, what, study in scheme_rows():
+        label = PRESETS[name][1] if name in PRESETS else name
+        if study is None:
+            measured = "on grids only" if name in ON_GRIDS else "not measured"
         else:
             table = cells(study)
             short, long = (table.get((label, "none", n, "nonoverlap")) for n in (256, 4096))
             measured = f"{short['ppl']:.1f} → " + (f"{long['ppl']:.1f}" if long and long["ppl"] else "n/a")
         body.append([f"`{name}`", what, measured])
-    studies = [f"`results/{s}`" for s in dict.fromkeys(s for *_, s in SCHEMES if s not in (None, "grids"))]
+    studies = [f"`results/{s}`" for s in dict.fromkeys(s for *_, s in scheme_rows() if s)]
     return "\n".join(
         markdown(head, body, text_columns=2)
         + [

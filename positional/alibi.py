@@ -23,6 +23,7 @@ def alibi_slopes(n_head: int) -> list[float]:
 
 
 class ALiBi(Positional):
+    about = "a per-head linear distance penalty on the scores (Press et al. 2022)"
     relative = True
 
     def __init__(self, n_head, head_dim, d_model):

@@ -148,6 +148,7 @@ class PositionAxesError(ValueError):
 
 class Positional(nn.Module):
     name = "none"  # a scheme's is its module's: positional/t5.py's T5 is t5 (__init_subclass__)
+    about = ""  # what the scheme does, in one line: its row of the README's scheme table (evaluation/doc_tables.py)
     Options = PositionalOptions  # a scheme with options of its own gives their class
     relative = False
     axes = 1  # position axes read: pos (T,), or (axes, T) where axes > 1

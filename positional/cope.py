@@ -41,6 +41,7 @@ class CoPEOptions(PositionalOptions):
 
 
 class CoPE(Positional):
+    about = "CoPE: positions counted by gates on the scores (Golovneva et al. 2024)"
     Options = CoPEOptions
     relative = True  # reads no position: a shift of all of them changes nothing
 

@@ -36,6 +36,7 @@ class FIREOptions(PositionalOptions):
 
 
 class FIRE(Positional):
+    about = "an MLP per head of a normalised log distance (Li et al. 2024)"
     Options = FIREOptions
     relative = True
 

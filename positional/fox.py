@@ -39,6 +39,7 @@ class ForgetGate(nn.Module):
 
 
 class FoX(Positional):
+    about = "Forgetting Transformer: data-dependent forget gates as the only bias (Lin et al. 2025)"
     relative = True
 
     def __init__(self, n_head, head_dim, d_model):

@@ -37,6 +37,7 @@ def softplus_inverse(x: torch.Tensor) -> torch.Tensor:
 
 
 class KERPLE(Positional):
+    about = "a learned per-head log (or power) kernel of distance on the scores (Chi et al. 2022)"
     Options = KERPLEOptions
     relative = True
 

@@ -25,6 +25,7 @@ class LearnedOptions(PositionalOptions):
 
 
 class Learned(Positional):
+    about = "GPT-2's table of learned vectors added to the embeddings; refuses positions past it"
     Options = LearnedOptions
 
     def __init__(self, n_head, head_dim, d_model, max_positions: int, init_std: float = 0.1):

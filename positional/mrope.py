@@ -54,6 +54,7 @@ class MRoPEOptions(PositionalOptions):
 
 
 class MRoPE(RoPE):
+    about = "M-RoPE: RoPE's pairs in temporal, height and width sections (Qwen2-VL, Wang et al. 2024)"
     Options = MRoPEOptions
     axes = 3
 

@@ -39,6 +39,7 @@ class NoPEOptions(PositionalOptions):
 
 
 class NoPE(Positional):
+    about = "no positions: the causal mask alone"  # its row in the README's scheme table (evaluation/doc_tables.py)
     Options = NoPEOptions
     relative = True  # the temperature reads the query's own position, as FIRE's normaliser (sink cache: in-cache)
 

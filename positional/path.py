@@ -39,6 +39,7 @@ class Householder(nn.Module):
 
 
 class PaTH(Positional):
+    about = "PaTH: keys transformed by Householder-like matrices of the tokens between (Yang et al. 2025)"
     relative = True  # reads no position but their order
 
     def __init__(self, n_head, head_dim, d_model):

@@ -34,6 +34,7 @@ class PoPEOptions(PositionalOptions):
 
 
 class PoPE(RoPE):
+    about = "PoPE: magnitude from content, phase from position (Gopalakrishnan et al. 2025)"
     Options = PoPEOptions
 
     def __init__(self, n_head, head_dim, d_model, base=10000.0, scaling=None):

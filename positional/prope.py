@@ -25,6 +25,7 @@ class PRoPEOptions(RoPEOptions):
 
 
 class PRoPE(RoPE):
+    about = "p-RoPE: only the fastest 75% of RoPE's frequencies turn (Barbero et al. 2025)"
     Options = PRoPEOptions
 
     def freq_dim(self) -> int:

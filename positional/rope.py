@@ -94,6 +94,7 @@ class RoPEOptions(PositionalOptions):
 
 
 class RoPE(Positional):
+    about = "rotary queries and keys (Su et al. 2021)"
     relative = True
     rotary = True
     Options = RoPEOptions

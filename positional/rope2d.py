@@ -26,6 +26,7 @@ class RoPE2DOptions(PositionalOptions):
 
 
 class RoPE2D(RoPE):
+    about = "axial 2D RoPE over (row, column) positions (Heo et al. 2024)"
     Options = RoPE2DOptions
     axes = 2
 

@@ -28,6 +28,7 @@ class ShawOptions(PositionalOptions):
 
 
 class Shaw(Positional):
+    about = "learned vectors for distances clipped to 16, added to the keys (Shaw et al. 2018)"
     Options = ShawOptions
     relative = True
 

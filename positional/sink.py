@@ -32,6 +32,7 @@ class SinkOptions(PositionalOptions):
 
 
 class Sink(Positional):
+    about = "RoPE and a learned attention-sink token before every row (Xiao et al. 2024)"
     Options = SinkOptions
     relative = True
 

@@ -38,6 +38,7 @@ class SinusoidalOptions(PositionalOptions):
 
 
 class Sinusoidal(Positional):
+    about = "fixed sinusoids added to the embeddings (Vaswani et al. 2017)"
     Options = SinusoidalOptions
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, scale: float = 1.0):

@@ -22,6 +22,7 @@ def axis_widths(d_model: int, axes: int) -> list[int]:
 
 
 class Sinusoidal2D(Positional):
+    about = "fixed sinusoids per position axis, over (row, column)"
     Options = SinusoidalOptions  # base and scale as sinusoidal's
     axes = 2
 

@@ -8,4 +8,5 @@ from .sinusoidal2d import Sinusoidal2D
 
 
 class Sinusoidal3D(Sinusoidal2D):
+    about = "fixed sinusoids per position axis, over (time, row, column)"
     axes = 3

@@ -34,6 +34,7 @@ class Rest(nn.Module):
 
 
 class StickBreaking(Positional):
+    about = "stick-breaking attention: the nearest key takes its share first, no softmax (Tan et al. 2024)"
     relative = True  # reads no position but their order
 
     def layer_module(self):

@@ -31,6 +31,7 @@ class T5Options(PositionalOptions):
 
 
 class T5(Positional):
+    about = "a learned bias per log-bucketed distance and head (Raffel et al. 2020)"
     Options = T5Options
     relative = True
 

@@ -33,6 +33,7 @@ class XPosOptions(RoPEOptions):
 
 
 class XPos(RoPE):
+    about = "RoPE with a per-pair exponential decay (Sun et al. 2023)"
     Options = XPosOptions
 
     def __init__(

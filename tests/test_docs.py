@@ -322,3 +322,15 @@ def test_readme_is_short_and_gives_ci_s_commands():
     for command in re.sub(r"pip install -q", "pip install", ci).split(" && "):
         assert command in text, command
     assert "python -m pytest -q -n auto" in text
+
+
+def test_the_scheme_table_finds_every_scheme_in_its_own_file():
+    """Each scheme says what it does in its own class (about), and the README's table has a row for it, measured where a
+    study holds its name: a new scheme file is in the table without an edit anywhere else."""
+    import positional
+
+    rows = {name: (about, study) for name, about, study in doc_tables.scheme_rows()}
+    for name in positional.names():
+        assert positional.SCHEMES[name].__dict__.get("about"), f"positional/{name}.py says nothing in about"
+        assert rows[name][0] == positional.SCHEMES[name].about
+    assert rows["t5"][1] == "study" and rows["fire"][1] == "study-breadth" and rows["sinusoidal3d"][1] is None

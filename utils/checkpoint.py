@@ -22,7 +22,7 @@ import settings
 from model.gpt import GPT, GPTConfig
 from utils import runtime
 from utils.errors import UserError
-from utils.files import remove_stale_temps, replacing, shape_problem, spec_problem
+from utils.files import remove_stale_temps, replacing, shape_problem, spec_problem, unreadable
 
 VERSION = 1
 NAME = "ckpt.pt"
@@ -31,6 +31,19 @@ NAME = "ckpt.pt"
 def checkpoint_path(path) -> Path:
     path = Path(path)
     return path / NAME if path.is_dir() or path.suffix != ".pt" else path
+
+
+def run_checkpoint(value: str) -> str | None:
+    """A run folder holding ckpt.pt, or a .pt file (checkpoint_path), readable and a zip archive
+    as torch.save writes one."""
+    given, path = Path(value).expanduser(), checkpoint_path(Path(value).expanduser())
+    if given.is_file() and given.suffix != ".pt":
+        return "is a file, not a run folder or a .pt file"
+    if not path.is_file():
+        return f"has no checkpoint at {path}"
+    if why := unreadable(path):
+        return why
+    return None if zipfile.is_zipfile(path) else "is corrupt or truncated (not the zip archive torch.save writes)"
 
 
 def save(path, state: dict):

@@ -37,7 +37,6 @@ from utils.schema import (
     check_grid_row,
     model_config,
     plain,
-    run_checkpoint,
 )
 
 PASSED: set[str] = set()  # the configs (as YAML) preflight passed in this process
@@ -94,7 +93,7 @@ def preflight(cfg):
 
         if message := problem(cfg, values_only=True):  # the values read_init reads, first
             raise UserError(message)
-        if why := run_checkpoint(str(cfg.init_from)):
+        if why := checkpoint.run_checkpoint(str(cfg.init_from)):
             raise UserError(f"init_from={cfg.init_from} {why}; {CHECKPOINT_HINT}")
         read_init(cfg)
     if message := problem(cfg, facts=dict.fromkeys(RUN, True)) or files_problem(cfg):

@@ -22,7 +22,9 @@ from positional.hf_rope_scaling import HFRopeScaling
 from positional.rope_scaling import KINDS, SEARCHED
 from settings import Rule, choices, fixed, group, number, setting
 from utils import checkpoint
+from utils.checkpoint import run_checkpoint
 from utils.errors import FROM_CHECKPOINT  # an override of one of these names where it is set
+from utils.files import unreadable, writable_folder
 from utils.schema import (
     CHECKPOINT_HINT,
     ENTRY_POINTS,
@@ -35,10 +37,7 @@ from utils.schema import (
     ModelSize,
     WandbMode,
     device,
-    run_checkpoint,
     seed,
-    unreadable,
-    writable_folder,
 )
 
 CacheKind = choices("CacheKind", "dense", "sink")

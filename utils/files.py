@@ -11,6 +11,7 @@ the file, what is wrong and what to do (utils/errors.py UserError).
 """
 
 import errno
+import glob
 import json
 import os
 import re
@@ -189,3 +190,46 @@ def spec_problem(spec) -> str | None:
     if spec.get("bos", BOS) not in spec["special"]:
         return f"has no {spec.get('bos', BOS)} token"
     return None
+
+
+# ---- paths a setting names: what the filesystem must hold, checked after every range (settings.files_problem) ----
+
+
+def unreadable(path: Path) -> str | None:
+    return None if os.access(path, os.R_OK) else "cannot be read (permission denied)"
+
+
+def writable_folder(value: str) -> str | None:
+    """A folder that is or can be made, and written into: no file in its place or above it, and the nearest
+    folder that exists writable."""
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        return "is a file, not a folder"
+    there = next(p for p in [path, *path.parents] if p.exists() or p == Path(p.anchor or "."))
+    if not there.is_dir():
+        return f"cannot be made: {there} is a file"
+    return None if os.access(there, os.W_OK | os.X_OK) else f"cannot be written ({there} is read-only to this user)"
+
+
+def text_files(pattern: str) -> list[Path]:
+    """The files data.path names: a file, every file under a folder (hidden ones left out), or a glob's matches."""
+    if not pattern:
+        raise UserError("data=text needs data.path=<file, folder or glob of UTF-8 text>")
+    path = Path(os.path.expanduser(str(pattern)))
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    elif path.is_file():
+        files = [path]
+    else:
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+    if not files:
+        raise UserError(f"data.path={pattern} matches no files; give a text file, a folder or a glob")
+    return files
+
+
+def text_paths(value: str) -> str | None:
+    try:
+        files = text_files(value)
+    except UserError:
+        return "matches no files"
+    return next(filter(None, map(unreadable, files)), None)

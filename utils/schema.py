@@ -12,12 +12,8 @@ then walks the composed config against every declared range and rule (settings.p
 device, so a bad value stops the run with one line before any data is read.
 """
 
-import glob
-import os
 import re
-import zipfile
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigNode, ConfigStore
@@ -27,8 +23,9 @@ import positional
 import settings
 from model.gpt import ModelConfig
 from settings import Rule, choices, fixed, group, setting
-from utils import checkpoint
+from utils.checkpoint import run_checkpoint
 from utils.errors import UserError
+from utils.files import text_paths, writable_folder
 
 DType = choices("DType", "auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
 Schedule = choices("Schedule", "cosine", "linear", "constant")
@@ -71,62 +68,6 @@ def folder_name(default=MISSING):
         match=NAME,
         must="be a name of letters, digits and . _ + -",
     )
-
-
-# ---- paths: what the filesystem must hold, checked after every range (settings.files_problem) ----
-
-
-def unreadable(path: Path) -> str | None:
-    return None if os.access(path, os.R_OK) else "cannot be read (permission denied)"
-
-
-def run_checkpoint(value: str) -> str | None:
-    """A run folder holding ckpt.pt, or a .pt file (utils/checkpoint.py checkpoint_path), readable and a zip archive
-    as torch.save writes one."""
-    given, path = Path(value).expanduser(), checkpoint.checkpoint_path(Path(value).expanduser())
-    if given.is_file() and given.suffix != ".pt":
-        return "is a file, not a run folder or a .pt file"
-    if not path.is_file():
-        return f"has no checkpoint at {path}"
-    if why := unreadable(path):
-        return why
-    return None if zipfile.is_zipfile(path) else "is corrupt or truncated (not the zip archive torch.save writes)"
-
-
-def writable_folder(value: str) -> str | None:
-    """A folder that is or can be made, and written into: no file in its place or above it, and the nearest
-    folder that exists writable."""
-    path = Path(value).expanduser()
-    if path.exists() and not path.is_dir():
-        return "is a file, not a folder"
-    there = next(p for p in [path, *path.parents] if p.exists() or p == Path(p.anchor or "."))
-    if not there.is_dir():
-        return f"cannot be made: {there} is a file"
-    return None if os.access(there, os.W_OK | os.X_OK) else f"cannot be written ({there} is read-only to this user)"
-
-
-def text_files(pattern: str) -> list[Path]:
-    """The files data.path names: a file, every file under a folder (hidden ones left out), or a glob's matches."""
-    if not pattern:
-        raise UserError("data=text needs data.path=<file, folder or glob of UTF-8 text>")
-    path = Path(os.path.expanduser(str(pattern)))
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-    elif path.is_file():
-        files = [path]
-    else:
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
-    if not files:
-        raise UserError(f"data.path={pattern} matches no files; give a text file, a folder or a glob")
-    return files
-
-
-def text_paths(value: str) -> str | None:
-    try:
-        files = text_files(value)
-    except UserError:
-        return "matches no files"
-    return next(filter(None, map(unreadable, files)), None)
 
 
 # ---- train.py ----
