@@ -30,6 +30,7 @@ from model.gpt import GPT, GPTConfig
 from settings import config_type, files_problem, problem
 from utils import checkpoint
 from utils.errors import UserError, cli, compose_message
+from utils.files import writable_folder
 from utils.schema import (
     CHECKPOINT_HINT,
     RUN,
@@ -177,7 +178,8 @@ def check_run(config: DictConfig):
 def check_sweep(config: DictConfig):
     from hydra.core.global_hydra import GlobalHydra
 
-    made("hydra.sweep.dir", Path(config.hydra.sweep.dir))  # a file there: Hydra's own traceback after every check
+    if why := writable_folder(str(config.hydra.sweep.dir)):  # a file there: Hydra's traceback after every check
+        raise UserError(f"hydra.sweep.dir={config.hydra.sweep.dir} {why}; pass a folder you can write")
     jobs, swept = sweep_jobs(config)
     loader = GlobalHydra.instance().config_loader()
     for n, overrides in enumerate(jobs, 1):
