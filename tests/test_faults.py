@@ -361,7 +361,7 @@ def test_sigterm_stops_a_sweep_after_its_job_saves(tmp_path, shakespeare_dir):
     assert proc.returncode == 0, err[-2000:]
     assert "stopped by SIGTERM at step" in out and (sweep / "0-rope" / "ckpt.pt").exists()
     assert sorted(p.parent.name for p in sweep.glob("*/ckpt.pt")) == ["0-rope"]
-    assert "stopped by SIGTERM: job #1 (seed=2 " in err and "and the later ones were not started" in err
+    assert "stopped by SIGTERM: job 2 (seed=2 " in err and "and the later ones were not started" in err
 
 
 def text_corpus(folder, megabytes: int):

@@ -288,7 +288,7 @@ class StopSweep(Callback):
     def on_job_start(self, config, **kwargs):
         if asked:
             which = " ".join(config.hydra.overrides.task)
-            say(f"stopped by {asked}: job #{config.hydra.job.num} ({which}) and the later ones were not started")
+            say(f"stopped by {asked}: job {config.hydra.job.num + 1} ({which}) and the later ones were not started")
             sys.exit(0)
 
 
