@@ -77,7 +77,8 @@ def evaluate_one(path, cfg, rt, which: str = "") -> dict:
     run_dir = checkpoint.checkpoint_path(path).parent
     out_dir = run_dir / "eval"
     print(f"evaluating {run_dir}{which}", flush=True)
-    source = checkpoint.load(path, mmap=True)["config"]["data"].get("source")
+    ckpt_config = checkpoint.load(path, mmap=True)["config"]  # read (and checked) once for this run
+    source = ckpt_config["data"].get("source")
     own = source if source in OWN_DATA else None
     if own != (cfg.eval.mode if cfg.eval.mode in OWN_DATA else None):
         mode = own or cfg.eval.mode
@@ -87,7 +88,6 @@ def evaluate_one(path, cfg, rt, which: str = "") -> dict:
         )
     result = getattr(mode_module(cfg.eval.mode), f"run_{cfg.eval.mode}")(path, cfg, rt, out_dir)
     if cfg.eval.mode == "length":
-        ckpt_config = checkpoint.load(path, mmap=True)["config"]
         log_wandb(cfg, ckpt_config, run_dir, out_dir, result, out_dir / "length.png", "length")
     return result
 

@@ -33,12 +33,11 @@ from data import tokenizer
 from data.loader import RowSampler, TokenSplit, load_meta
 from data.prepare import prepare
 from model.kv_cache import DenseCache, generate
-from utils import checkpoint, checks, optim, runtime, schema
+from utils import checkpoint, checks, files, optim, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, Meter, log, metrics, start_wandb, wandb_where
 
 LOST_STEPS = 5  # lost steps in a row (lost()) that stop a run as diverged
-FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota
 EVAL_MODE = {"grids": "eval.mode=grids", "passkey": "eval.mode=passkey", "tasks": "eval.mode=tasks"}  # own ways
 
 
@@ -293,7 +292,7 @@ def diverged(what: str, step: int, s: Setup, state: TrainState) -> UserError:
 
 
 def cannot_write(e: OSError, out_dir: Path, state: TrainState, rt) -> UserError:
-    fix = "free some space there" if e.errno in FULL else "make it writable"
+    fix = "free some space there" if e.errno in files.FULL else "make it writable"
     then = f"resume: {checkpoint.resume_command(out_dir, rt)}" if state.saved is not None else "run again"
     return UserError(f"cannot write {e.filename or out_dir} ({e.strerror}); {kept(out_dir, state)}; {fix}, then {then}")
 
@@ -433,7 +432,7 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
         wall = time.time() - t_start
         finish(s, state, wall, logger, stopped)
     except OSError as e:
-        if e.errno not in FULL:
+        if e.errno not in files.FULL:
             raise
         raise cannot_write(e, out_dir, state, rt) from None
     finally:

@@ -186,8 +186,9 @@ PRESETS = {  # a preset of configs/ -> (what it does, its group label in its stu
 
 def measured_in(label: str) -> str | None:
     """The first study whose comparison holds a group of this label."""
-    groups = {s: [g["label"] for g in load(f"{s}/eval/compare.json")["groups"]] for s in STUDIES}
-    return next((s for s in STUDIES if label in groups[s]), None)
+    return next(
+        (s for s in STUDIES if any(g["label"] == label for g in load(f"{s}/eval/compare.json")["groups"])), None
+    )
 
 
 def scheme_rows() -> list[tuple[str, str, str | None]]:

@@ -163,16 +163,14 @@ def sweep_jobs(config: DictConfig) -> tuple[list[list[str]], set[str]]:
     return [list(job) for job in itertools.product(*by_key.values())], swept
 
 
-def made(key: str, folder: Path):
+def check_run(config: DictConfig):
+    preflight(task_config(config))
+    folder = Path(config.hydra.run.dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        key = "out_dir" if "out_dir" in config else "hydra.run.dir"
         raise UserError(f"{key}={folder} cannot be made ({e.strerror}); pass a folder you can write") from None
-
-
-def check_run(config: DictConfig):
-    preflight(task_config(config))
-    made("out_dir" if "out_dir" in config else "hydra.run.dir", Path(config.hydra.run.dir))
 
 
 def check_sweep(config: DictConfig):
