@@ -7,9 +7,7 @@ python viz.py checkpoint=out/rope                     a trained run -> out/rope/
 python viz.py checkpoint=out/rope viz.heads=[[0,1],[3,2]]   attention maps of chosen (layer, head) pairs
 python viz.py viz.all=true                            every scheme at init in one gallery: pictures/index.md
 python viz.py sweep_dir=multirun/schemes              every run of a training sweep, trained, in one gallery
-gallery/numbers.py computes each picture's numbers, gallery/draw.py draws them; a scheme a picture does
-not fit is skipped and the index says why. All on the CPU: the largest piece of work is an attention map over
-training-length windows of a small model.
+A picture a scheme does not fit is skipped and the index says why. All on the CPU.
 """
 
 from pathlib import Path
@@ -22,16 +20,14 @@ import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
 from utils import checks, files, schema
 from utils.errors import UserError, cli, hydra_cli
 
-# matplotlib and the drawing code are imported where they are used (torch comes with utils.schema: each scheme's
-# options sit beside its class), so a config that does not compose fails before their imports' seconds
+# matplotlib and gallery are imported where used, so a config that does not compose fails before their imports
 
 ROOT = Path(__file__).resolve().parent
 TEXT_TOKENS = 4096  # held-out tokens a trained model is pictured on (16 windows of 256 for the attention maps)
 
 
 def scheme_spec(name: str, cfg) -> dict:
-    """positional=<name>'s options at their defaults, resolved against this config's train.seq_len (learned's table,
-    FIRE's L), as a model saves them."""
+    """positional=<name>'s default options, resolved against this config's train.seq_len, as a model saves them."""
     import positional
 
     node = OmegaConf.create({"train": schema.plain(cfg.train)})
@@ -55,7 +51,7 @@ def init_subject(spec: dict, cfg):
 
 
 def held_out_text(ckpt: dict, n_tokens: int, allow_prepare: bool):
-    """The first n_tokens of the checkpoint's held-out works, end to end (one spelling of each play), a tensor."""
+    """The first n_tokens of the checkpoint's held-out works, end to end."""
     import numpy as np
     import torch
 
@@ -92,7 +88,7 @@ def trained_subject(path, cfg):
 
 
 def subjects_and_folder(cfg):
-    """(the subjects, made one at a time so a sweep holds one model at once; the folder their pictures go to)."""
+    """(the subjects, made lazily so a sweep holds one model at once; the folder their pictures go to)."""
     import positional
     from utils import checkpoint
 

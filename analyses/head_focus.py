@@ -1,13 +1,9 @@
 """How sharp a model's attention heads are: per layer, the largest mean top weight and previous-token share.
 
 python analyses/head_focus.py study/rope-s1 study/alibi-s1 study/rope-qkl-s1 out/sinks-rope [--windows 8] [--json F]
-Over windows of each run's training length cut evenly from its held-out works (the length evaluation's text), it
-reads every query with at least 64 keys visible and reports, per layer, the head whose mean largest weight (the share
-of a query's attention its top key takes) is highest, and the head with the highest mean share on the previous
-token. A head that copies (the previous-token half of an induction head, a passkey retrieval) puts most of a query's
-weight on one key. Under gain-free QK-norm (model.qk_norm=rms) no logit passes sqrt(head dim); ALiBi's bias and a
-causal mask's count of keys act outside that cap, but a RoPE head can aim at a relative offset only through the
-few pairs that turn fast enough, within it (dev/LOG.md, the QK-norm cap). Prints the table; --json keeps it.
+A head that copies (the previous-token half of an induction head, a passkey retrieval) puts most of a query's weight
+on one key. Under gain-free QK-norm (model.qk_norm=rms) no logit passes sqrt(head dim): ALiBi's bias acts outside that
+cap, but a RoPE head aims at an offset only through the few pairs that turn fast enough (dev/LOG.md, the QK-norm cap).
 """
 
 import argparse
@@ -25,7 +21,7 @@ MIN_KEYS = 64  # queries with fewer keys visible concentrate by having few: left
 
 
 def windows(ckpt: dict, n: int) -> torch.Tensor:
-    """n windows of the training length, spread evenly over the held-out works laid end to end."""
+    """n windows of the training length, spread evenly over the held-out works end to end."""
     stream = np.concatenate([doc for _, doc in held_out_works(ckpt, allow_prepare=False)])
     length = ckpt["seq_len"]
     starts = np.linspace(0, len(stream) - length, n).astype(int)
@@ -34,7 +30,7 @@ def windows(ckpt: dict, n: int) -> torch.Tensor:
 
 @torch.no_grad()
 def focus(model, idx: torch.Tensor) -> list[dict]:
-    """Per layer: each head's mean top weight and previous-token share over the queries with MIN_KEYS keys."""
+    """Per layer: each head's mean top weight and previous-token share, over queries with MIN_KEYS keys."""
     rows = []
     for p in attention_probs(model, idx):
         top = p[:, :, MIN_KEYS:].max(-1).values.mean((0, 2))

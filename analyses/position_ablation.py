@@ -2,9 +2,8 @@
 and with the ids of each row shuffled.
 
 python analyses/position_ablation.py study/learned-s1 study/sinusoidal-s1 study/nope-s1 study/rope-s1
-Scores the first --batches x 32 rows of the checkpoint's own validation split at its training length (the rows
-train.py evaluates). The causal mask reads the token order, not the ids, so "all at 0" leaves a model what NoPE has:
-a scheme whose loss barely moves has learned nothing from its positions. Prints the table; --json keeps it.
+The causal mask reads the token order, not the ids, so "all at 0" leaves a model what NoPE has: a scheme whose loss
+barely moves has learned nothing from its positions.
 """
 
 import argparse
@@ -22,7 +21,7 @@ ROWS = 32  # rows per batch, as train.py's default validation batches
 
 @torch.no_grad()
 def val_loss(model, rows: RowSampler, batches: int, ids) -> float:
-    """Mean loss over the first `batches` batches, with positions ids(T) (None: the token order)."""
+    """Mean loss over the first `batches` validation batches, at positions ids(T)."""
     total = 0.0
     for b in range(batches):
         x, y = rows.batch(b * ROWS, ROWS, "cpu")

@@ -3,19 +3,12 @@
 python train.py experiment=sinks out_dir=out/sinks          (train.sink_metric logs the sink at every eval)
 python analyses/sink_trend.py out/sinks [more runs] [--plot sink_trend.png]
 python analyses/sink_trend.py out/sinks="learned sink token" out/sinks-rope=BOS --plot sink_trend.png --json t.json
-Reads each run's metrics.jsonl. Per eval: training tokens, val loss, the largest head's mean attention on the first
-token (the learned sink token with positional=sink) per layer against a uniform share, the share of sink heads
-(> 0.3, Gu et al. 2024), and with model.sink_logit=true the nothing slot's largest share per layer and what taking
-it away costs (evaluation/sink_mass.nothing_cost: the loss a model pays when a sink that held its no-op attention
-is evicted). Then a power-law fit, y = a * tokens^b over the second half of the evals, says at how many tokens the
-trend reaches a collapse: a sink head (first-token share 0.3) and a doubled perplexity without the nothing slot
-(cost ln 2). The fit is an extrapolation through a decaying learning rate, so it is a scale to aim at, not a
-forecast. Prints both tables; --json keeps them.
-The plot labels each run's first-token line by what that token was: metrics.jsonl does not record it (the learned
-sink token with positional=sink; the BOS only where the logged rows opened with it: train.sink_metric reads
-BOS-first rows for a data.bos_aligned run), so RUN=WHAT names it. Where the run folder holds the final model's
-stream evaluation (stream.json or eval/stream.json), its first-token share, measured on stream windows that open
-with the stream's BOS (or the learned sink token), is drawn as a star at the last eval.
+A power law y = a * tokens^b, fit over the second half of a run's evals, says at how many tokens the trend reaches a
+collapse: a sink head (first-token share 0.3, Gu et al. 2024) or a doubled perplexity without the nothing slot (cost
+ln 2). It extrapolates through a decaying learning rate: a scale to aim at, not a forecast.
+metrics.jsonl does not record what the first token was (the learned sink token with positional=sink; the BOS where a
+data.bos_aligned run's rows opened with it), so RUN=WHAT names it in the plot. A run's final stream evaluation
+(stream.json or eval/stream.json, on windows that open with BOS or the sink token) is a star at the last eval.
 """
 
 import argparse
@@ -107,8 +100,7 @@ def final_stream(run: Path) -> dict | None:
 
 
 def plot(runs: list[Path], path: Path, key0: dict[str, str] | None = None):
-    """Left: each run's largest head on its first token (labelled by key0[run name], what that token was), the
-    nothing slot, the uniform share and the sink-head bar; right: the perplexity factor without the nothing slot."""
+    """Left: each run's first-token share (key0[run name]: what that token was); right: ppl without the nothing slot."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -2,12 +2,9 @@
 
 python bench/cpu_bench.py                                   the default run's shape (configs/), every scheme
 python bench/cpu_bench.py model.d_model=256 train.batch_size=8 --schemes rope,alibi,learned --compile off
-Trailing key=value words are Hydra overrides of configs/train.yaml, so the shapes are the ones a training run
-gets. Both models take the same batch at the same shape and the same matmul FLOPs per token (the plain one has
-GQA too); their steps alternate in one process (this machine is shared and noisy, so only the ratio of the two,
-measured side by side, means much). A step is forward, backward and an AdamW step, fp32. Compiled rows reset
-torch.compile between schemes, compile with fullgraph=True and fail on the recompile limit, and report the
-graphs compiled while timing (anything but 0 is a defect). Prints a table and appends it to bench/RESULTS.md.
+Trailing key=value words are Hydra overrides of configs/train.yaml. Both models take the same batch and the same
+matmul FLOPs per token (the plain one has GQA too), and their steps alternate in one process: on a shared, noisy
+machine only their ratio, measured side by side, means much. A step is forward, backward and AdamW, fp32.
 """
 
 import argparse
@@ -26,8 +23,7 @@ from utils.runtime import keep_freed_memory
 
 
 def matmul_peak(n: int = 1024, reps: int = 20) -> float:
-    """FLOP/s of a large fp32 matrix multiply on this machine, the fastest of reps (a shared machine only ever
-    slows a multiply down): the ceiling a training step is held against."""
+    """FLOP/s of a large fp32 matmul, the fastest of reps (a shared machine only ever slows a multiply down)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
     best = float("inf")
@@ -47,7 +43,7 @@ def flops_per_token(model_cfg: dict, seq: int, vocab: int) -> float:
 
 
 class Runner:
-    """One model with its optimizer and timer: step() runs and times forward, backward and AdamW."""
+    """One model with its optimizer; step() times forward, backward and AdamW."""
 
     def __init__(self, model, lr: float, compiled: bool):
         self.model = model
@@ -112,7 +108,7 @@ def bench_scheme(scheme: str, overrides: list[str], compiled: bool, steps: int, 
 
 
 def pair_ratios(ours: list[float], plain: list[float]) -> list[float]:
-    """Step i of each model ran back to back, at the same moment of this noisy machine: compare them pair by pair."""
+    """Step i of each model ran back to back, at the same moment of a noisy machine: compare them pair by pair."""
     return [p / o for o, p in zip(ours, plain, strict=True)]
 
 

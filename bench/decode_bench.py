@@ -5,10 +5,8 @@ python bench/decode_bench.py --checkpoint out/rope --static              + the c
 python bench/decode_bench.py --checkpoint out/rope --static-only         the compiled step alone (no eager rows)
 python bench/decode_bench.py --model tiny --positional rope --tokens 1000 10000 --device cpu   (random weights)
 python bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --profile 50    (where a step's time goes)
-Generates greedily (batch 1) through each method and reports, at each mark, the speed of the last block of
-tokens before it and the memory held: the sink cache should stay flat, the dense cache grows (it stops at
---dense-limit), re-computation pays a full forward of the window per token (it stops at --recompute-limit).
-Appends the table, with the device and this command, to bench/RESULTS.md (--no-record skips).
+Generates greedily (batch 1) and reports, at each mark, the speed of the last block and the memory held: the sink
+cache should stay flat, the dense cache grows, re-computation pays a full forward of the window per token.
 """
 
 import argparse
@@ -39,8 +37,8 @@ def run_cached(model, cache, n_tokens, block, device, autocast, static=False):
     tok = torch.zeros(1, 1, dtype=torch.long, device=device)
     step = StaticDecoder(model, cache) if static else (lambda tok: model.decode(tok, cache)[:, -1])
     start = 1
-    if static:  # before the clock: the first token goes through eager decode (an empty cache), the second compiles
-        for _ in range(WARM_STATIC):  # the step, the third records the CUDA graph (reduce-overhead warms up once)
+    if static:  # before the clock: token 1 decodes eagerly, 2 compiles the step, 3 records the CUDA graph
+        for _ in range(WARM_STATIC):
             with autocast:
                 tok = step(tok).argmax(-1, keepdim=True)
         start = WARM_STATIC + 1
@@ -71,8 +69,7 @@ def run_recompute(model, window, n_tokens, block, device, autocast):
 
 @torch.no_grad()
 def profile(model, cache, n_steps, device, autocast, rows=25):
-    """Where an eager decoding step's time goes: torch.profiler over n_steps tokens (after as many unprofiled), the
-    ops by their own time on the device (CUDA) or the CPU, with the input shapes that took it."""
+    """Where an eager decoding step's time goes: the ops of n_steps tokens (after as many unprofiled) by self time."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -114,9 +111,7 @@ def main():
     ap.add_argument("--recompute-limit", type=int, default=10000)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
-        "--static",
-        action="store_true",
-        help="also time the compiled fixed-shape step (CUDA graphs on CUDA)",
+        "--static", action="store_true", help="also time the compiled fixed-shape step (CUDA graphs on CUDA)"
     )
     ap.add_argument("--static-only", action="store_true", help="time only the compiled fixed-shape step")
     ap.add_argument("--profile", type=int, default=0, help="profile this many eager sink-cache steps, print, exit")

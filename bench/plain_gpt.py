@@ -1,9 +1,8 @@
 """A plain GPT-2 decoder from stock torch modules: the yardstick bench/cpu_bench.py holds nanopos's GPT against.
 
 python bench/cpu_bench.py
-LayerNorm, one fused q/k/v Linear, GELU(tanh), learned positions, a head tied to the token embedding, and
-causal SDPA: what a GPT-2 block costs with nothing positional or nanochat-specific in it. Keys and values take
-n_kv_head heads (GQA), so its matrix multiplies match nanopos's GPT of the same config FLOP for FLOP.
+What a GPT-2 block costs with nothing positional or nanochat-specific in it. Keys and values take n_kv_head heads
+(GQA), so its matrix multiplies match nanopos's GPT of the same config FLOP for FLOP.
 """
 
 import torch.nn.functional as F

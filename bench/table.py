@@ -1,9 +1,8 @@
 """A benchmark's rows as a markdown table, printed, and recorded in bench/RESULTS.md with the command and device.
 
 python bench/cpu_bench.py      python bench/train_bench.py      python bench/decode_bench.py      (--no-record: print)
-A recorded run replaces its benchmark's latest table in bench/RESULTS.md (between `<!-- latest: NAME -->` and
-`<!-- /latest -->`) and adds a row to the history table there, so the file holds one current figure per benchmark
-and never the same heading twice.
+A recorded run replaces its benchmark's latest table in bench/RESULTS.md and adds a row to the history table
+there, so the file holds one current figure per benchmark.
 """
 
 import shlex
@@ -28,9 +27,8 @@ def fmt(v) -> str:
 
 
 def publish(rows: list[dict], fmt, details: str, device: torch.device, record: bool, path: Path = RESULTS, figure=None):
-    """Print `rows` (one dict per row) as a table under a note naming the command, device and torch version; with
-    record, make it the benchmark's latest table in bench/RESULTS.md and add its history row, which names each row
-    by its first column and gives its column `figure` (default the last)."""
+    """Print rows as a table under a note naming the command, device and torch version; with record, write it to
+    bench/RESULTS.md, the history row giving each row's first column and its column `figure` (default the last)."""
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     note = f"`python {shlex.join(sys.argv)}` on {device_name}, torch {torch.__version__}, {details}"
     table = markdown(rows, fmt)
@@ -41,8 +39,7 @@ def publish(rows: list[dict], fmt, details: str, device: torch.device, record: b
 
 
 def recorded(text: str, name: str, note: str, table: str, summary: str) -> str:
-    """RESULTS.md's text with benchmark `name`'s latest block replaced (appended at the end if it has none yet)
-    and a history row (date, benchmark, first and last column of each row) before the history table's end."""
+    """RESULTS.md's text with benchmark `name`'s latest block replaced (or appended) and a history row added."""
     start, end = f"<!-- latest: {name} -->", "<!-- /latest -->"
     block = f"{start}\n{note}\n\n{table}\n{end}"
     if start in text:

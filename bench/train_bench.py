@@ -4,13 +4,9 @@ python bench/train_bench.py                                        every scheme,
 python bench/train_bench.py --seq 8192 --eval-len 32768            the long-context check
 python bench/train_bench.py --model tiny --seq 256 --batch-tokens 8192 --steps 5 --device cpu   (a CPU run)
 python bench/train_bench.py --schemes rope,rope --set "" "model.window=64 model.window_pattern=SSSL"   (options)
-Prints a table and appends it, with the device and this command, to bench/RESULTS.md (--no-record skips).
 MFU = (6 N_matmul + 12 L H Dh T) x tokens/s / peak, against the datasheet dense bf16 peak (H100/H200 SXM:
-989 TFLOP/s, as nanochat and PaLM count it) and, as a second column, against a peak measured here by a large
-matmul. Every row starts from an empty torch.compile cache (torch._dynamo.reset()), compiles with fullgraph=True
-and fails on the recompile limit, so no row can time an eager fallback; "graphs while timing" counts graphs
-compiled during the timed steps (anything but 0 is a recompilation). Random tokens: a step's speed does not
-depend on the data.
+989 TFLOP/s, as nanochat and PaLM count it) and against a matmul peak measured here. Every row compiles from an
+empty cache with fullgraph=True and fails on the recompile limit, so no row times an eager fallback.
 """
 
 import argparse
@@ -107,7 +103,7 @@ def bench_one(name, args, device, dtype, peak, extra=()):
 
 
 def bench_row(name, args, device, dtype, peak, extra) -> dict:
-    """bench_one's row, or the scheme's row with its error: one failure must not hide the other schemes' figures."""
+    """bench_one's row, or its error: one failure must not hide the other schemes' figures."""
     try:
         return bench_one(name, args, device, dtype, peak, extra)
     except Exception as e:
@@ -118,7 +114,7 @@ def bench_row(name, args, device, dtype, peak, extra) -> dict:
 
 
 def error_line(e: Exception) -> str:
-    """An exception as one short table cell (an out-of-memory or compile failure)."""
+    """An exception as one short table cell."""
     first = (str(e).strip().splitlines() or [""])[0]
     return f"{type(e).__name__}: {first[:100]}".replace("|", "/")
 

@@ -2,10 +2,9 @@
 
 python viz.py positional=rope            -> pictures/rope_decay.png ... and pictures/index.md
 python viz.py viz.all=true               -> every scheme's pictures in one folder, listed in pictures/index.md
-A picture is two functions: one gathers its numbers, or returns why the scheme has no such picture (a scheme that
-adds no vector has no vector heatmap), and one draws them. A gallery of every scheme so never stops at one that
-does not fit, the index says what was skipped and why, and a test can gather every scheme's numbers without
-paying for matplotlib's drawing (about a second a figure on a small CPU).
+A picture is two functions: one gathers its numbers or says why the scheme has none, one draws them. So a gallery
+never stops at a scheme that does not fit, and a test can gather every scheme's numbers without matplotlib's drawing
+(about a second a figure on a small CPU).
 """
 
 import json
@@ -62,7 +61,7 @@ def distances(s: Subject, o: Options) -> torch.Tensor:
 
 
 def windows(s: Subject, max_rows: int = 8) -> torch.Tensor:
-    """(B, L): consecutive training-length windows of the held-out text, a few thousand tokens in all."""
+    """(B, L): consecutive training-length windows of the held-out text."""
     rows = max(1, min(max_rows, len(s.tokens) // s.length))
     return s.tokens[: rows * s.length].view(rows, s.length)
 
@@ -133,7 +132,7 @@ def log_distance(ax, d: torch.Tensor):
 
 
 def figure_legend(fig, ax, loc: str = "outside right upper"):
-    """One legend for the figure, outside its panels (it covers no curve), at the evaluation figures' size."""
+    """One legend outside the panels, so it covers no curve."""
     handles, names = ax.get_legend_handles_labels()
     ncol = len(names) if "lower" in loc else 1  # under the panels: one row
     fig.legend(handles, names, loc=loc, ncol=ncol, fontsize=LEGEND_SIZE, frameon=False)
@@ -201,9 +200,8 @@ def draw_decay_trained(s: Subject, o: Options, numbers, path: Path):
 
 
 def draw_bias(s: Subject, o: Options, numbers, path: Path):
-    """Two panels of the same curves: distances within L on a linear axis (ALiBi's lines), and all of them on a
-    log axis (T5's buckets and FIRE's normaliser are logarithmic in distance). Dashed: a query at L - 1, where it
-    sees another bias than the far query (FIRE)."""
+    """Distances within L on a linear axis (ALiBi's lines), all of them on a log axis (T5's buckets, FIRE's
+    normaliser); dashed: a query at L - 1, which FIRE biases differently."""
     d, far, near = numbers
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     colors = head_colors(s.pe.n_head)
@@ -282,9 +280,8 @@ def draw(s: Subject, o: Options, out_dir: Path) -> list[tuple[str, str | None, s
 
 
 def write_index(out_dir: Path, command: str, entries: list[tuple[str, str, str, list]]) -> Path:
-    """index.md: for each (label, state, scheme name, draw's rows), its pictures, and each one it lacks and why.
-    Pictures of other subjects already in the folder (an earlier `viz.py positional=...`) stay listed: the
-    sections live in index.json, where this run's subjects replace their own and leave the others."""
+    """index.md: each subject's pictures, and each one it lacks and why. The sections live in index.json, so an
+    earlier viz.py's subjects stay listed and this run's replace their own."""
     record = out_dir / "index.json"
     sections = read_json(record, fix="delete it (the next viz.py lists its own pictures)") if record.exists() else {}
     for label, sec in sections.items():

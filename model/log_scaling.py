@@ -2,23 +2,15 @@
 
 python eval.py checkpoint=out/rope eval.log_scaling=true     (a `log` row beside `none` in the length table)
 python train.py model.ssmax=true                              (Scalable-Softmax, trained in)
-Both multiply a query at position p (0-based; it sees the n = p + 1 positions 0..p) by a factor that depends on n
-alone, so they act on every scheme and every backend the same way: the factor is applied to the (rotated) queries,
-keys and values are untouched, and SDPA keeps its flash path (no dense score matrix is built for it).
-  log    factor(n) = max(1, ln n / ln L), L the training length: 1 for every query within it, ln n / ln L past it
-         (training-free; Chiang & Cholak 2022, "Overcoming a theoretical limitation of self-attention", scale by
-         log n so that attention does not flatten as n grows; Su 2021, "entropy-invariant" attention, the scale
-         log_L n relative to the trained length L, clamped at 1 here so the model is unchanged within L)
-  ssmax  factor_h(n) = s_h ln n, s_h a learned scalar per head and layer (Nakanishi 2025, Scalable-Softmax, arXiv
-         2501.19399: softmax(s z log n)). s starts at 0.43, the default of the public reference implementation
-         (gdevos010/Scalable-Softmax), which attributes it to the paper. At n = 1 the factor is 0: one key, weight 1.
-n counts positions, not keys: learned prefix tokens (positional=sink, negative positions, factor as at n = 1) and
-the nothing slot of model.sink_logit (whose logit is left unscaled) are not counted, nor does a sliding window
-(model.window) cap it. A sink cache gives its queries in-cache positions, as it does every relative scheme, so a
-stream's factor stays at its capacity's. Only the q.k part of a logit is scaled (and Shaw's q.a, which reads the
-query): an additive position bias (ALiBi, T5, KERPLE, FIRE, FoX) is not. Both are the plan's per-forward query
-state (model/attention.py q_scale, log_n), made once from the explicit query positions, so a full forward, every
-backend and both caches apply the same factor.
+A query at position p (it sees n = p + 1 positions) is multiplied by a factor of n alone, so SDPA keeps its flash
+path and every scheme, backend and cache applies the same factor (the plan's q_scale and log_n, model/attention.py):
+  log    max(1, ln n / ln L), L the training length (Chiang & Cholak 2022, "Overcoming a theoretical limitation of
+         self-attention"; Su 2021's entropy-invariant log_L n, clamped at 1 so the model is unchanged within L)
+  ssmax  s_h ln n, s_h learned per head and layer (Nakanishi 2025, Scalable-Softmax, arXiv 2501.19399); 0 at n = 1
+         (one key, weight 1). s starts at 0.43, gdevos010/Scalable-Softmax's default, which it attributes to the paper.
+n counts positions, not keys: learned prefix tokens (factor as at n = 1) and the nothing slot (its logit unscaled)
+are not counted, and a sliding window does not cap it; a sink cache's in-cache positions hold a stream's factor at
+its capacity's. Only q.k (and Shaw's q.a) is scaled, not an additive bias (ALiBi, T5, KERPLE, FIRE, FoX).
 """
 
 import math

@@ -2,21 +2,16 @@
 
 python eval.py checkpoint=out/rope eval.rope_scaling=rerope          (positional/rerope.py: which distances)
 python sample.py checkpoint=out/rope rope_scaling=leaky_rerope       (through either KV cache)
-A Scaling with far scores (ReRoPE, Leaky ReRoPE: Scaling.far = (w, k)) scores a key at distance d = q_pos - k_pos
->= w by q_far . k_far: the same queries and keys rotated at the far positions rerope.far_positions gives. The plan
-(model/attention.py) holds a Far: both rotation states, made once per forward for every layer. Its queries() and
-keys() return [near | far] side by side along the last dim, so a dense KV cache stores a key's far rotation beside
-its near one (a key's far position depends on its own position alone) and a sink cache rotates both at read, through
-the same calls as any scheme. Each key still enters the softmax once, with the one score its distance selects:
-  sdpa       a causal forward, per query block: one SDPA call whose keys are the block's far keys and near keys side
-             by side, queries [q | q_far] against [0 | k_far] and [k | 0] (split_blocks); decoding steps and short
-             rows as the reference
-  reference  both score matrices explicit in fp32 and torch.where between them
-  flex       two calls: near keys (d < w) with q, k under the plan's block mask, far keys (d >= w) with q_far, k_far
-             under the far block mask, each skipping the blocks its mask hides. A softmax over two disjoint key sets
-             is each set's softmax weighted by its share of the total: with lse_n, lse_f the calls' log-sum-exps and
-             lse = logaddexp(lse_n, lse_f), out = out_n e^(lse_n - lse) + out_f e^(lse_f - lse) exactly (a row with
-             no far key has lse_f = -inf, weight 0; every real row has a near key, itself)
+A key at distance d >= w (Scaling.far = (w, leak)) scores q_far . k_far: queries and keys rotated at
+rerope.far_positions. The plan holds a Far whose queries() and keys() return [near | far] side by side, so a dense
+cache stores a key's far rotation beside its near one (it depends on the key's position alone) and a sink cache
+rotates both at read. Each key enters the softmax once, with the score its distance selects:
+  sdpa       a causal forward: per query block, one SDPA call over its far and near keys (split_blocks); decoding
+             steps and short rows as the reference
+  reference  both score matrices in fp32, torch.where between them
+  flex       two calls, near keys with q, k and far keys with q_far, k_far, each weighted by its share of the softmax:
+             out = out_n e^(lse_n - lse) + out_f e^(lse_f - lse), lse = logaddexp(lse_n, lse_f) (a row with no far
+             key has lse_f = -inf; every row has a near key, itself)
 """
 
 import math
@@ -129,11 +124,9 @@ def far_block_mask(q_pos, k_pos, w: int, window: int | None):
 
 
 def split_blocks(q, k, v, plan, bias, sink=None):
-    """Per query block (rows s..e-1), one SDPA call over the block's far keys (0..hi-1) and near keys (lo..e-1)
-    side by side, each scored by its own rotation: queries [q | q_far] against far keys [0 | k_far] and near keys
-    [k | 0], 2 Dh wide and scaled by 1/sqrt(Dh), so a far key scores q_far . k_far and a near one q . k. The mask
-    keeps a key only in the copy its distance selects, so each is in the softmax once. SDPA's fused kernel does the
-    rest: explicit scores took 4.3x a plain forward at 4096 tokens, this about 2x (bench/cpu_bench.py)."""
+    """Per query block (rows s..e-1), one SDPA call with queries [q | q_far] against far keys [0 | k_far] (0..hi-1)
+    and near keys [k | 0] (lo..e-1); the mask keeps each key in the copy its distance selects. Explicit scores took
+    4.3x a plain forward at 4096 tokens, this about 2x (bench/cpu_bench.py)."""
     dh, far = q.size(-1) // 2, plan.far
     near_keys, far_keys = F.pad(k[..., :dh], (0, dh)), F.pad(k[..., dh:], (dh, 0))
     width = v.size(-1)  # values padded to the keys' width: SDPA's fused CPU kernel wants one head dim (2.4x faster)
@@ -159,8 +152,7 @@ def split_blocks(q, k, v, plan, bias, sink=None):
 
 
 def far_spans(q_pos, k_pos, blocks, window: int) -> list[tuple[int, int]]:
-    """Per query block (s, e) of a causal forward (positions ascending), (lo, hi): its far keys lie in 0..hi-1 (those
-    at least window before its last query) and its near keys in lo..e-1 (those less than window before its first)."""
+    """Per query block (s, e) of a causal forward, (lo, hi): its far keys lie in 0..hi-1, its near keys in lo..e-1."""
     starts = torch.tensor([s for s, _ in blocks], device=q_pos.device)
     ends = torch.tensor([e - 1 for _, e in blocks], device=q_pos.device)
     lo = torch.searchsorted(k_pos, q_pos[starts] - window, right=True)

@@ -2,12 +2,9 @@
 
 python bench/decode_bench.py --checkpoint out/rope --static     (rows "sink static", "dense static")
 python sample.py checkpoint=out/rope static=true
-Eager decoding attends over the cache's filled slots, a length that grows every step, so a compiled step
-would see a new shape each token. Here every step attends over the whole preallocated cache: the new key
-goes to its slot by index_copy_, and slots not yet written get a position past every query, which the
-causal mask hides. The host keeps the cache's bookkeeping (which slot, which positions) and copies it into
-three small tensors the compiled step reads, so shapes and addresses never change and the step compiles
-once (`torch.compile(mode="reduce-overhead")`, CUDA graphs on CUDA).
+Every step attends over the whole preallocated cache, so shapes and addresses never change and the step compiles
+once: the new key goes to its slot by index_copy_, unwritten slots sit at a position past every query (causally
+masked), and the host copies the cache's bookkeeping into three small tensors the compiled step reads.
 """
 
 import torch
@@ -38,8 +35,8 @@ class StaticDecoder:
         self.step = torch.compile(self._step, mode=mode, fullgraph=True) if compile else self._step
 
     def __call__(self, tok: torch.Tensor) -> torch.Tensor:
-        if self.cache.length == 0:  # a fresh stream starts with the scheme's learned sink tokens: eager decode
-            return self.model.decode(tok, self.cache)[:, -1]  # puts them first, as every later step expects
+        if self.cache.length == 0:  # eager decode puts the scheme's learned sink tokens first
+            return self.model.decode(tok, self.cache)[:, -1]
         if self.cache.explicit_ids:  # the step below reads slot positions, not the ids a decode(pos=...) stored
             raise CacheError(
                 "static decoding reads one position per token; this cache holds multi-axis ids: static=false"
@@ -59,8 +56,7 @@ class StaticDecoder:
         return m._head(h)[:, -1]
 
     def update(self, layer: int, k, v, state, plan):
-        """The step interface the attention layers call (kv_cache.Step): store this token (its key rotated here by
-        a dense cache, raw by a sink cache, which rotates every slot's at read), return every slot."""
+        """kv_cache.Step's interface: store this token (key raw for a sink cache), return every slot."""
         cache = self.cache
         if not cache.raw_keys:
             k = plan.new_keys(k)  # the layer's own scheme (positional.layers), far rotation included

@@ -2,11 +2,8 @@
 
 python eval.py checkpoint=out/rope eval.rope_scaling=all eval.log_scaling=true   (one Variant per row and length)
 python sample.py checkpoint=out/rope rope_scaling=rerope                          (a KV cache holds its Variant)
-GPT.forward(idx, variant=v) builds the attention plan under v: the scheme rotates at v.scaling's frequencies
-(positional/rope_scaling.py; ReRoPE's far rotation is part of it) and every query is scaled by the log-length factor
-of v.log_length (model/log_scaling.py). A KV cache is made for one variant (its keys are rotated under it) and
-model.decode reads it from the cache. Nothing on the model changes, so variants scored in any order give the
-numbers each gives alone.
+A KV cache is made for one variant (its keys are rotated under it). Nothing on the model changes, so variants scored
+in any order give the numbers each gives alone.
 """
 
 from dataclasses import dataclass

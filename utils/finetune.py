@@ -5,18 +5,11 @@ python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn po
 python train.py init_from=out/learned train.seq_len=1024 (the 256-row table becomes 1024 rows by interpolation)
 python train.py init_from=out/rope data=passkey train.max_steps=1200 model.qk_norm=learned  (the passkey task)
 python train.py init_from=out/rope positional=nope train.max_steps=60      (DroPE: drop RoPE, recalibrate)
-init_from takes the weights only; train.resume=true is what continues a run's optimizer, step and data position.
-The model must have the init checkpoint's shape and tokenizer; what may differ is the length: each scheme fits its
-own length-dependent weights (fit_state: a learned table is interpolated), and a rotary scheme may take
-positional.scaling, whose original_length is the length the unscaled frequencies were trained at: init_from's
-train.seq_len, or its own original_length when it was itself a scaled fine-tune (so a chain of fine-tunes keeps
-scaling the same frequencies).
-DroPE (Gelberg et al. 2025) is the one change of scheme a fine-tune may make: to positional=nope, from any scheme.
-The scheme's own weights (what its model has beyond a NoPE model of the same shape: a learned table, T5's buckets,
-FoX's gates, a sink token) are dropped, everything else is kept, and the run recalibrates at the length it is given
-(the paper: the original length). The checkpoint records init_from.dropped, which reports show: nope[dropped rope].
-A fine-tune may also turn gain-free QK-norm into a learned one (model.qk_norm=learned from rms): the gains start at
-ones, so step 0 is the init model exactly, and its heads may then sharpen past the sqrt(head dim) logit cap.
+The model must have the init checkpoint's shape and tokenizer; each scheme fits its own length-dependent weights
+(fit_state). A scaling's original_length is init_from's train.seq_len, or its own original_length when it was itself
+a scaled fine-tune, so a chain of fine-tunes keeps scaling the same frequencies.
+DroPE (Gelberg et al. 2025) is the one change of scheme allowed: to positional=nope, from any scheme. The scheme's own
+weights are dropped and the checkpoint records init_from.dropped, which reports show: nope[dropped rope].
 """
 
 import torch
@@ -26,14 +19,12 @@ from utils import checkpoint
 from utils.errors import UserError
 
 LENGTH_KEYS = ("max_positions",)  # positional options that follow train.seq_len (a learned table's rows)
-# (init's value, the run's, the weights the run adds): a change of option a fine-tune may make, its new weights
-# starting as the identity (QK gains at ones), so step 0 is the init model
+# (init's value, the run's, the weights it adds): new weights start as the identity, so step 0 is the init model
 WIDENING = {"model.qk_norm": ("rms", "learned", ("q_gain", "k_gain"))}
 
 
 def read_init(cfg) -> dict | None:
-    """init_from's checkpoint (memory-mapped: only the weights are ever read), or None; fills in
-    positional.original_length where a scaling needs it and the command line left it null."""
+    """init_from's checkpoint (memory-mapped) or None; fills in a scaling's null positional.original_length."""
     pos = cfg.positional
     scaled = pos.get("scaling", "none") != "none" and pos.get("original_length") is None
     if not cfg.init_from:
@@ -46,7 +37,7 @@ def read_init(cfg) -> dict | None:
 
 
 def dropping(init: dict, run: dict) -> str | None:
-    """The scheme a DroPE fine-tune drops (init's, when the run is NoPE and init was not), else None."""
+    """The scheme a DroPE fine-tune drops, else None."""
     have, want = init["model_config"]["positional"]["name"], run["model_config"]["positional"]["name"]
     return have if want == "nope" and have != "nope" else None
 
@@ -60,8 +51,8 @@ def scheme_keys(model_config: dict) -> set[str]:
 
 
 def flat(model_config: dict, positional: bool = True) -> dict:
-    """model_config as the command-line keys that set it (model.n_layer, positional.base, ...), less the options
-    a fine-tune may change: the scaling and a table's length (and the scheme's options, positional=False)."""
+    """model_config as command-line keys (model.n_layer, positional.base, ...), less what a fine-tune may change:
+    the scaling and a table's length (and the scheme's options, positional=False)."""
     out = {f"model.{k}": v for k, v in model_config.items() if k != "positional"}
     if not positional:
         return out
@@ -78,9 +69,8 @@ def flat(model_config: dict, positional: bool = True) -> dict:
 
 
 def check_compatible(init: dict, run: dict, path, older: dict) -> tuple[str, ...]:
-    """Refuse, in one line, an init checkpoint this run's model cannot take the weights of. older: defaults of the
-    model options added after checkpoints were written (train.py's OLDER). Returns the name endings of the weights
-    the run adds by a WIDENING (none: every weight comes from init)."""
+    """Refuse an init checkpoint whose weights this run's model cannot take (older: train.py's OLDER). Returns the
+    name endings of the weights a WIDENING adds."""
     if init["tokenizer"] != run["tokenizer"]:
         raise UserError(
             f"init_from={path} was trained with another tokenizer than this run's data and tokenizer; fine-tune "
@@ -104,18 +94,17 @@ def check_compatible(init: dict, run: dict, path, older: dict) -> tuple[str, ...
 
 
 def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
-    """Copy init's weights into model (not its optimizer, step or data position); a learned table takes as many
-    rows as model's has. Returns what the new checkpoint records of where its weights came from."""
-    added = check_compatible(init, run, path, older)  # WIDENING's new weights, taken from the model as built
+    """Copy init's weights into model; returns what the new checkpoint records of where they came from."""
+    added = check_compatible(init, run, path, older)
     state = dict(init["model"])
     dropped = dropping(init, run)
     if dropped:
         for key in scheme_keys({**older["model_config"], **init["model_config"]}):
             state.pop(key, None)
     for name, module in model.named_modules():
-        if isinstance(module, Positional):  # each scheme fits its own length-dependent entries (base.fit_state)
+        if isinstance(module, Positional):
             module.fit_state(state, f"{name}.")
-    state.update({k: v for k, v in model.state_dict().items() if k.endswith(added)})  # () adds none
+    state.update({k: v for k, v in model.state_dict().items() if k.endswith(added)})  # WIDENING's, as built
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
