@@ -4,18 +4,16 @@ python train.py data=grids positional=rope2d         (utils/schema.py GridsData:
 python eval.py checkpoint=out/rope2d eval.mode=grids  (held-out grids at the training size, taller, wider, both)
 A grid is one document: BOS, then `height` rows, each a left wall `|`, `width` cells (`.` dead, `#` alive) and a right
 wall (a newline, so decoding a document prints the grid). Row 0 is random (each cell alive with probability
-data.density); every later row is the elementary cellular automaton data.rule (Wolfram's numbering; 30 by default)
-applied to the row above, a wall reading as a dead cell: cell (r, c) = rule bit of (r-1, c-1), (r-1, c), (r-1, c+1).
-Why this task: every token after row 0 is a fixed function of three tokens at fixed 2D offsets from it, and of
-nothing else. In raster order (1D positions) those tokens lie width + 1, width + 2 and width + 3 tokens back:
-offsets a 1D scheme must learn for one width, and which are wrong for any other. In (row, column) ids they are
-always (dy, dx) = (-1, -1), (-1, 0), (-1, +1), whatever the size. So the training size tests whether a scheme can
-point at the right cells at all (row 0 sets a floor of ln 2 per cell, the rest can reach 0), and a wider grid tests
-whether what it learned is a 2D offset or a 1D distance; a taller grid of the same width is only a longer sequence.
-Position ids are laid out as M-RoPE lays out an image after text (Qwen2-VL's get_rope_index): BOS, a text token, at
-(0, 0, 0); the grid token in row r and column j (0 the left wall, width + 1 the right) at (1, 1 + r, 1 + j): one
-temporal id for the whole grid, height and width ids from it. data/loader.py's select_axes gives each scheme its
-part: mrope and sinusoidal3d read all three, rope2d and sinusoidal2d (height, width), a 1D scheme the token order.
+data.density); every later row is the elementary cellular automaton data.rule (Wolfram's numbering) applied to the
+row above, a wall reading as a dead cell.
+Why this task: every token after row 0 is a fixed function of three tokens at fixed 2D offsets from it. In raster
+order those lie width + 1, width + 2 and width + 3 tokens back, offsets wrong for any other width; in (row, column)
+ids they are always (dy, dx) = (-1, -1), (-1, 0), (-1, +1). So the training size tests whether a scheme can point at
+the right cells at all (row 0 sets a floor of ln 2 per cell, the rest can reach 0), and a wider grid whether it
+learned a 2D offset or a 1D distance; a taller grid is only a longer sequence.
+Position ids are laid out as M-RoPE lays out an image after text (Qwen2-VL's get_rope_index): BOS at (0, 0, 0), the
+token in row r and column j (0 the left wall) at (1, 1 + r, 1 + j). data/loader.py's select_axes gives each scheme
+its part: mrope and sinusoidal3d read all three, rope2d and sinusoidal2d (height, width), a 1D scheme the token order.
 """
 
 import base64
@@ -33,14 +31,13 @@ AXES = 3  # (temporal, height, width)
 
 
 def tokenizer_spec() -> dict:
-    """A tiktoken spec of one token per character of CHARS, plus BOS (data/tokenizer.py loads it like a BPE)."""
+    """A tiktoken spec of one token per character of CHARS, plus BOS."""
     ranks = {base64.b64encode(c.encode()).decode(): i for i, c in enumerate(CHARS)}
     return {"kind": "grid", "pattern": r"[\s\S]", "ranks": ranks, "special": {BOS: len(CHARS)}}
 
 
 def evolve(first: np.ndarray, height: int, rule: int) -> np.ndarray:
-    """(height, width) 0/1 cells: `first` as row 0, then the elementary automaton `rule` with dead cells past the
-    walls."""
+    """(height, width) 0/1 cells: `first` as row 0, then the automaton `rule`, dead cells past the walls."""
     table = np.array([(rule >> i) & 1 for i in range(8)], dtype=np.uint8)  # bit i: the cell for neighbourhood i
     rows = [first.astype(np.uint8)]
     for _ in range(height - 1):
@@ -68,12 +65,12 @@ def positions(height: int, width: int) -> np.ndarray:
 
 
 def cells_of(doc: np.ndarray, height: int, width: int) -> np.ndarray:
-    """The cells of a grid document (the inverse of tokens)."""
+    """The inverse of tokens."""
     return doc[1:].reshape(height, width + 2)[:, 1:-1]
 
 
 def write_grids(tmp: Path, data: dict, log):
-    """data=grids into tmp: data.train_docs and data.val_docs grids, from generators seeded by (data.seed, split)."""
+    """data=grids into tmp: data.train_docs and data.val_docs grids, seeded by (data.seed, split)."""
     height, width, rule = data["height"], data["width"], data["rule"]
     (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_spec()))
     meta = {"vocab_size": len(CHARS) + 1, "bos": len(CHARS), "dtype": "uint8", "position_axes": AXES, "splits": {}}

@@ -8,13 +8,10 @@ A sample of length L is L + 1 token ids; a model reads the first L and is scored
   QUESTION " What is the pass key? The pass key is"
   KEY      the tokens of " " + a random number of key_digits digits (the first not 0)
 Each piece is tokenized on its own and the ids laid end to end, so where the key lies is known exactly whatever the
-tokenizer merges. The filler is consecutive tokens of corpus text (BOS tokens left out), cut = round(depth x its
-length): depth 0 puts the needle right after BOS, depth 1 right before the question.
-data=passkey (configs/data/passkey.yaml) writes such samples as the documents of a prepared folder with its corpus's
-own tokenizer (data.base, prepared first), so a fine-tune from a model of that corpus reads them through the same
-loader as any data: filler from the corpus's training split only (its held-out works stay unseen, for evaluation),
-lengths uniform in [data.min_tokens, data.max_tokens] (default max: train.seq_len, so a BOS-aligned row holds a
-sample whole), depths uniform in [0, 1], keys and filler drawn from a generator seeded by (data.seed, split).
+tokenizer merges. The filler is consecutive tokens of corpus text, cut = round(depth x its length): depth 0 puts the
+needle right after BOS, depth 1 right before the question.
+data=passkey writes such samples as a prepared folder with the tokenizer of the corpus at data.base, filler from its
+training split only (its held-out works stay unseen, for evaluation).
 """
 
 import json
@@ -36,9 +33,9 @@ class Sample:
     tokens: np.ndarray  # L + 1 ids, BOS first, the key last
     key: str
     depth: float
-    needle: int  # index of the needle's first key token: tokens[needle : needle + len(key tokens)] is the key
+    needle: int  # index of the needle's first key token
     answer: int  # index of the answer's first token: tokens[answer:] is the key
-    filler_start: int  # where the filler was taken from in the stream it was drawn from
+    filler_start: int  # where the filler was taken from in its stream
 
 
 class Template:
@@ -65,14 +62,14 @@ class Template:
         return length - self.fixed_tokens(key)
 
     def shortest(self) -> int:
-        """The shortest sample length with room for a key (the smallest and the largest key, as a bound where a
-        tokenizer merges digits)."""
+        """The shortest sample length with room for a key (the smallest and the largest key: a tokenizer may merge
+        digits)."""
         return max(self.fixed_tokens(k) for k in ("1" + "0" * (self.key_digits - 1), "9" * self.key_digits))
 
     def sample(
         self, bos: int, filler: np.ndarray, key: str, depth: float, length: int, filler_start: int = 0
     ) -> Sample:
-        """The sample of `length` (L + 1 ids) with the needle at `depth` of `filler` (at least as long as needed)."""
+        """The sample of `length` (L + 1 ids) with the needle at `depth` of `filler`."""
         n = self.filler_length(key, length)
         if n < 0:
             raise UserError(
@@ -88,7 +85,7 @@ class Template:
 
 
 def filler_stream(docs) -> np.ndarray:
-    """Documents (BOS first) laid end to end without their BOS tokens: the text filler is cut from."""
+    """Documents laid end to end without their BOS tokens: the text filler is cut from."""
     return np.concatenate([np.asarray(d[1:], dtype=np.int64) for d in docs])
 
 
@@ -102,7 +99,7 @@ def draw(template: Template, rng: np.random.Generator, stream: np.ndarray, lengt
 
 
 def samples(template: Template, stream: np.ndarray, bos: int, n: int, lengths: tuple[int, int], seed: list[int]):
-    """n training samples: lengths uniform in [lo, hi], depths uniform in [0, 1], keys and filler at random."""
+    """n training samples: lengths uniform in [lo, hi], depths in [0, 1], keys and filler at random."""
     rng = np.random.default_rng(seed)
     for _ in range(n):
         length = int(rng.integers(lengths[0], lengths[1] + 1))
@@ -112,9 +109,8 @@ def samples(template: Template, stream: np.ndarray, bos: int, n: int, lengths: t
 
 
 def write_passkey(tmp: Path, data: dict, base: Path, log):
-    """data=passkey into tmp: data.train_docs and data.val_docs samples over the training split of the corpus
-    prepared at `base`, with its tokenizer (both splits' filler from its training split: val_loss monitors the
-    format; the corpus's held-out works are left for evaluation)."""
+    """data=passkey into tmp: data.train_docs and data.val_docs samples over the training split of the corpus at
+    `base` (both splits': val_loss monitors the format; the corpus's held-out works are left for evaluation)."""
     spec = tokenizer.read_spec(base)
     enc, meta = tokenizer.load(spec), load_meta(base)
     template = Template(enc, int(data["key_digits"]))

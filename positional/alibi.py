@@ -1,8 +1,8 @@
 """ALiBi: a per-head linear penalty on query-key distance, added to the attention scores (Press et al. 2022).
 
 python train.py positional=alibi
-bias(h, i, j) = -m_h * (i - j), not scaled by 1/sqrt(d). For n heads, n a power of two, m_k = 2^(-8k/n),
-k = 1..n; otherwise the c = 2^floor(log2 n) power-of-two slopes, then every other slope of the 2c sequence.
+bias(h, i, j) = -m_h * (i - j), not scaled by 1/sqrt(d); m_k = 2^(-8k/n) for n heads, n a power of two (else the
+paper's interleaving of the nearest powers' slopes).
 """
 
 import math

@@ -1,15 +1,12 @@
 """Contextual Position Encoding (CoPE, Golovneva et al. 2024): a position counts the keys a query chooses to count.
 
 python train.py positional=cope
-gate g_ij = sigmoid(z_ij), z_ij = q_i . k_j / sqrt(d) the query's score of a visible key (0 for a hidden one);
-position p_ij = sum of g_it over the visible keys t from key j up to the query (j and the query's own key included),
-clamped to positional.max_count, so p counts "how many keys like this one since j" rather than tokens;
+gate g_ij = sigmoid(z_ij), z_ij = q_i . k_j / sqrt(d); position p_ij = the sum of the gates of the visible keys from
+key j up to the query, clamped to positional.max_count ("how many keys like this one since j", not tokens);
 weight = softmax_j(z_ij + q_i . e[p_ij] / sqrt(d)), e[p] interpolated between the learned vectors at floor(p) and
-ceil(p). As the paper computes it, q_i . e[n] is a (B, H, Tq, max_count + 1) table per layer, read at floor and
-ceil of p: no T x T x Dh tensor. Each layer has its own vectors (its layer module), shared by its heads, zero at
-init: CoPE starts as NoPE. No position is read anywhere, so a sink cache's re-indexing changes nothing; the cache
-counts over the kept keys (what a fresh forward over them counts). The gates read every score of a row before any
-weight is known, so the weights are computed whole (positional/base.py content_weights; dense on every device).
+ceil(p). As in the paper, q . e is a (B, H, Tq, max_count + 1) table per layer: no T x T x Dh tensor. Each layer has
+its own vectors, zero at init (CoPE starts as NoPE). No position is read, so a sink cache's re-indexing changes
+nothing. The gates read every score of a row, so the weights are computed whole (dense on every device).
 """
 
 import math
@@ -24,7 +21,7 @@ from .base import Positional, PositionalOptions, scores
 
 
 class CountVectors(nn.Module):
-    """One layer's position vectors e[0..max_count] (max_count + 1, Dh); no per-token state."""
+    """One layer's position vectors e[0..max_count]; no per-token state."""
 
     def __init__(self, max_count: int, head_dim: int):
         super().__init__()
@@ -36,7 +33,7 @@ class CountVectors(nn.Module):
 
 @dataclass
 class CoPEOptions(PositionalOptions):
-    # p_max: counts past it share e[max_count] (the paper's npos_max); a count is at most the keys a query sees
+    # counts past it share e[max_count] (the paper's npos_max)
     max_count: int = setting(64, "pass the largest count with a vector of its own", ge=1, le=2**16)
 
 
@@ -53,7 +50,7 @@ class CoPE(Positional):
         return CountVectors(self.max_count, self.head_dim)
 
     def counts(self, scores, hidden, plan):
-        """p_ij (B, H, Tq, Tk): the gates of the visible keys from key j to the query, summed in order of position."""
+        """p_ij (B, H, Tq, Tk): the gates from key j to the query, summed in order of position."""
         gates = torch.sigmoid(scores).masked_fill(hidden, 0.0)
         order = plan.key_order
         if order is None:

@@ -1,18 +1,13 @@
 """FIRE: a learned function of the query-key distance, normalised by the query's position (Li et al. 2024).
 
 python train.py positional=fire
-bias(h, i, j) = f_h(psi(i - j) / psi(max(i, L))), psi(x) = log(c x + 1): f_h a small MLP per head (1 -> hidden ->
-1, ReLU), c > 0 and the threshold L > 0 learned (as exp of a parameter, so positive by construction). Dividing by
-psi(max(i, L)) maps every query's context into [0, 1], which is how FIRE interpolates past the training length;
-a query before L divides by psi(L), a constant, so there the bias depends on i - j alone. L starts at the
-training length (FIREOptions below), c at 0.1, and f at 0 (the model starts as NoPE, as T5's table).
-
-Relative in distance, not in position: moving every position past L changes the normaliser, so FIRE is translation
-invariant only while all queries sit before L. A sink cache re-indexes positions inside the cache (DESIGN.md), so
-the normaliser reads the query's in-cache position, at most sinks + window - 1, never its place in the stream: a
-streamed query's distances are normalised as at the cache's length, the context it attends over (the training
-length by default, what FIRE saw in training). A normaliser that grew with the stream would squeeze a fixed window
-towards distance 0 and blur it; tests/test_stream.py holds the cache to a fresh forward over the kept tokens.
+bias(h, i, j) = f_h(psi(i - j) / psi(max(i, L))), psi(x) = log(c x + 1): f_h a small MLP per head (1 -> hidden -> 1,
+ReLU), c and the threshold L learned as exp of a parameter (positive). The normaliser maps every query's context into
+[0, 1], which is how FIRE interpolates past the training length. L starts at the training length, c at 0.1, f at 0
+(NoPE at init). FIRE is translation invariant only while all queries sit before L.
+A sink cache re-indexes positions, so the normaliser reads the query's in-cache position: a streamed query is
+normalised as at the cache's length, the context it attends over. A normaliser that grew with the stream would
+squeeze a fixed window towards distance 0 (tests/test_stream.py holds the cache to a fresh forward).
 """
 
 import math
@@ -29,8 +24,7 @@ from .base import Positional, PositionalOptions
 @dataclass
 class FIREOptions(PositionalOptions):
     hidden: int = setting(32, "pass how many hidden units each head's MLP has", ge=1, le=4096)
-    # L's start (learned): queries before L normalise by L, so the bias is relative there (a spec built in code
-    # without it, as a sink's inner scheme, starts at the constructor's 512)
+    # a spec built in code without it (a sink's inner scheme) starts at the constructor's 512
     threshold: float = setting("${train.seq_len}", "pass FIRE's starting threshold L in positions", gt=0)
     init_c: float = setting(0.1, "pass FIRE's starting c, a positive number", gt=0)  # in psi(x) = log(c x + 1)
 

@@ -2,19 +2,13 @@
 positional information.
 
 python train.py positional=fox
-f_t = sigmoid(w_h . x_t + b_h) for head h and token t, x_t the attention layer's input (every layer its own w, b);
-bias(i, j) = sum of log f_l over l = j+1..i = F_i - F_j, F the cumulative sum of log f in order of position: a key
-fades by every forget gate between it and the query, a learned, data-dependent ALiBi. The gate is the scheme's
-per-layer module (its parameters live in each attention layer, as the paper's do); its log gates are the per-token
-state a KV cache keeps beside the keys. It starts as ALiBi: w = 0 and b_h such that log f = -m_h, ALiBi's slopes.
-
-Caches store the log gates as they are and sum them over the cached keys in order of position at every step
-(O(cache) per layer, against attention's O(cache x head dim)): with a dense cache that is the full forward's sum.
-A sink cache re-indexes positions, and the gates follow: a kept key fades by the gates of the kept tokens between
-it and the query, as if the evicted ones had never been there, which is what a fresh forward over the kept tokens
-computes (StreamingLLM's rule for positions, applied to the decay; tests/test_stream.py holds it). The other
-reading, the true decay through evicted tokens, would fade the sinks by every gate of the stream, so that after
-a long one they could take no attention and the sink cache would be a plain window.
+f_t = sigmoid(w_h . x_t + b_h) per head and token, x_t the attention layer's input (every layer its own w, b);
+bias(i, j) = sum of log f_l over l = j+1..i = F_i - F_j, F the cumulative sum in order of position: a learned,
+data-dependent ALiBi. It starts as ALiBi: w = 0 and log f = -m_h. The log gates are the per-token state a KV cache
+keeps beside the keys, summed over the cached keys at every step (O(cache) per layer).
+A sink cache re-indexes positions and the gates follow: a kept key fades by the gates of the kept tokens only, as a
+fresh forward over them computes (tests/test_stream.py). The true decay through evicted tokens would fade the sinks
+by every gate of the stream until they took no attention, and the sink cache would be a plain window.
 """
 
 import torch
@@ -26,7 +20,7 @@ from .base import Positional
 
 
 class ForgetGate(nn.Module):
-    """One layer's gates: input (B, T, D) -> log f (B, H, T), fp32 (it is summed over the whole context)."""
+    """One layer's gates: input (B, T, D) -> log f (B, H, T), fp32 (summed over the whole context)."""
 
     def __init__(self, d_model: int, n_head: int):
         super().__init__()

@@ -2,26 +2,19 @@
 
 python eval.py checkpoint=out/rope 'eval.hf_rope_scaling={rope_type: yarn, factor: 4, beta_fast: 32, beta_slow: 1}'
 python sample.py checkpoint=out/rope 'hf_rope_scaling={rope_type: llama3, factor: 8}'
-HFRopeScaling is its typed config (eval.py's eval.hf_rope_scaling, sample.py's hf_rope_scaling): the keys transformers
-reads for the six rope types below, `type` being the legacy name of `rope_type`. A key the rope_type does not read
-(transformers warns and ignores it), an unknown key or rope_type, a factor below 1 are refused in one line naming the
-key. scaling() maps the dict onto what transformers computes (modeling_rope_utils.py, 5.x: _compute_*_parameters),
-as a Scaling of positional/rope_scaling.py, with L = original_max_position_embeddings and s = factor:
+HFRopeScaling holds the keys transformers reads for the six rope types below (`type`: the legacy name of
+`rope_type`); a key the rope_type does not read (transformers warns and ignores it) is refused. scaling() maps the dict
+onto what transformers computes (modeling_rope_utils.py, 5.x), with L = original_max_position_embeddings, s = factor:
   default   none
-  linear    linear at s (transformers divides the frequencies by s; PI divides the positions: the same angles)
-  dynamic   dynamic_ntk with alpha = s: base' = base (s n / L - (s - 1))^(d/(d-2)), n the current length, at least L
-  yarn      yarn_released, the released code's ramp (linear in the pair index), not the paper's (nanopos's yarn):
-            beta_fast (32), beta_slow (1), truncate (true: the ramp's ends rounded to whole pairs), and cos, sin
-            multiplied by attention_factor, else by (0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1) where both
-            are given and non-zero, else by 0.1 ln s + 1
-  longrope  longrope with short_factor where the length scored is at most L and long_factor past it (one factor per
-            rotary pair), cos, sin multiplied by attention_factor, else by sqrt(1 + ln s / ln L) (1 at s <= 1);
-            factor omitted: the length scored / L (transformers': max_position_embeddings / L)
+  linear    linear at s (transformers divides the frequencies by s, PI the positions: the same angles)
+  dynamic   dynamic_ntk with alpha = s
+  yarn      yarn_released (the released code's ramp, not the paper's), cos, sin multiplied by attention_factor, else
+            by (0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1) where both are non-zero, else by 0.1 ln s + 1
+  longrope  longrope with short_factor up to L and long_factor past it; factor omitted: the length scored / L
   llama3    llama3 with low_freq_factor (1), high_freq_factor (4)
-L, where omitted, is the checkpoint's training length: transformers falls back to max_position_embeddings, the length
-a model was trained at (`dynamic` always reads that one; here original_max_position_embeddings may set it too). The
-length scored is eval.py's eval length, or sample.py's cache capacity: transformers switches longrope's factors as the
-sequence grows, which a KV cache would mix; one set per row keeps every cached key at one frequency.
+L, where omitted, is the checkpoint's training length (transformers: max_position_embeddings). The length scored is
+eval.py's eval length, or sample.py's cache capacity: transformers switches longrope's factors as the sequence grows,
+which a KV cache would mix; one set per row keeps every cached key at one frequency.
 """
 
 from dataclasses import dataclass, fields
@@ -62,12 +55,12 @@ LENGTH = 2**24  # the longest original length taken (utils/schema.py MAX_TOKENS)
 
 
 def named_type(rope_type, legacy) -> str:
-    """The rope type a dict names: rope_type, else its legacy name type, else transformers' default."""
+    """rope_type, else its legacy name type, else transformers' default."""
     return str(rope_type or legacy or "default")
 
 
 def read_rule(key: str) -> Rule:
-    """The rule that refuses key under a rope type that does not read it (transformers warns and ignores it)."""
+    """The rule that refuses key under a rope type that does not read it."""
     types = READ_BY[key]
     return Rule(
         (key, "rope_type", "type"),
@@ -84,13 +77,11 @@ def ordered(high, low, default_high: float, default_low: float) -> bool:
 
 @dataclass
 class HFRopeScaling:
-    """A rope_scaling dict of Hugging Face transformers (every key null: none given). One row of eval.py's table
-    (hf_<rope_type>), or the scaling sample.py decodes with."""
+    """A rope_scaling dict of Hugging Face transformers (every key null: none given)."""
 
     rope_type: RopeType | None = None  # rope_type and type both null: default
     type: RopeType | None = None  # the legacy name of rope_type (older config.json files)
     factor: float | None = setting(None, "pass the extension factor s >= 1, e.g. factor: 4", ge=1)
-    # null: the checkpoint's training length
     original_max_position_embeddings: int | None = setting(
         None,
         "pass the length the unscaled frequencies were trained at, or omit it for the checkpoint's",
@@ -101,13 +92,12 @@ class HFRopeScaling:
     high_freq_factor: float | None = setting(None, "pass llama3's high_freq_factor, e.g. 4", gt=0)  # null: 4
     beta_fast: float | None = setting(None, "pass yarn's beta_fast in rotations, e.g. 32", gt=0)  # null: 32
     beta_slow: float | None = setting(None, "pass yarn's beta_slow in rotations, e.g. 1", gt=0)  # null: 1
-    short_factor: list[float] | None = setting(  # longrope: one per rotary pair, up to the original length
+    short_factor: list[float] | None = setting(  # longrope, up to the original length
         None, "pass one positive factor per rotary pair, e.g. short_factor: [1.0, 1.0, ...]", gt=0, nonempty=True
     )
-    long_factor: list[float] | None = setting(  # longrope: one per rotary pair, past the original length
+    long_factor: list[float] | None = setting(  # longrope, past the original length
         None, "pass one positive factor per rotary pair, e.g. long_factor: [1.0, 1.5, ...]", gt=0, nonempty=True
     )
-    # cos, sin multiplied by it (yarn, longrope); null: the rope type's own
     attention_factor: float | None = setting(None, "pass a positive multiplier of cos and sin, e.g. 1.1", gt=0)
     mscale: float | None = setting(None, "pass yarn's mscale, e.g. 1 (with mscale_all_dim)", ge=0)
     mscale_all_dim: float | None = setting(None, "pass yarn's mscale_all_dim, e.g. 1 (with mscale)", ge=0)
@@ -154,7 +144,7 @@ class HFRopeScaling:
 
 
 def given(hf) -> bool:
-    """Whether a dict was given (any key set; None: no such setting)."""
+    """Whether any key is set."""
     return hf is not None and any(getattr(hf, f.name) is not None for f in fields(HFRopeScaling))
 
 
@@ -163,12 +153,10 @@ def rope_type(hf) -> str:
 
 
 def kind(hf) -> str:
-    """The rope_scaling kind that computes this dict's rope type."""
     return KIND[rope_type(hf)]
 
 
 def row_name(hf) -> str:
-    """The dict's row in eval.py's tables and files: hf_<rope_type>."""
     return f"hf_{rope_type(hf)}"
 
 
@@ -179,13 +167,11 @@ def as_dict(hf) -> dict:
 
 
 def rotary_pairs(pe) -> int:
-    """The pairs a rotary scheme turns per head: longrope's factor lists hold one factor per pair."""
+    """The pairs a rotary scheme turns per head: one longrope factor each."""
     return len(pe.scaling_factors("none", 1.0, 2))
 
 
 def yarn_attention(factor: float, attention_factor, mscale, mscale_all_dim) -> float:
-    """transformers' yarn cos/sin scale: attention_factor if given, else the mscale ratio where both are non-zero
-    (as transformers tests them), else 0.1 ln s + 1."""
     if attention_factor is not None:
         return float(attention_factor)
     if mscale and mscale_all_dim:
@@ -194,8 +180,7 @@ def yarn_attention(factor: float, attention_factor, mscale, mscale_all_dim) -> f
 
 
 def longrope_factors(hf, length: int, original: int, pairs: int, key: str) -> list[float]:
-    """The dict's short_factor at lengths up to the original, long_factor past it; ValueError naming the key unless
-    it holds one factor per rotary pair of this model."""
+    """short_factor at lengths up to the original, long_factor past it, one factor per rotary pair."""
     name = "short_factor" if length <= original else "long_factor"
     factors = list(getattr(hf, name))
     if len(factors) != pairs:
@@ -207,9 +192,8 @@ def longrope_factors(hf, length: int, original: int, pairs: int, key: str) -> li
 
 
 def scaling(hf, train_length: int, length: int, pe, key: str) -> Scaling:
-    """The Scaling transformers computes for this dict, for a row scoring `length` tokens of a model trained at
-    train_length (pe: its scheme, whose rotary pairs longrope's factors number); key: the setting that holds the
-    dict, for its errors."""
+    """The Scaling transformers computes for this dict, scoring `length` tokens of a model trained at train_length;
+    key: the setting that holds the dict, for its errors."""
     original = hf.original_max_position_embeddings or train_length
     which = rope_type(hf)
     factor = hf.factor if hf.factor is not None else length / original  # only longrope may omit it

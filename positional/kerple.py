@@ -3,12 +3,9 @@
 python train.py positional=kerple                       (the log variant, the paper's better one)
 python train.py positional=kerple positional.variant=power
 log:   bias(h, i, j) = -r1_h * log(1 + r2_h * |i - j|)
-power: bias(h, i, j) = -r1_h * |i - j| ** r2_h, 0 < r2_h <= r2_max <= 2 (the paper's 0 < r2 <= 2 keeps the kernel
-       conditionally positive definite)
-r1, r2 > 0 by construction: r1 = softplus(raw) and r2 = softplus(raw) (log) or r2_max * sigmoid(raw) (power), so
-no step of the optimizer can leave the range. Both start at ALiBi's slopes m_h: the power variant as ALiBi itself
-(r1 = m_h, r2 = 1 at the default r2_max = 2), the log one as -log(1 + m_h * d), linear in d near the query and
-logarithmic far from it.
+power: bias(h, i, j) = -r1_h * |i - j| ** r2_h, 0 < r2_h <= r2_max <= 2 (conditionally positive definite up to 2)
+r1, r2 > 0 by construction (softplus, or r2_max * sigmoid for the power exponent). Both start at ALiBi's slopes m_h:
+power as ALiBi itself (r1 = m_h, r2 = 1), log as -log(1 + m_h * d).
 """
 
 from dataclasses import dataclass
@@ -22,13 +19,12 @@ from settings import choices, setting
 from .alibi import alibi_slopes
 from .base import Positional, PositionalOptions
 
-Variant = choices("Variant", "log", "power")  # log: -r1 log(1 + r2 |i-j|), the paper's better one; power: -r1 |i-j|^r2
+Variant = choices("Variant", "log", "power")
 
 
 @dataclass
 class KERPLEOptions(PositionalOptions):
     variant: Variant = "log"
-    # power variant: 0 < r2 <= r2_max <= 2 (conditionally positive definite up to 2)
     r2_max: float = setting(2.0, "pass the power variant's largest exponent, in (0, 2]", gt=0, le=2)
 
 
@@ -48,7 +44,6 @@ class KERPLE(Positional):
         ones = torch.ones(n_head)
         r1, r2 = (ones, slopes) if variant == "log" else (slopes, ones.clamp(max=self.r2_max / 2))
         self.r1_raw = nn.Parameter(softplus_inverse(r1))
-        # the power exponent through a sigmoid: r2 = r2_max * sigmoid(raw) lies in (0, r2_max]
         raw2 = softplus_inverse(r2) if variant == "log" else torch.logit(r2 / self.r2_max)
         self.r2_raw = nn.Parameter(raw2)
 

@@ -1,10 +1,9 @@
 """Learned absolute positions: a trainable vector per position added to the token embeddings (GPT-2).
 
 python train.py positional=learned positional.max_positions=512
-The table covers max_positions positions and refuses any position past it (no silent wrap or clamp).
-Its init std (init_std, LearnedOptions below: 0.1 against token embeddings of std 1) sets how much
-of the residual stream is position at the start: at 0.5 the tiny model lagged at the training length.
 python train.py init_from=out/learned train.seq_len=1024     (fit_state resizes the table by interpolate_rows)
+The table refuses any position past max_positions (no silent wrap or clamp). Its init std sets how much of the
+residual stream is position at the start: at 0.5 the tiny model lagged at the training length.
 """
 
 from dataclasses import dataclass
@@ -49,12 +48,9 @@ class Learned(Positional):
 
 
 def interpolate_rows(table: torch.Tensor, n: int) -> torch.Tensor:
-    """A table of N rows resized to n, as position interpolation resizes RoPE (and ViT fine-tunes resize theirs).
-
-    Growing: new row j is the old table at position p = j N / n, linear between rows floor(p) and floor(p) + 1, so
-    where p is a whole number (j a multiple of n / N, every row when n / N is whole) the old row is kept exactly;
-    the last rows, whose p falls past row N - 1, repeat row N - 1 (nothing to interpolate towards).
-    Shrinking: the first n rows, as they are (the positions coincide)."""
+    """A table of N rows resized to n, as position interpolation resizes RoPE. Growing: row j is the old table at
+    p = j N / n, linear between rows (exact where p is whole; the last rows repeat row N - 1). Shrinking: the first
+    n rows."""
     N = table.size(0)
     if n <= N:
         return table[:n].clone()

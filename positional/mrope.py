@@ -2,18 +2,14 @@
 
 python train.py data=grids positional=mrope                     (positions (3, T): temporal, height, width)
 python train.py positional=mrope                                (text: one id per token, exactly RoPE)
-Each pair keeps RoPE's own frequency base^(-2i/Dh); what changes is which position it turns with: the first
-sections[0] pairs with the temporal id, the next sections[1] with the height id, the last sections[2] with the width
-id (Qwen2-VL's mrope_section, [16, 24, 24] of 64 pairs; default: that ratio, rounded, for this head). So the temporal
-axis gets the highest frequencies and the width axis the lowest, as in Qwen2-VL. A text token carries the same id on
-every axis, so a text-only sequence turns every pair at RoPE's angle and the model is exactly RoPE
-(tests/test_grids.py proves it on logits). An image at text position p gets (p, p + row, p + col) (data/grids.py).
-Relative on every axis: a sink cache shifts the window's ids by one amount on all axes (model/kv_cache.py).
 python train.py data=grids positional=mrope positional.interleaved=true
-interleaved: pair i turns with axis i mod 3 (temporal, height, width, temporal, ...), so every axis spans RoPE's
-whole frequency range, as Qwen3-VL's interleaved MRoPE does (which also leaves its last pairs to the temporal axis,
-by its sections; here the round-robin runs over every pair). Sections as above leave the width axis only the
-slowest frequencies: at head dim 32 its fastest pair turns 0.003 rad per column, 1/300 of RoPE's fastest.
+Each pair keeps RoPE's frequency; the first sections[0] pairs turn with the temporal id, the next sections[1] with the
+height id, the rest with the width id (Qwen2-VL's mrope_section, [16, 24, 24] of 64 pairs; default: that ratio for
+this head). A text token carries the same id on every axis, so text alone is exactly RoPE (tests/test_grids.py, on
+logits). Relative on every axis: a sink cache shifts all axes by one amount.
+interleaved: pair i turns with axis i mod 3, so every axis spans RoPE's whole frequency range (Qwen3-VL's interleaved
+MRoPE). Sections leave the width axis only the slowest frequencies: at head dim 32 its fastest pair turns 0.003 rad
+per column, 1/300 of RoPE's fastest.
 """
 
 from dataclasses import dataclass
@@ -39,10 +35,9 @@ def default_sections(pairs: int) -> list[int]:
 @dataclass
 class MRoPEOptions(PositionalOptions):
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
-    # pairs per (temporal, height, width) section, summing to head dim / 2 (checked at build, which knows the head);
-    # null: Qwen2-VL's 16:24:24 for this head (tiny, 16 pairs: [4, 6, 6])
+    # pairs per section, summing to head dim / 2 (checked at build); null: Qwen2-VL's 16:24:24 (tiny: [4, 6, 6])
     sections: list[int] | None = setting(None, "e.g. positional.sections=[4,6,6]", ge=1, le=2**16, length=3)
-    interleaved: bool = False  # true: pair i turns with axis i mod 3 (Qwen3-VL's interleaved MRoPE)
+    interleaved: bool = False  # true: pair i turns with axis i mod 3
 
     RULES: ClassVar = (
         Rule(
@@ -64,7 +59,7 @@ class MRoPE(RoPE):
         super().__init__(n_head, head_dim, d_model, base, scaling=scaling)
         pairs = head_dim // 2
         self.interleaved = bool(interleaved)
-        if interleaved:  # pair i turns with axis i mod 3; sections are then just the counts
+        if interleaved:  # sections are then just the counts
             axis_of_pair = [i % 3 for i in range(pairs)]
             sections = [axis_of_pair.count(axis) for axis in range(3)]
         sections = default_sections(pairs) if sections is None else [int(s) for s in sections]

@@ -2,17 +2,13 @@
 query, a position encoding that reads the data.
 
 python train.py positional=path
-Each token t has a unit vector w_t and a strength beta_t in (0, 2), from the layer input (its layer module: w_t =
-normalize(W_w x_t), beta_t = 2 sigmoid(W_b x_t), per head; the paper also runs a short convolution over x, left out
-here), and its matrix H_t = I - beta_t w_t w_t^T. The score of key j for query i is q_i^T H_i H_(i-1) ... H_(j+1) k_j
-/ sqrt(d) (the tokens after j up to the query itself, in order of position; RoPE is the case of fixed rotations),
-then a softmax. Computed without any d x d product: with u_t = w_t^T (H_(t+1) ... H_i q_i), the query carried back to
-t, q_i^T (...) k_j = q_i . k_j - sum over j < t <= i of beta_t u_t (w_t . k_j), and the u of every query solve one
-unit upper-triangular system over the keys, (I + R) u = W q masked to t <= i, R_ts = beta_s w_t . w_s for s after t:
-O(Tk^2 (Tq + d)) per head, and a decoding step reads the cached keys and states as they were stored (no key is
-rewritten). w and beta are the per-token state a KV cache keeps beside the keys; a sink cache runs the product over
-the kept tokens (what a fresh forward over them computes). Dense on every device (positional/base.py
-content_weights); the paper's blockwise Triton kernel (flash-linear-attention) is not used here.
+Each token t has, per head, a unit vector w_t = normalize(W_w x_t) and beta_t = 2 sigmoid(W_b x_t) in (0, 2) (the
+paper's short convolution over x is left out), and H_t = I - beta_t w_t w_t^T. The score of key j for query i is
+q_i^T H_i H_(i-1) ... H_(j+1) k_j / sqrt(d), then a softmax (RoPE is the case of fixed rotations). No d x d product is
+formed: with u_t = w_t^T (H_(t+1) ... H_i q_i), the score is q_i . k_j - sum over j < t <= i of beta_t u_t (w_t . k_j),
+and the u of every query solve one unit upper-triangular system (I + R) u = W q masked to t <= i,
+R_ts = beta_s w_t . w_s for s after t: O(Tk^2 (Tq + d)) per head. w and beta are the per-token state a KV cache keeps;
+no key is rewritten. Dense on every device; the paper's blockwise Triton kernel is not used.
 """
 
 import torch
@@ -23,7 +19,7 @@ from .base import Positional
 
 
 class Householder(nn.Module):
-    """One layer's w_t (unit, per head) and beta_t in (0, 2): input (B, T, D) -> state (B, H x (Dh + 1), T), fp32."""
+    """One layer's w_t and beta_t: input (B, T, D) -> state (B, H x (Dh + 1), T), fp32."""
 
     def __init__(self, d_model: int, n_head: int, head_dim: int):
         super().__init__()

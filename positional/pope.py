@@ -1,17 +1,13 @@
 """PoPE (Gopalakrishnan et al. 2025, "Decoupling the What and Where with Polar Coordinate Positional Embeddings").
 
 python train.py positional=pope
-Each of a head's Dh query/key components c becomes a complex number whose magnitude is softplus(x_c) (content
-alone) and whose phase is n theta_c (position alone), theta_c = base^(-c/Dh), c = 0..Dh-1: Dh frequencies over
-RoPE's range where RoPE has Dh/2. The score is Re sum_c q_c conj(k_c) = sum_c |q_c||k_c| cos((n-m) theta_c + delta_hc)
-with the paper's learnable phase offset delta, kept: one per query head and component, zero at init, shared by the
-layers as the scheme is, and unclamped (cos is 2 pi periodic, so a clamp only picks a representative).
-It is computed as a real dot product of 2Dh-dim vectors [|x| cos(phase), |x| sin(phase)]. The sum still has Dh
-terms, as RoPE's has, so the logit scale stays 1/sqrt(Dh): both vectors carry 2^(1/4), cancelling the 1/sqrt(2Dh)
-every backend takes from their width.
-Cost against RoPE: q.k over 2Dh dims makes attention 18 L H Dh T FLOPs per token instead of 12 (1.5x; counted by
-GPT.flops_per_token); q and k are twice as wide in activation memory; a dense KV cache is 1.5x (keys stored at 2Dh;
-the sink cache stores them at Dh and expands them at read). Values and the output stay Dh wide.
+Each of a head's Dh query/key components c becomes a complex number of magnitude softplus(x_c) (content alone) and
+phase n theta_c (position alone), theta_c = base^(-c/Dh): Dh frequencies where RoPE has Dh/2. The score is
+sum_c |q_c||k_c| cos((n-m) theta_c + delta_hc), delta the paper's learnable phase offset (per head and component,
+zero at init, unclamped), computed as a real dot product of 2Dh-wide vectors [|x| cos, |x| sin]. The sum has Dh
+terms, so both vectors carry 2^(1/4) to keep the logit scale 1/sqrt(Dh).
+Cost against RoPE: attention 18 L H Dh T FLOPs per token instead of 12 (GPT.flops_per_token); q and k twice as wide;
+a dense KV cache 1.5x (the sink cache stores keys at Dh and expands them at read).
 """
 
 from dataclasses import dataclass
@@ -51,7 +47,7 @@ class PoPE(RoPE):
         return 2 * self.head_dim
 
     def rotate(self, x, pos, rotation=None):
-        """Queries (B, n_head, T, Dh): phases n theta_c + delta_hc."""
+        """Queries: phases n theta_c + delta_hc."""
         cos, sin = self.rotation(pos) if rotation is None else rotation
         d_cos, d_sin = self.delta.cos()[:, None], self.delta.sin()[:, None]
         return polar(x, cos * d_cos - sin * d_sin, sin * d_cos + cos * d_sin)

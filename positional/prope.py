@@ -1,11 +1,9 @@
 """p-RoPE (Barbero et al. 2025, "Round and Round We Go! What makes Rotary Positional Encodings useful?").
 
 python train.py positional=prope positional.rotary_fraction=0.75
-RoPE over the whole head, but only the highest rotary_fraction of its frequencies turn: the lowest ones, whose
-wavelengths exceed any context and which the paper finds serve as (position-fragile) semantic channels, get
-frequency 0 and leave their pairs unrotated. 1.0 is RoPE; towards 0 it becomes NoPE. Partial RoPE
-(positional=rope positional.rotary_fraction=f) differs: it squeezes RoPE's whole frequency range into the first
-f of the pairs, keeping the lowest frequencies too.
+Only the highest rotary_fraction of RoPE's frequencies turn: the lowest, whose wavelengths exceed any context and
+which the paper finds serve as semantic channels, get frequency 0. Partial RoPE (positional=rope
+positional.rotary_fraction=f) differs: it squeezes RoPE's whole frequency range into the first f of the pairs.
 """
 
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ from .rope import RoPE, RoPEOptions
 
 @dataclass
 class PRoPEOptions(RoPEOptions):
-    rotary_fraction: float = setting(  # 1.0 is RoPE; the paper compares 0.25 and 0.75
+    rotary_fraction: float = setting(  # the paper compares 0.25 and 0.75
         0.75, "pass a fraction in (0, 1] of the frequencies to keep turning", gt=0, le=1
     )
 
@@ -29,8 +27,8 @@ class PRoPE(RoPE):
     Options = PRoPEOptions
 
     def freq_dim(self) -> int:
-        return self.head_dim  # the frequencies of full RoPE over this head
+        return self.head_dim
 
     def arrange(self, inv_freq):
-        """Keep the n_rotated highest (first) frequencies, stop the rest."""
+        """Keep the n_rotated highest frequencies, stop the rest."""
         return torch.cat((inv_freq[: self.n_rotated], inv_freq.new_zeros(len(inv_freq) - self.n_rotated)))

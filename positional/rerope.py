@@ -3,21 +3,17 @@
 python eval.py checkpoint=out/rope eval.rope_scaling=rerope                      (w = eval.rerope_window: L/2)
 python eval.py checkpoint=out/rope eval.rope_scaling=leaky_rerope eval.rerope_leak=16
 python sample.py checkpoint=out/rope rope_scaling=rerope                         (through the dense KV cache)
-A query at position i and a key at j, d = i - j, score as the scheme does at the distance
+A query at i and a key at j, d = i - j, score as the scheme does at the distance
   d                 where d < w     (every distance the model saw keeps its exact score)
   w                 where d >= w    (rerope: every far key sits at the window's edge)
-  w + (d - w) / k   where d >= w    (leaky_rerope, k >= 1: far distances compressed k-fold; k = 1 is the scheme)
-Far scores come from a second rotation of the same queries and keys (the "far rotation": the scheme's own rotation
-state at other positions), queries placed at w + (i - w) / k and keys at j / k (rerope: w and 0). Their difference
-is the far distance, each depends on its own token alone (so keys are rotated once, and a dense KV cache keeps them
-beside the near ones), and shifting every position by c moves both by c / k, so scores stay translation invariant.
-Attention then takes, per (query, key), the near score where d < w and the far one elsewhere (model/attention.py
-Far: dense paths select between two explicit score matrices, flex runs two block-sparse calls and merges them
-through their log-sum-exp), so each key is in the softmax exactly once, with its one score.
-Defaults: w = L/2 (L the training length; Su used 512 and 1024 with LLaMA-2's 4096). k = auto: the smallest k
-that keeps every distance of the target length L' (eval: each eval length; sample: the cache's capacity) inside
-the trained ones, w + (L' - 1 - w) / k <= L - 1, so leaky_rerope is the plain scheme up to L and past it scores no
-distance the model never saw, with as little compression as that allows (Su's patch: k = 16, w = 512, L = 4096).
+  w + (d - w) / k   where d >= w    (leaky_rerope, k >= 1: far distances compressed k-fold)
+Far scores come from a second rotation of the same queries and keys, queries at w + (i - w) / k and keys at j / k
+(rerope: w and 0): each depends on its own token alone, so keys are rotated once and a KV cache keeps them, and
+scores stay translation invariant. Attention takes the near score where d < w and the far one elsewhere
+(model/attention.py Far), so each key is in the softmax once.
+Defaults: w = L/2 (L the training length; Su used 512 and 1024 with LLaMA-2's 4096). k = auto: the smallest k that
+keeps every distance of the target length L' (eval: each eval length; sample: the cache's capacity) inside the trained
+ones, w + (L' - 1 - w) / k <= L - 1 (Su's patch: k = 16, w = 512, L = 4096).
 """
 
 import math
@@ -36,8 +32,8 @@ def window(original_length: int, w: int | None = None) -> int:
 
 
 def leak(kind: str, w: int, original_length: int, factor: float, k: float | None = None) -> float:
-    """k of the far distances w + (d - w) / k: inf for rerope; for leaky_rerope the given k, or by default the
-    smallest k >= 1 that keeps the longest distance of a target length factor x L within the trained ones."""
+    """k of the far distances w + (d - w) / k: inf for rerope; for leaky_rerope the given k, or the smallest k >= 1
+    that keeps the longest distance of a target length factor x L within the trained ones."""
     if kind == "rerope":
         return math.inf
     if k is not None:
@@ -53,7 +49,7 @@ def leak(kind: str, w: int, original_length: int, factor: float, k: float | None
 
 
 def far_positions(pos: torch.Tensor, key: bool, w: int, k: float) -> torch.Tensor:
-    """Where the far rotation puts queries (key=False) at pos, w + (pos - w) / k, or keys, pos / k (float)."""
+    """Where the far rotation puts queries, w + (pos - w) / k, or keys, pos / k (float)."""
     scale = 0.0 if math.isinf(k) else 1.0 / k
     pos = pos.float()
     return pos * scale if key else w + (pos - w) * scale

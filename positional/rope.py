@@ -3,11 +3,10 @@
 python train.py positional=rope positional.base=10000
 python train.py positional=rope positional.rotary_fraction=0.25      (partial rotary, GPT-NeoX style)
 python train.py experiment=gemma3      (positional.global_base: the full-attention layers at base 1M, as Gemma 3)
-Scores then depend only on q_pos - k_pos. Context-extension variants (rope_scaling.py; ReRoPE: rerope.py) are values
-passed to rotation(pos, scaling) by the attention plan, or built in at construction (a fine-tune's
-positional.scaling). rotary_fraction < 1 rotates only the first fraction of each head's dimension pairs, at the
-frequencies of a head that many dims wide; the other pairs get frequency 0 (cos 1, sin 0: passed through
-unchanged), so every backend, cache and the fused rotation serve it as they are.
+Scores then depend only on q_pos - k_pos. Context extensions (rope_scaling.py, rerope.py) are passed to
+rotation(pos, scaling), or built in at construction (a fine-tune's positional.scaling). rotary_fraction < 1 rotates
+the first fraction of each head's pairs at the frequencies of a head that many dims wide; the other pairs get
+frequency 0 (cos 1, sin 0), so every backend and cache serves it unchanged.
 """
 
 from dataclasses import dataclass
@@ -39,13 +38,10 @@ TABLE_MIN = 1 << 17  # elements of x from which the laid-out tables pay for them
 
 
 def _rotate_into(out, x, cos, sin):
-    """Write the rotation of x into out: x cos over whole rows, then the two cross terms half by half.
-
-    cos and sin are first laid out over every head in x's own memory order (a table of T x H x Dh floats, small
-    beside x): multiplied against a table broadcast over the heads instead, each op's innermost loop is one
-    16-float half row, and the rotation takes 2-3x longer on the CPU (bench/cpu_bench.py). Building the tables
-    costs 25-50 us, which a small x (a decoding step: one token) never earns back: there every op goes half by
-    half against the broadcast cos and sin (break-even near 64K elements at 1 thread)."""
+    """Write the rotation of x into out. cos and sin are first laid out over every head in x's memory order: against
+    tables broadcast over the heads each op's inner loop is one 16-float half row, 2-3x slower on the CPU
+    (bench/cpu_bench.py). The tables cost 25-50 us, which a small x (a decoding step) never earns back, so below
+    TABLE_MIN every op goes half by half against the broadcast cos and sin (break-even near 64K elements, 1 thread)."""
     h = x.size(-1) // 2
     x1, x2, o1, o2 = x[..., :h], x[..., h:], out[..., :h], out[..., h:]
     if x.numel() < TABLE_MIN:
@@ -82,12 +78,11 @@ class _Rotate(torch.autograd.Function):
 @dataclass
 class RoPEOptions(PositionalOptions):
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
-    # < 1: partial rotary (GPT-NeoX), only the first fraction of each head's pairs turn
+    # < 1: partial rotary (GPT-NeoX)
     rotary_fraction: float = setting(
         1.0, "pass a fraction in (0, 1] of each head's dimension pairs to rotate", gt=0, le=1
     )
-    # the base of the full-attention layers (no model.window or model.chunk there: model.window_pattern's L), a second
-    # instance of the scheme (positional/__init__.py build_long); null: base in every layer. Gemma 3: 1,000,000
+    # the full-attention layers' base (model.window_pattern's L; positional/__init__.py build_long). Gemma 3: 1,000,000
     global_base: float | None = setting(
         None, "pass a positive base for the full-attention layers, or null for positional.base everywhere", gt=0
     )
@@ -110,7 +105,7 @@ class RoPE(Positional):
                 f"positional.rotary_fraction={rotary_fraction} rotates no pair of a {head_dim}-dim head; pass a "
                 f"larger one"
             )
-        # the scaling built into the model (a fine-tune's positional.scaling); an eval-time one is passed to rotation
+        # a fine-tune's positional.scaling; an eval-time one is passed to rotation
         self.scaling = rope_scaling.NONE if scaling is None else scaling
         inv_freq, self.pos_scale, self.cos_scale = self.frequencies(self.scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -137,8 +132,8 @@ class RoPE(Positional):
         return rope_scaling.equivalent_factors(kind, self.freq_dim(), self.base, float(factor), int(original_length))
 
     def rotation(self, pos, scaling=None):
-        """(cos, sin), each (T, Dh/2), at these positions under a Scaling (None: the one built in): computed once
-        per forward by the attention plan. An eval-time scaling replaces the built-in one, never composes with it."""
+        """(cos, sin), each (T, Dh/2), under a Scaling (None: the one built in). An eval-time scaling replaces the
+        built-in one, never composes with it."""
         if scaling is None or scaling == self.scaling:
             scaling, (inv_freq, pos_scale, cos_scale) = self.scaling, (self.inv_freq, self.pos_scale, self.cos_scale)
         else:
@@ -158,9 +153,8 @@ class RoPE(Positional):
         return cos, sin
 
     def angles(self, pos, inv_freq):
-        """Each pair's angle (T, Dh/2): its frequency times its position, (T,), or with several axes (axes, T),
-        the position on the axis the pair turns with (pair_axis: rope2d, mrope). A (T,) id is the same on every
-        axis, so a multi-axis scheme turns it exactly as RoPE does (the gather copies the same floats)."""
+        """Each pair's angle (T, Dh/2): its frequency times its position, with several axes the position on the axis
+        the pair turns with (pair_axis). A (T,) id is the same on every axis, so it turns exactly as in RoPE."""
         if self.axes == 1:
             return self.check_axes(pos)[:, None] * inv_freq[None, :]
         return self.per_axis(pos)[self.pair_axis].T * inv_freq[None, :]

@@ -1,13 +1,10 @@
 """Axial 2D RoPE: half of each head's rotary pairs turn with the row index, half with the column index.
 
 python train.py data=grids positional=rope2d          (positions (2, T): row, column; data/grids.py)
-The pairs of a head of head dim Dh split in two: the first Dh/4 turn with the row, the last Dh/4 with the column,
-each half at the frequencies base^(-2i/(Dh/2)) of a head half as wide, so both axes span the whole range from
-one turn per position down to the slowest (axial RoPE of Heo et al. 2024, "Rotary Position Embedding for Vision
-Transformer"). A score then depends only on (dy, dx) = the offset between query and key on each axis: relative,
-so a sink cache re-indexes it and a grid larger than any trained on is only new offsets, never new positions.
-A (T,) position is the same on both axes (a text token): the diagonal (p, p). Rotation, caches and scaling are
-RoPE's (rope.py): only which position each pair reads (pair_axis) and the frequencies laid over the pairs differ.
+The first Dh/4 pairs turn with the row, the last Dh/4 with the column, each half at the frequencies of a head half
+as wide, so both axes span RoPE's whole range (Heo et al. 2024, "Rotary Position Embedding for Vision Transformer").
+A score depends only on the (dy, dx) offset: a grid larger than any trained on brings new offsets, never new
+positions. A (T,) position (a text token) sits on the diagonal (p, p). Rotation, caches and scaling are RoPE's.
 """
 
 from dataclasses import dataclass
@@ -22,7 +19,7 @@ from .rope import RoPE
 
 @dataclass
 class RoPE2DOptions(PositionalOptions):
-    base: float = setting(10000.0, "pass a positive rotary base", gt=0)  # each axis at a head half as wide's
+    base: float = setting(10000.0, "pass a positive rotary base", gt=0)
 
 
 class RoPE2D(RoPE):
@@ -41,7 +38,7 @@ class RoPE2D(RoPE):
         self.register_buffer("pair_axis", torch.arange(2).repeat_interleave(half), persistent=False)
 
     def freq_dim(self) -> int:
-        return self.head_dim // 2  # each axis: the frequencies of a head half as wide
+        return self.head_dim // 2
 
     def arrange(self, inv_freq):
         """The row's pairs, then the column's, at the same frequencies."""

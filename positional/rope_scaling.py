@@ -4,38 +4,26 @@ python eval.py checkpoint=out/rope eval.rope_scaling=yarn      (or linear, ntk, 
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope  (after python -m evaluation.longrope_search ...)
 python eval.py checkpoint=out/rope 'eval.hf_rope_scaling={rope_type: llama3, factor: 4}'   (hf_rope_scaling.py)
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4   (built in)
-A Scaling is a frozen value: eval.py passes one per cell into the forward (model/variant.py), a fine-tune's
-positional.scaling is built into its scheme once, and nothing rewrites a scheme's frequencies in place.
-With s = factor (>1 to extend), d = head dim, theta_i = base^(-2i/d) and r_i = L_orig theta_i / (2 pi), the rotations
-pair i makes over the original length (L_orig / its wavelength):
+A Scaling is a frozen value: nothing rewrites a scheme's frequencies in place. With s = factor, d = head dim,
+theta_i = base^(-2i/d) and r_i = L_orig theta_i / (2 pi), the rotations pair i makes over the original length:
   linear         positional interpolation (Chen et al. 2023): positions / s
   ntk            NTK-aware: base' = base * s^(d/(d-2))
   dynamic_ntk    NTK with s = alpha x max(1, current length / L_orig) - (alpha - 1), recomputed from the positions
-                 (alpha = 1 by default: s = max(1, length / L_orig); HF transformers' `dynamic` reads its `factor` as
-                 alpha)
-  yarn           (Peng et al. 2023, arXiv 2309.00071 Def. 2) the paper's ramp, linear in r_i between beta_slow=1 and
-                 beta_fast=32: theta_i' = theta_i * ((1 - g)/s + g), g = clamp((r_i - beta_slow) / (beta_fast -
-                 beta_slow), 0, 1), and cos, sin multiplied by 0.1 ln s + 1 (attention logits scaled by its square)
-  yarn_released  YaRN as its authors' released code (jquesnelle/yarn) and HF transformers' `rope_type: yarn`
-                 compute it: the ramp is linear in the pair index i, not in r_i, from floor(d(beta_fast)) to
-                 ceil(d(beta_slow)), where d(beta) = d ln(L_orig / (2 pi beta)) / (2 ln base) is the (fractional) pair
-                 that turns beta times over L_orig (truncate=False keeps d(beta) unrounded); the same cos/sin scale.
-                 Both ramps meet at the ends (keep every pair with r_i >= beta_fast, interpolate every pair with
-                 r_i <= beta_slow) and differ between them
-  llama3         Llama 3.1's wavelength bands (low_freq_factor 1, high_freq_factor 4): keep a wavelength below
-                 L_orig / high, divide by s above L_orig / low, and between them theta_i ((1 - g)/s + g) with
-                 g = (r_i - low)/(high - low); no cos/sin scale. That is yarn's ramp with beta_fast = high and
-                 beta_slow = low (the same ramp in r_i), so it is computed by it
-  longrope       (Ding et al. 2024) searched factors lambda_i, one per rotary pair, theta_i' = theta_i / lambda_i, and
-                 the first `start_tokens` positions at the unscaled theta_i; cos, sin multiplied by
-                 sqrt(1 + ln s / ln L_orig), so the logits are scaled by 1 + ln s / ln L_orig (the released code's "su"
-                 scale, microsoft/LongRoPE rope/longrope.py, as HF's Phi-3 applies it). Not closed-form: the factors
-                 come from evaluation/longrope_search.py (or a HF rope_scaling dict's short/long factors), so it is a
-                 SEARCHED kind, never part of eval's `all`
-At s <= 1 every variant returns the plain RoPE frequencies unchanged (longrope: unless its factors are given), and an
-explicit attn_scale (HF's attention_factor) is applied at any s. dynamic_ntk is meant for full forwards (as eval.py
-runs them): a KV cache would hold keys rotated at the scale of the step that stored them; every other kind rotates
-at fixed frequencies, so a KV cache decodes it as a full forward would.
+                 (HF transformers' `dynamic` reads its `factor` as alpha)
+  yarn           (Peng et al. 2023, arXiv 2309.00071 Def. 2) theta_i' = theta_i ((1 - g)/s + g), g linear in r_i from 0
+                 at beta_slow=1 to 1 at beta_fast=32; cos, sin multiplied by 0.1 ln s + 1 (the logits by its square)
+  yarn_released  YaRN as its released code (jquesnelle/yarn) and HF's `rope_type: yarn` compute it: the ramp linear in
+                 the pair index, not in r_i, between the pairs that turn beta_fast and beta_slow times over L_orig,
+                 rounded to whole pairs (truncate=False: unrounded). Both ramps meet at their ends, differ between them
+  llama3         Llama 3.1's wavelength bands (low_freq_factor 1, high_freq_factor 4): yarn's ramp in r_i with
+                 beta_fast = high and beta_slow = low; no cos/sin scale
+  longrope       (Ding et al. 2024) searched factors lambda_i, one per rotary pair, theta_i' = theta_i / lambda_i, the
+                 first `start_tokens` positions unscaled; cos, sin multiplied by sqrt(1 + ln s / ln L_orig) (the
+                 released code's "su" scale, microsoft/LongRoPE, as HF's Phi-3 applies it). Its factors come from
+                 evaluation/longrope_search.py or a HF dict: a SEARCHED kind, never part of eval's `all`
+At s <= 1 every kind gives the plain frequencies (longrope: unless its factors are given); an explicit attn_scale (HF's
+attention_factor) applies at any s. dynamic_ntk is for full forwards: a KV cache would hold keys rotated at the scale
+of the step that stored them. Every other kind rotates at fixed frequencies, so a KV cache decodes it exactly.
 """
 
 import math
@@ -46,25 +34,21 @@ import torch
 
 from . import rerope
 
-# closed-form: a factor is all they need (their options have defaults)
+# closed-form: a factor is all they need
 KINDS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "yarn_released", "llama3")
-SEARCHED = ("longrope",)  # their per-pair factors are searched for one model and length, then read from a file
-ALL_KINDS = KINDS + SEARCHED + rerope.KINDS  # rerope's keep the frequencies and add a far rotation (rerope.py)
-# the kinds that ramp between interpolated and kept frequencies, and their (beta_fast, beta_slow) by default: rotations
-# over the original length (llama3: its high_freq_factor and low_freq_factor, the same bounds)
+SEARCHED = ("longrope",)  # per-pair factors searched for one model and length
+ALL_KINDS = KINDS + SEARCHED + rerope.KINDS  # rerope's keep the frequencies and add a far rotation
+# the ramp kinds' default (beta_fast, beta_slow), in rotations over the original length (llama3: high, low freq factor)
 RAMPS = {"yarn": (32.0, 1.0), "yarn_released": (32.0, 1.0), "llama3": (4.0, 1.0)}
 SCALED = ("yarn", "yarn_released")  # cos, sin multiplied by 0.1 ln s + 1 unless attn_scale says otherwise
 
 
 @dataclass(frozen=True)
 class Scaling:
-    """A rope scaling kind at factor s from original_length, and its options: rescale, start_tokens, a SEARCHED
-    kind's parameters (longrope: a factor per rotated pair, how many first positions keep the unscaled frequencies);
-    attn_scale: the cos/sin scale in place of the kind's own (longrope's searched one, HF's attention_factor), None
-    for the kind's; beta_fast, beta_slow: the ramp's bounds in rotations over original_length (yarn, yarn_released,
-    llama3; None for the kind's, RAMPS); truncate: yarn_released rounds its ramp's ends to whole pairs (the released
-    code); alpha: dynamic_ntk's factor (HF's `dynamic`); window, leak: rerope / leaky_rerope's w and k (rerope.py),
-    resolved here when not given (w = L/2, k for a target of s x L)."""
+    """A rope scaling kind at factor s from original_length, and its options: rescale and start_tokens (longrope's
+    per-pair factors and unscaled first positions); attn_scale, the cos/sin scale in place of the kind's own (None:
+    the kind's); beta_fast, beta_slow (None: RAMPS); truncate (yarn_released); alpha (dynamic_ntk); window, leak
+    (rerope's w and k, resolved here when not given)."""
 
     kind: str = "none"
     factor: float = 1.0
@@ -107,9 +91,8 @@ class Scaling:
         return (self.window, self.leak) if self.kind in rerope.KINDS else None
 
     def frequencies(self, head_dim: int, base: float) -> tuple[torch.Tensor, float, float]:
-        """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) of this scaling's static frequencies
-        (dynamic_ntk: the unscaled ones, rescaled from the length at each rotation; rerope: the unscaled ones); the
-        cos/sin scale is attn_scale where given, else the kind's own."""
+        """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) of the static frequencies (dynamic_ntk,
+        rerope: the unscaled ones); the cos/sin scale is attn_scale where given, else the kind's own."""
         inv_freq, pos_scale, scale = self.own_frequencies(head_dim, base)
         return inv_freq, pos_scale, scale if self.attn_scale is None else float(self.attn_scale)
 
@@ -136,7 +119,6 @@ class Scaling:
         if self.kind == "yarn_released":
             dims = released_dims(head_dim, base, self.original_length, self.beta_fast, self.beta_slow, self.truncate)
             return 1.0 - released_ramp(head_dim // 2, *dims)
-        # yarn's ramp in r_i; llama3's bands are the same ramp with beta_fast = high_freq_factor, beta_slow = low
         return yarn_ramp(head_dim, base, self.original_length, self.beta_fast, self.beta_slow)
 
 
@@ -177,9 +159,8 @@ def yarn_scale(factor: float, mscale: float = 1.0) -> float:
 
 
 def yarn_ramp(head_dim: int, base: float, original_length: int, beta_fast=32.0, beta_slow=1.0):
-    """g_i in [0, 1], linear in r_i = L / wavelength_i: 0 = interpolate this frequency fully, 1 = keep it (high
-    frequencies)."""
-    rotations = original_length * base_inv_freq(head_dim, base) / (2 * math.pi)  # r_i = L / wavelength_i
+    """g_i in [0, 1], linear in r_i = L / wavelength_i: 0 interpolates the frequency fully, 1 keeps it."""
+    rotations = original_length * base_inv_freq(head_dim, base) / (2 * math.pi)
     return ((rotations - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
 
 
@@ -190,9 +171,8 @@ def turning_pair(beta: float, head_dim: int, base: float, original_length: int) 
 
 
 def released_dims(head_dim, base, original_length, beta_fast, beta_slow, truncate=True) -> tuple[float, float]:
-    """The released code's ramp ends, in pairs: from the pair that turns beta_fast times to the one that turns
-    beta_slow times, widened to whole pairs (floor, ceil) unless truncate is off, clamped to [0, head_dim - 1] (the
-    released code's bound, in dims although the ramp runs over pairs), and never empty (high += 0.001)."""
+    """The released code's ramp ends in pairs, widened to whole pairs unless truncate is off, clamped to
+    [0, head_dim - 1] (the released code's bound, in dims although the ramp runs over pairs), never empty."""
     low = turning_pair(beta_fast, head_dim, base, original_length)
     high = turning_pair(beta_slow, head_dim, base, original_length)
     if truncate:
@@ -228,8 +208,7 @@ def check_rescale(rescale, pairs: int) -> torch.Tensor:
 def static_frequencies(
     kind: str, head_dim: int, base: float, factor: float, original_length: int, **options
 ) -> tuple[torch.Tensor, float, float]:
-    """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) for the length-independent variants (and
-    dynamic_ntk's unscaled ones); options: Scaling's (rescale: longrope's factors, attn_scale, beta_fast, ...)."""
+    """Scaling(kind, ...).frequencies for a kind other than rerope's; options: Scaling's."""
     if kind not in KINDS + SEARCHED:
         raise ValueError(f"unknown rope scaling '{kind}'; choose one of: {', '.join(KINDS + SEARCHED)}")
     return Scaling(kind, factor, original_length, **options).frequencies(head_dim, base)
@@ -238,10 +217,9 @@ def static_frequencies(
 def dynamic_inv_freq(
     head_dim: int, base: float, original_length: int, length: torch.Tensor, alpha: float = 1.0
 ) -> torch.Tensor:
-    """Dynamic NTK frequencies for the current length (a tensor: no host sync). Computed in float64 so that at
-    s = 1 they equal the plain frequencies bit for bit; returned as float32. alpha scales the length ratio as HF's
-    dynamic factor does, base' = base (alpha n / L - (alpha - 1))^(d/(d-2)) with n at least L: at alpha = 1 the
-    shift is exactly 1.0 x s - 0.0, so the frequencies are those of s = max(1, n / L) bit for bit."""
+    """Dynamic NTK frequencies (float32) for the current length, a tensor: no host sync. base' = base (alpha n / L -
+    (alpha - 1))^(d/(d-2)), n at least L, as HF's dynamic factor; in float64 so that at s = 1 (and alpha = 1) they
+    equal the plain frequencies bit for bit."""
     s = (length.double() / original_length).clamp(min=1.0)
     s = alpha * s - (alpha - 1.0)
     exponent = torch.arange(0, head_dim, 2, device=length.device, dtype=torch.float64) / head_dim
@@ -249,18 +227,15 @@ def dynamic_inv_freq(
 
 
 def equivalent_factors(kind: str, head_dim: int, base: float, factor: float, original_length: int) -> torch.Tensor:
-    """A closed-form kind's frequencies as LongRoPE factors, lambda_i = theta_i / (theta_i' x position scale):
-    s everywhere for linear, s^(2i/(d-2)) for ntk, 1 / ((1 - g_i)/s + g_i) for the ramps. The search starts from
-    these. (yarn's own cos/sin scale is not carried over: every LongRoPE candidate takes LongRoPE's.)"""
+    """A closed-form kind's frequencies as LongRoPE factors, lambda_i = theta_i / (theta_i' x position scale), where
+    the search starts. yarn's cos/sin scale is not carried over: every LongRoPE candidate takes LongRoPE's."""
     inv_freq, pos_scale, _ = static_frequencies(kind, head_dim, base, factor, original_length)
     return base_inv_freq(head_dim, base) / (inv_freq * pos_scale)
 
 
 def refusal(key: str, kind: str, pe, trained: str | None, off: str | None = None) -> str | None:
-    """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None if it can. One
-    wording for eval.py and sample.py: it needs a rotary scheme, and a model fine-tuned with positional.scaling
-    (`trained`) has that scaling built into its frequencies, which another one would replace, not compose with.
-    off: how to ask for no scaling instead (default: {key}=none)."""
+    """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None; eval.py's and
+    sample.py's wording. trained: the model's built-in positional.scaling; off: how to ask for none instead."""
     if kind == "none":
         return None
     if trained:

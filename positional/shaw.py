@@ -1,13 +1,11 @@
 """Shaw et al. 2018: learned vectors for clipped relative distances, added to the keys in the score.
 
 python train.py positional=shaw
-score(i, j) = q_i . (k_j + a_clip(i - j)) / sqrt(d), clip(n) = min(max(n, 0), k), k = positional.max_distance:
-causal, so distances 0..k, every distance past k sharing a_k. The a term is a bias that reads the query,
-q_i . a_r / sqrt(d): each layer computes the table (B, H, Tq, k + 1) = q @ a^T / sqrt(d) once, and the score
-reads it at [b, h, i, clip(q_pos[i] - k_pos[j])], by a gather on the dense paths and in flex's score_mod on CUDA;
-no T x T x Dh tensor of vectors is ever formed. One set of k + 1 vectors serves every head (as in the paper) and
-every layer (as T5's table does here). The paper also adds vectors to the values; its ablation found the key
-term enough, so only that one is here. a starts at 0: the model starts as NoPE.
+score(i, j) = q_i . (k_j + a_clip(i - j)) / sqrt(d), clip(n) = min(max(n, 0), k), k = positional.max_distance.
+The a term is a bias that reads the query: each layer computes the table q @ a^T / sqrt(d), (B, H, Tq, k + 1), once
+and the score reads it at the clipped distance, so no T x T x Dh tensor is formed. One set of vectors serves every
+head (as in the paper) and every layer. The paper also adds vectors to the values; its ablation found the key term
+enough. a starts at 0: the model starts as NoPE.
 """
 
 import math
@@ -23,8 +21,8 @@ from .base import Positional, PositionalOptions
 
 @dataclass
 class ShawOptions(PositionalOptions):
-    # k: distances 0..k each have a vector, farther ones share a_k (the paper saw little change for k >= 2)
-    max_distance: int = setting(16, "pass a positive distance", ge=1, le=2**16)  # a table row per distance
+    # farther distances share a_k (the paper saw little change for k >= 2)
+    max_distance: int = setting(16, "pass a positive distance", ge=1, le=2**16)
 
 
 class Shaw(Positional):

@@ -2,9 +2,8 @@
 
 python train.py positional=sink        (wraps RoPE; positional.inner={name:alibi} wraps ALiBi, likewise nope, t5)
 python sample.py checkpoint=out/sink cache=sink      (streams past the training length at constant memory)
-Training puts n_sink learnable vectors before the text; they take the attention mass that softmax must put
-somewhere, so a cache that keeps them plus a window of recent tokens stays stable forever. Positions and
-scores otherwise come from the wrapped relative scheme.
+n_sink learned vectors before the text take the attention mass that softmax must put somewhere, so a cache that keeps
+them plus a window of recent tokens stays stable. Everything else comes from the wrapped relative scheme.
 """
 
 from dataclasses import dataclass
@@ -21,8 +20,7 @@ from .base import Positional, PositionalOptions
 @dataclass
 class SinkOptions(PositionalOptions):
     n_sink: int = setting(1, "pass how many learned sink tokens to prepend", ge=1, le=4096)
-    # the wrapped relative scheme, with its own options (checked against its own class at build):
-    # positional.inner={name:alibi} replaces RoPE, +positional.inner.base=500000 adds an option
+    # the wrapped scheme's options: +positional.inner.base=500000 adds one
     inner: Any = setting(
         {"name": "rope"},
         "e.g. positional.inner={name:alibi}",
@@ -42,7 +40,7 @@ class Sink(Positional):
             raise ValueError(f"positional=sink wraps a relative scheme (rope, alibi, nope, t5), not {inner.name}")
         self.inner, self.n_prefix = inner, int(n_sink)
         self.sink = nn.Parameter(torch.randn(self.n_prefix, d_model))
-        self.rotary, self.axes = inner.rotary, inner.axes  # the inner scheme's positions, of as many axes
+        self.rotary, self.axes = inner.rotary, inner.axes
         if inner.score_bias is not None:
             self.score_bias = inner.score_bias
         if inner.content_bias is not None:  # Shaw, FoX: their bias reads queries or the layer input

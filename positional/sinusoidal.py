@@ -1,12 +1,10 @@
 """Fixed sinusoidal absolute positions added to the token embeddings (Vaswani et al. 2017).
 
 python train.py positional=sinusoidal
-PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)); defined at every position; added times
-`scale` (SinusoidalOptions below: 0.1). Unscaled, the sinusoids hold a third of the residual stream's
-variance at the input (rms 0.71 against token embeddings of rms 1), all of it fixed: the layers must learn to work
-around it and the head sees it at every position, and the tiny model lagged every other scheme at the training
-length (bench/RESULTS.md). x-transformers' scaled sinusoidal embedding starts its learned scale at d^-0.5 for
-the same reason.
+PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)), added times `scale` (0.1). Unscaled, the
+sinusoids hold a third of the residual stream's variance at the input (rms 0.71 against token embeddings of rms 1),
+all of it fixed, and the tiny model lagged every other scheme at the training length (bench/RESULTS.md).
+x-transformers' scaled sinusoidal embedding starts its learned scale at d^-0.5 for the same reason.
 """
 
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ from .base import Positional, PositionalOptions
 
 
 def frequencies(dim: int, base: float) -> torch.Tensor:
-    """1 / base^(2i/dim) for i < dim/2, computed in float64 and kept as float32."""
+    """1 / base^(2i/dim), computed in float64, kept as float32."""
     return (base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)).float()
 
 
@@ -32,8 +30,7 @@ def sinusoids(pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
 @dataclass
 class SinusoidalOptions(PositionalOptions):
     base: float = setting(10000.0, "pass a positive sinusoid base", gt=0)
-    # times the unit sinusoids: at 1.0 they lagged far behind at the training length
-    # (val loss at 150 steps: 1.0 6.17, 0.3 5.31, 0.1 5.27, 0.03 5.27; bench/RESULTS.md)
+    # val loss at 150 steps: 1.0 6.17, 0.3 5.31, 0.1 5.27, 0.03 5.27 (bench/RESULTS.md)
     scale: float = setting(0.1, "pass a positive scale for the sinusoids", gt=0)
 
 

@@ -1,12 +1,9 @@
 """2D sinusoidal positions: each axis its share of the embedding, filled with that axis's 1D sinusoids.
 
 python train.py data=grids positional=sinusoidal2d     (positions (2, T): row, column; data/grids.py)
-The d_model dimensions are cut into one block per axis, as even as pairs allow (the first axes take a pair more
-when they do not divide: 128 over 3 axes is 44, 42, 42), and block a holds Vaswani's sinusoids of the position on
-axis a at the frequencies of a block that wide: PE(p, 2i) = sin(p / base^(2i/d_a)), PE(p, 2i+1) = cos(...). The
-vector is those blocks concatenated, added to the embeddings times `scale` (0.1 in the config, as sinusoidal's:
-sinusoidal.py says why). Absolute, like 1D sinusoids: a grid larger than trained on brings rows and columns the
-model never saw. A (T,) position sits at (p, p): the same id on every axis. sinusoidal3d.py: three axes.
+d_model is cut into one block per axis, as even as pairs allow (128 over 3 axes: 44, 42, 42), block a holding the
+sinusoids of the position on axis a at the frequencies of a block that wide, added times `scale` as in sinusoidal.py.
+Absolute: a grid larger than trained on brings rows and columns the model never saw. A (T,) position sits at (p, p).
 """
 
 import torch
@@ -16,14 +13,14 @@ from .sinusoidal import SinusoidalOptions, frequencies, sinusoids
 
 
 def axis_widths(d_model: int, axes: int) -> list[int]:
-    """Dimensions per axis: whole (sin, cos) pairs, as even as they go, the first axes a pair more."""
+    """Dimensions per axis: whole (sin, cos) pairs, the first axes a pair more."""
     pairs, extra = divmod(d_model // 2, axes)
     return [2 * (pairs + (a < extra)) for a in range(axes)]
 
 
 class Sinusoidal2D(Positional):
     about = "fixed sinusoids per position axis, over (row, column)"
-    Options = SinusoidalOptions  # base and scale as sinusoidal's
+    Options = SinusoidalOptions
     axes = 2
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, scale: float = 1.0):

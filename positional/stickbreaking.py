@@ -2,17 +2,11 @@
 softmax; a query breaks a stick from its nearest key back.
 
 python train.py positional=stickbreaking
-beta_ij = sigmoid(z_ij), z_ij = q_i . k_j / sqrt(d), over the keys before the query (its own key is not one of them);
-weight_ij = beta_ij x prod of (1 - beta_it) over the keys t between j and the query, so the nearest key takes its
-share first and each farther one a share of what is left: order comes from the product, not from positions. The
-rows sum to 1 - prod(1 - beta), less than one; the rest goes to a learned vector per head (the layer module's
-`rest`, zero at init), as the authors' released model does. Computed in log space: log beta_ij plus the sum of
-log(1 - beta_it) = logsigmoid(-z_it) over the visible keys t after j, a cumulative sum over keys in order of
-position. A hidden key (the mask, a window) is no key: it takes nothing and breaks nothing. The first token of a
-sequence sees no key and gives its head's rest vector. A sink cache keeps some keys and drops others: the product
-runs over the kept ones, what a fresh forward over them computes. The sum reads every score of a row, so the
-weights are computed whole (positional/base.py content_weights): dense, one T x T tensor per layer on any device
-(the authors' Triton kernel fuses it; it is not used here).
+beta_ij = sigmoid(q_i . k_j / sqrt(d)) over the keys before the query (not its own); weight_ij = beta_ij x prod of
+(1 - beta_it) over the keys t between j and the query, so the nearest key takes its share first: order comes from the
+product, not from positions. Rows sum to less than one; the rest goes to a learned vector per head (zero at init), as
+the authors' released model does. Computed in log space as a cumulative sum over keys in order of position. A hidden
+key takes nothing and breaks nothing. Dense, one T x T tensor per layer (the authors' Triton kernel is not used).
 """
 
 import torch
@@ -23,7 +17,7 @@ from .base import Positional, scores
 
 
 class Rest(nn.Module):
-    """One layer's vector per head for what a query's stick leaves, (H, Dh); no per-token state."""
+    """One layer's vector per head for what a query's stick leaves; no per-token state."""
 
     def __init__(self, n_head: int, head_dim: int):
         super().__init__()

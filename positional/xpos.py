@@ -1,17 +1,13 @@
 """xPos (Sun et al. 2023, "A Length-Extrapolatable Transformer"): RoPE with an exponential decay per rotated pair.
 
 python train.py positional=xpos positional.scale_base=512
-Queries are rotated and scaled by zeta_i^(n / scale_base), keys by zeta_i^(-m / scale_base), one zeta per pair of
-dims (the 2x2 rotation block): zeta_i = (2i/Dh + gamma) / (1 + gamma), in [0.29, 1) at gamma = 0.4. Pair i of a score
-then carries zeta_i^((n - m) / scale_base): relative (translation invariant), and decaying with distance, fastest
-in the high-frequency pairs. The dense cache stores keys already scaled, the sink cache scales them at read at
-their in-cache positions, so decoding is exact either way.
-Range: one factor alone is exp(ln(1/zeta_0) n / scale_base) = exp(1.25 n / 512), and fp32 and bf16 overflow past
-exp(88) (fp16 past exp(11): n ~ 4.5k). Exponents are clamped to +-MAX_EXPONENT so that a masked placeholder
-position (static decoding's empty slots) stays finite, which makes positions past ~32k at scale_base 512 wrong
-rather than inf: a 16 x 256 evaluation reaches exp(10), and a long stream through the sink cache never leaves
-its capacity (positions are re-indexed within it), but a dense cache or a full forward past ~32k is out of reach.
-rope scaling (eval.rope_scaling) rescales the rotation only; the decay stays at the raw positions.
+Queries are rotated and scaled by zeta_i^(n / scale_base), keys by zeta_i^(-m / scale_base), one zeta per rotated
+pair: zeta_i = (2i/Dh + gamma) / (1 + gamma), in [0.29, 1) at gamma = 0.4. Pair i of a score carries
+zeta_i^((n - m) / scale_base): relative, decaying with distance, fastest in the high-frequency pairs.
+Range: one factor alone is exp(1.25 n / 512), and fp32 and bf16 overflow past exp(88) (fp16 past exp(11): n ~ 4.5k).
+Exponents are clamped to +-MAX_EXPONENT so that a masked placeholder position stays finite, which makes positions
+past ~32k at scale_base 512 wrong rather than inf: a sink cache re-indexes within its capacity, but a dense cache or
+a full forward past ~32k is out of reach. eval.rope_scaling rescales the rotation only, not the decay.
 """
 
 from dataclasses import dataclass
@@ -27,8 +23,7 @@ MAX_EXPONENT = 80.0  # exp(80) ~ 5.5e34: a query times a key still fits fp32/bf1
 
 @dataclass
 class XPosOptions(RoPEOptions):
-    gamma: float = setting(0.4, "pass a positive xPos gamma", gt=0)  # zeta_i = (2i/Dh + gamma) / (1 + gamma)
-    # positions must stay below ~36k at 512 (fp32/bf16 overflow, above)
+    gamma: float = setting(0.4, "pass a positive xPos gamma", gt=0)
     scale_base: float = setting(512.0, "pass a positive xPos decay length", gt=0)
 
 
