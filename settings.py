@@ -27,6 +27,11 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+
+class UserError(Exception):
+    """Bad input: entry points print the message as one line and exit 2 (utils/errors.py cli)."""
+
+
 BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le), "lt": ("<", operator.lt)}
 CHECKS = {*BOUNDS, "length", "nonempty", "match", "choices", "test", "must", "files"}
 # each config group's options (group name -> option -> class), filled by utils/schema.py: an unknown key is looked for

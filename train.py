@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from data import tokenizer
 from data.loader import RowSampler, TokenSplit, load_meta
 from data.prepare import prepare
-from model.kv_cache import DenseCache, generate
+from model.gpt import sample_next
 from utils import checkpoint, checks, files, optim, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, Meter, log, metrics, start_wandb, wandb_where
@@ -340,16 +340,17 @@ def write(s: Setup, state: TrainState, model_state: dict, opt_states: list):
     )
 
 
+@torch.no_grad()
 def print_sample(model, tok_spec, n_tokens: int, rt):
+    """The model's full forward over what it has written so far, a token at a time: n_tokens short forwards cost
+    little next to training, and keep the decoding caches out of a training run (sample.py streams through them)."""
     enc = tokenizer.load(tok_spec)
-    bos = tokenizer.bos_id(tok_spec, enc)
-    limit = model.pe.max_positions or n_tokens + 1
-    n = min(n_tokens, limit - 1)
-    cache = DenseCache(model, 1, n + model.pe.n_prefix, dtype=torch.float32)  # BOS + n - 1 fed back, sinks first
+    ids = torch.tensor([[tokenizer.bos_id(tok_spec, enc)]], device=rt.device)
     g = torch.Generator(device=rt.device).manual_seed(0)
-    prompt = torch.tensor([[bos]], device=rt.device)
-    ids = [t.item() for t in generate(model, prompt, cache, n, temperature=0.8, top_k=50, generator=g)]
-    print("--- sample ---\n" + enc.decode(ids) + "\n--------------", flush=True)
+    for _ in range(min(n_tokens, (model.pe.max_positions or n_tokens + 1) - 1)):
+        logits = model(ids, keep_from=ids.size(1) - 1)[:, -1]
+        ids = torch.cat((ids, sample_next(logits, 0.8, 50, g)[:, None]), dim=1)
+    print("--- sample ---\n" + enc.decode(ids[0, 1:].tolist()) + "\n--------------", flush=True)
 
 
 def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stopped: str | None):

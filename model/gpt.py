@@ -445,3 +445,17 @@ class GPT(nn.Module):
         if matmul_only:
             return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         return sum(p.numel() for p in self.parameters())
+
+
+def sample_next(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """logits (B, V) -> token ids (B,). temperature 0 is argmax; top_k keeps only the k most likely tokens."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and 0 < top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

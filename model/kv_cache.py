@@ -39,11 +39,13 @@ import torch
 from torch import nn
 
 from positional import SCHEMES
+from settings import UserError
 
 from .attention import Chunk
+from .gpt import sample_next
 
 
-class CacheError(ValueError):
+class CacheError(UserError, ValueError):
     pass
 
 
@@ -294,20 +296,6 @@ def hold_matrices(model, dtype: torch.dtype):
             if isinstance(module, nn.Linear):
                 module.to(dtype)
     return model
-
-
-def sample_next(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """logits (B, V) -> token ids (B,). temperature 0 is argmax; top_k keeps only the k most likely tokens."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None and 0 < top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 @torch.no_grad()

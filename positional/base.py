@@ -50,7 +50,7 @@ import torch
 from omegaconf import MISSING
 from torch import nn
 
-from settings import Rule, choices, setting
+from settings import Rule, UserError, choices, setting
 
 LAYERS = r"[PN]+"  # positional.layers: P a layer of the scheme, N a layer with no positions (NoPE), tiled
 
@@ -138,11 +138,11 @@ def scores(q, k) -> torch.Tensor:
     return q.float() @ k.float().transpose(-2, -1) / q.size(-1) ** 0.5
 
 
-class PositionLimitError(ValueError):
+class PositionLimitError(UserError, ValueError):
     """A position past what the scheme covers (a learned table)."""
 
 
-class PositionAxesError(ValueError):
+class PositionAxesError(UserError, ValueError):
     """Positions with more axes than the scheme reads, or another number of them."""
 
 

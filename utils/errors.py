@@ -15,6 +15,8 @@ import re
 import sys
 from pathlib import Path
 
+from settings import UserError  # noqa: F401  (raised and caught by this name across the project)
+
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # the settings of a training run, which the entry points that read its checkpoint take from it (utils/eval_schema.py)
 FROM_CHECKPOINT = ("positional", "model", "data", "tokenizer", "optim", "train", "init_from", "out_dir")
@@ -23,20 +25,13 @@ READERS = ("eval", "sample", "longrope")  # entry points that read every one of 
 SCRIPTS = {"longrope_search": "longrope"}
 
 
-class UserError(Exception):
-    pass
-
-
 def cli(fn):
     """Run fn(); a UserError, or a known bad-input error from the library, becomes 'error: ...' and exit 2."""
     from omegaconf.errors import MissingMandatoryValue
 
-    from model.kv_cache import CacheError
-    from positional import PositionAxesError, PositionLimitError
-
     try:
         return fn()
-    except (UserError, PositionLimitError, PositionAxesError, CacheError) as e:
+    except UserError as e:  # also a scheme's PositionLimitError and a cache's CacheError
         fail(str(e))
     except MissingMandatoryValue as e:
         fail(f"{e.full_key}=??? has no value; pass {e.full_key}=...")
