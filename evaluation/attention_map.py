@@ -1,11 +1,8 @@
 """A picture of the attention sink: the attention map (queries x keys) of a few heads over one window.
 
 python eval.py checkpoint=out/rope eval.mode=stream      (writes sink_attention.png beside stream.png)
-The heads shown: the largest first-token share in the first layer and in the last, then the largest anywhere,
-so a map of a head with a sink and one without usually sit side by side. The window is the training length,
-cut from the middle of the held-out stream, with the stream's first token (its BOS) put first as a 1 + (W - 1)
-sink cache keeps it (with positional=sink, key 0 is the learned sink token and the text is left as it is).
-Colour is log-scaled: a sink is a bright first column.
+The window is the training length from the middle of the held-out stream, with the stream's first token (its BOS) put
+first, as a 1 + (W - 1) sink cache keeps it. Colour is log-scaled: a sink is a bright first column.
 """
 
 import torch
@@ -15,7 +12,8 @@ from utils.files import save_figure
 
 
 def pick_heads(per_head: list[list[float]], n: int = 4) -> list[tuple[int, int]]:
-    """(layer, head) pairs: the largest first-token share in the first and last layer, then the largest overall."""
+    """(layer, head) pairs: the largest first-token share in the first and last layer, then the largest overall, so a
+    head with a sink and one without usually sit side by side."""
     scored = [(m, layer, h) for layer, heads in enumerate(per_head) for h, m in enumerate(heads)]
     first = max(x for x in scored if x[1] == 0)
     last = max(x for x in scored if x[1] == len(per_head) - 1)
@@ -39,10 +37,8 @@ def plot_attention_maps(
     label=None,
     first=None,
 ):
-    """Write the attention maps of n heads (pick_heads), or of the (layer, head) pairs `heads`, over the window of
-    `window` tokens in the middle of tokens to path; per_head: each layer's mean attention on the first token
-    (sink_mass.first_token_attention); label: the scheme as reports name it (report.scheme_label), else the
-    module's name; first: a token id put first in the window (as first_token_attention takes it)."""
+    """Write the attention maps of n heads (pick_heads), or of `heads`, over `window` tokens from the middle of tokens.
+    per_head: each layer's mean attention on the first token; first: a token id put first in the window."""
     import matplotlib
 
     matplotlib.use("Agg")

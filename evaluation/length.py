@@ -1,18 +1,11 @@
 """eval.mode=length: perplexity at and far past the training length, on held-out documents.
 
 python eval.py checkpoint=out/rope eval.lengths=[128,512,4096] eval.stride=64
-Every cell scores the same held-out pieces of the longest length (evaluation/pieces.py), under each evaluation
-variant asked for (evaluation/variants.py), and keeps each piece's NLL for the bootstrap intervals
-(evaluation/bootstrap.py). Two modes per length L:
-  nonoverlap  each piece is cut into windows of L tokens; every token is scored with the context its window
-              gives it (so NLL by position within the window shows where a scheme breaks down)
-  sliding     windows of L tokens moved by a stride s; only the last s tokens of each are scored, so every scored
-              token sees between L - s and L tokens of context. The text before a piece gives that context, so
-              a piece is taken at least M tokens into its document where the document is long enough (a piece at
-              a document's opening scores its first window whole: those tokens have no more context to give).
-              Default stride: L / 2 (each scored token sees at least half the window). A fixed small stride costs
-              L / s forwards of L tokens per scored window: at L = 4096, s = 128 that is 32x the nonoverlap cost,
-              too slow for a 64K-token budget on a CPU; eval.stride=<n> asks for one stride at every length.
+Every cell scores the same held-out pieces (evaluation/pieces.py) under each variant asked for
+(evaluation/variants.py), in two modes per length L: nonoverlap (windows of L tokens; NLL by position shows where a
+scheme breaks down) and sliding (windows moved by a stride s, scoring the last s of each: L - s to L tokens of
+context). The default stride is L / 2: a fixed small one costs L / s forwards per scored window (32x the nonoverlap
+cost at L = 4096, s = 128).
 """
 
 import math
@@ -54,16 +47,15 @@ class Cell:
 
 
 def nonoverlap_windows(n: int, first: int, length: int):
-    """(start, n_tokens, first scored index within the window) for each window: windows of `length` from
-    `first`; a last, shorter one if the scored span is not a multiple of it, so every target is scored."""
+    """(start, n_tokens, first scored index within the window) of windows of `length` from `first`, the last one shorter
+    where needed, so every target is scored."""
     return [(s, min(length, n - s), 0) for s in range(first, n, length)]
 
 
 def sliding_windows(n: int, first: int, length: int, stride: int):
-    """Windows of `length` ending every `stride` tokens from `first` on, each scoring the targets since the last
-    end. With fewer than length - stride tokens of text before `first`, the first window starts at the region's
-    start and scores every target up to `length`. Every window is `length` long where the region has the tokens
-    (one compiled shape per length on CUDA)."""
+    """Windows of `length` ending every `stride` tokens from `first` on, each scoring the targets since the last end.
+    With too little text before `first`, the first window starts at 0 and scores every target up to `length`. Every
+    window is `length` long where the region has the tokens (one compiled shape per length on CUDA)."""
     windows, prev = [], first
     if min(prev + stride, n) < length:
         end = min(length, n)
@@ -90,8 +82,8 @@ def scored_nll(model, inputs: torch.Tensor, targets: torch.Tensor, first: int, v
 
 @torch.no_grad()
 def score(model, regions: list[Region], length: int, mode: str, stride: int, batch_tokens: int, rt, variant=None):
-    """Sum the NLL of the scored tokens over all windows of one (length, mode) into a Cell, batching windows of
-    equal length and equal first scored index; variant: an evaluation variant (model/variant.py), None as trained."""
+    """Sum the NLL of the scored tokens over all windows of one (length, mode) into a Cell, batching windows of equal
+    length and first scored index."""
     cell = Cell(piece_nll=np.zeros(len(regions)), piece_tokens=np.zeros(len(regions), dtype=np.int64))
     t0 = time.time()
     if mode == "nonoverlap":
@@ -139,7 +131,7 @@ def resolve_strides(stride: int | None, lengths: list[int]) -> dict[int, int]:
 
 
 def scored_text(ckpt: dict, ev, max_len: int):
-    """The pieces every cell scores (evaluation/length.py) and the regions of tokens they need."""
+    """The pieces every cell scores and the regions of tokens they need."""
     works = held_out_works(ckpt, ev.prepare)
     pieces = scoring_pieces(works, max_len, ev.tokens)
     if not pieces:
@@ -204,8 +196,8 @@ def evaluate_lengths(path, cfg, rt) -> dict:
 
 
 def cell_row(row: dict, cell: Cell, draws, rt, done: str = "") -> dict:
-    """A scored cell's row: perplexity, its interval (the pieces' block bootstrap) and the per-piece NLLs a
-    comparison pairs on; and a progress line (done: the cells done and the time left, utils/logger.py Eta)."""
+    """A scored cell's row (perplexity, its interval, the per-piece NLLs a comparison pairs on) and its progress line
+    (done: the cells done and the time left)."""
     ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))
     say(
         f"  {row['variant']:>11} {row['mode']:>10} {row['length']:>6}: ppl {cell.ppl:9.2f} [{ci[0]:.2f}, "

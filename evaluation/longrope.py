@@ -3,19 +3,10 @@
 python -m evaluation.longrope_search checkpoint=out/rope target_length=1024   writes out/rope/longrope_x4.json
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   reads it
 python sample.py checkpoint=out/rope rope_scaling=longrope cache.max_len=1024              and so does sample.py
-One file per extension factor s = target length / training length, beside the checkpoint: longrope_x<s>.json holds
-the factors (one per rotary pair), start_tokens, the cos/sin scale, the fitness, the search settings and the
-windows it was scored on. eval.py finds the file for each length's factor; a missing one stops it with the command
-that makes it.
-
-Which text the search scores. The held-out split is four plays in two spellings (evaluation/heldout.py), and the
-length table reads one spelling of each (held_out_works): the held-out documents it does not score are the First
-Folio twins of the same plays, near-duplicate text, so searching on them would tune the factors on the very lines
-the table then scores. The search instead takes windows from the spans of held_out_works that the length table
-never reads, neither as scored tokens nor as context (its regions, evaluation/length.py, at eval.lengths and
-eval.tokens, eval.py's defaults unless given): held-out text, disjoint from the test. eval.py checks the windows
-recorded in the file against the regions it reads and says so if another eval.lengths or eval.tokens makes them
-overlap.
+One file per factor s = target length / training length, beside the checkpoint. The search scores the spans of the
+held-out works that the length table never reads, as scored tokens or as context (at eval.lengths and eval.tokens),
+not the First Folio twins, near-duplicates of the very lines the table scores. eval.py says so if its own regions
+overlap the recorded windows.
 """
 
 import math
@@ -40,7 +31,7 @@ def make_command(run_dir: Path, target_length: int) -> str:
 
 
 def save(run_dir: Path, record: dict) -> Path:
-    """Write the record for its factor beside the checkpoint, whole or not at all (utils/files.py)."""
+    """Write the record beside the checkpoint, whole or not at all."""
     path = Path(run_dir) / file_name(record["factor"])
     files.write_json(path, record)
     return path
@@ -51,8 +42,8 @@ REQUIRED = {"factors": list, "start_tokens": int, "attn_scale": NUMBER, "origina
 
 
 def load(run_dir: Path, factor: float, train_length: int, key: str = "eval.rope_scaling") -> dict:
-    """The record for this factor, or a one-line UserError: missing (with the command that makes it), unreadable,
-    or searched for another training length. key: the setting that asked for it (sample.py's rope_scaling)."""
+    """The record for this factor, or a UserError: missing (with the command that makes it), unreadable, or searched for
+    another training length. key: the setting that asked for it."""
     path = Path(run_dir) / file_name(factor)
     target = round(factor * train_length)
     if not path.exists():
@@ -74,7 +65,7 @@ def load(run_dir: Path, factor: float, train_length: int, key: str = "eval.rope_
 
 
 def scaling(record: dict) -> Scaling:
-    """The record as the Scaling it searched (positional/rope_scaling.py): its factors, start tokens and scale."""
+    """The record as the Scaling it searched (positional/rope_scaling.py)."""
     return Scaling(
         "longrope",
         record["factor"],
@@ -94,8 +85,7 @@ def read_spans(works, max_len: int, tokens: int) -> dict[str, list[tuple[int, in
 
 
 def free_windows(doc_len: int, spans: list[tuple[int, int]], length: int) -> list[int]:
-    """Starts of windows of length + 1 tokens (inputs and targets), back to back, inside [0, doc_len) and outside
-    every span."""
+    """Starts of back-to-back windows of length + 1 tokens inside [0, doc_len) and outside every span."""
     starts, lo = [], 0
     for a, b in [*sorted(spans), (doc_len, doc_len)]:
         starts += range(lo, a - length, length)  # a window [s, s + length + 1) must end by a
@@ -104,8 +94,8 @@ def free_windows(doc_len: int, spans: list[tuple[int, int]], length: int) -> lis
 
 
 def search_windows(works, length: int, count: int, spans: dict) -> list[dict]:
-    """count windows of `length` targets outside the spans, an equal share from each work (as far as each has
-    room), evenly spaced along each; [{work, start, tokens}]. UserError if the free text holds fewer."""
+    """count windows of `length` targets outside the spans, an equal share from each work, evenly spaced along each;
+    [{work, start, tokens}]."""
     free = [free_windows(len(doc), spans.get(name, []), length) for name, doc in works]
     if sum(map(len, free)) < count:
         raise UserError(

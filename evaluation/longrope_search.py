@@ -3,19 +3,15 @@
 python -m evaluation.longrope_search checkpoint=out/rope target_length=1024          -> out/rope/longrope_x4.json
 python -m evaluation.longrope_search checkpoint=out/rope target_length=1024 search.generations=20 search.population=64
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   scores what it found
-It lives in evaluation/, not positional/: its fitness runs the model on held-out text,
-and positional/ sits below model/, utils/ and data/, none of which it may import (the layering in DESIGN.md). The
-LongRoPE frequencies themselves are a rope_scaling kind like the others (positional/rope_scaling.py).
-
-A candidate is a factor lambda_i per rotary pair (theta_i' = theta_i / lambda_i), on a grid of search.step from 1
-to search.max_factor (null: the paper's 1.25 s), non-decreasing from the highest frequency to the lowest (the paper's
-monotone constraint), and start_tokens, the first positions left at the unscaled frequencies (the paper's n-hat,
-from search.start_tokens, the paper's list). Fitness: mean NLL over search.windows fixed held-out windows of the
-target length (evaluation/longrope.py says which text, and why not the text eval.py scores), every candidate with
-LongRoPE's cos/sin scale sqrt(1 + ln s / ln L). The initial population is PI, NTK and YaRN as factors, then
-mutations of them; each generation keeps the best search.parents and adds search.mutations mutants and
-search.crossovers children. The paper runs a population of 64 for 40 generations on an LLM; the defaults here are
-sized for a few CPU minutes on the tiny model.
+It lives in evaluation/, not positional/, because its fitness runs the model on held-out text; the LongRoPE
+frequencies themselves are a rope_scaling kind like the others (positional/rope_scaling.py).
+A candidate is a factor lambda_i per rotary pair (theta_i' = theta_i / lambda_i) on a grid of search.step from 1 to
+search.max_factor (null: the paper's 1.25 s), non-decreasing from the highest frequency to the lowest (the paper's
+monotone constraint), and start_tokens, the first positions left unscaled (the paper's n-hat). Fitness: mean NLL over
+search.windows held-out windows of the target length (evaluation/longrope.py says which text), with LongRoPE's
+cos/sin scale sqrt(1 + ln s / ln L). The initial population is PI, NTK and YaRN as factors and their mutants; each
+generation keeps the best search.parents and adds search.mutations mutants and search.crossovers children. The paper
+runs a population of 64 for 40 generations on an LLM; the defaults here take a few CPU minutes on the tiny model.
 """
 
 import math
@@ -70,9 +66,8 @@ def monotone(c: Candidate) -> bool:
 
 
 def mutate(c: Candidate, space: Space, rng: np.random.Generator, rate: float, seen=()) -> Candidate:
-    """Each factor, with probability rate, redrawn between its neighbours' current values (first: from 1, last: to
-    the top), left to right, so every draw keeps the order; start_tokens, with probability rate, moves one step in
-    its list. Tries for a candidate unlike its parent and not in seen."""
+    """Each factor, with probability rate, redrawn between its neighbours' values, left to right, so the order holds;
+    start_tokens, with probability rate, moves one step in its list. Tries for a child unlike its parent and seen."""
     child = c
     for _ in range(NOVEL_TRIES):
         levels = list(c.levels)
@@ -91,8 +86,8 @@ def mutate(c: Candidate, space: Space, rng: np.random.Generator, rate: float, se
 
 
 def crossover(a: Candidate, b: Candidate, rng: np.random.Generator, tries: int, seen=()) -> Candidate | None:
-    """Each factor from a or b with even odds, start_tokens from one of them; a child that breaks the order (or is
-    a parent or seen) is drawn again, up to tries times; None if none passed (the caller mutates instead)."""
+    """Each factor from a or b with even odds, start_tokens from one of them, drawn up to tries times until the child is
+    monotone and new; None if none was (the caller mutates instead)."""
     if a == b:
         return None
     for _ in range(tries):
@@ -112,9 +107,8 @@ def select(population: list[Candidate], fitness, k: int) -> list[Candidate]:
 
 
 def evolve(seeds: list[Candidate], fitness, space: Space, s, rng: np.random.Generator) -> dict:
-    """Algorithm 1: an initial population of the seeds and their mutants, then s.generations of selection,
-    mutation and crossover. fitness(candidate) -> NLL is called once per distinct candidate. Returns the best
-    candidate, its fitness, the initial population's best, and the best fitness after each generation."""
+    """Algorithm 1: the seeds and their mutants, then s.generations of selection, mutation and crossover (fitness once
+    per distinct candidate). Returns the best, its fitness, and the best at the start and per generation."""
     cache: dict[Candidate, float] = {}
 
     def fit(c: Candidate) -> float:

@@ -3,20 +3,10 @@
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.lengths=[256,1024] eval.trials=100
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.rope_scaling=rerope   (or yarn, all, ...)
-Cells: every (length, depth), lengths eval.lengths (default 0.5, 1, 2, 4, 8, 16 x the training length), depths
-eval.depths (default 0, 0.25, 0.5, 0.75, 1: where the needle sits in the filler, data/passkey.py), eval.trials per
-cell (default 50). A trial of a length draws a key and a place in the checkpoint's held-out works (laid end to end,
-never seen in training: data=passkey draws from the training split) and puts the needle at every depth of that
-same filler, so the depths of a length differ only in where the needle is. Seeded by eval.seed.
-Scoring: one forward over the sample's first L tokens; a trial is right when the argmax at each key position is
-the key's token. That is exactly greedy decoding of the key: a greedy decode emits the key iff each of its tokens is
-the argmax given the tokens before, which are the key's own. Nothing is asked of what follows the key.
-A model must know the format (a short fine-tune on data=passkey) for this to measure reach and not the format.
-Accuracy per cell with a Wilson 95% interval (binomial, right at 0 and 1, where a normal interval collapses),
-as passkey.json, a table and a heatmap (passkey.png) in <run>/eval/. Each cell also keeps the mean share of key
-tokens right (token_accuracy; chance is about 1/10 a digit): progress that exact match does not show yet.
-Each training-free extension asked for (eval.rope_scaling, eval.log_scaling, eval.rerope; eval.py) scores the same
-trials, as passkey-<variant>.json and .png.
+A cell per (length, depth), eval.trials each; trial t of a length puts the same key in the same held-out filler at
+every depth. A trial is right when the argmax at each key position is the key's token, which is exactly greedy
+decoding of the key. The model must know the format (a fine-tune on data=passkey) for this to measure reach. Wilson
+95% intervals: sound at 0 and 1, where a normal interval collapses.
 """
 
 import time
@@ -52,9 +42,8 @@ def key_digits(ckpt: dict, requested: int | None) -> int:
 
 @torch.no_grad()
 def score(model, samples: list, batch_tokens: int, rt, variant=None) -> np.ndarray:
-    """The share of each sample's key tokens that are the argmax at their position (teacher-forced); 1 where the
-    key is read back exactly, which is greedy decoding of the key (see above). Samples of one length, batched to
-    about batch_tokens tokens. variant: an evaluation variant (model/variant.py), None for the model as trained."""
+    """The share of each sample's key tokens that are the argmax at their position (teacher-forced): 1 where greedy
+    decoding reads the key back exactly. Samples of one length, batched to about batch_tokens tokens."""
     length = len(samples[0].tokens) - 1
     per_batch = max(1, batch_tokens // length)
     right = np.zeros(len(samples))
@@ -71,22 +60,19 @@ def score(model, samples: list, batch_tokens: int, rt, variant=None) -> np.ndarr
 
 
 def trials(template: Template, stream: np.ndarray, bos: int, length: int, depths, n: int, seed: int) -> dict:
-    """{depth: n samples of `length`}: trial t of every depth shares one key and one filler, drawn from a generator
-    seeded by (seed, length), so a length's cells are the same whatever else is asked."""
+    """{depth: n samples of `length`}: trial t of every depth shares one key and one filler, seeded by (seed, length),
+    so a length's cells are the same whatever else is asked."""
     rng = np.random.default_rng([seed, length])
     draws = [draw(template, rng, stream, length) for _ in range(n)]
     return {d: [template.sample(bos, stream[s:], key, d, length, s) for key, s in draws] for d in depths}
 
 
 def file_stem(variant: str) -> str:
-    """passkey for the model as trained, passkey-<variant> under an eval-time extension (eval.rope_scaling=yarn)."""
     return "passkey" if variant == "none" else f"passkey-{variant}"
 
 
 def run_passkey(path, cfg, rt, out_dir: Path) -> dict:
-    """eval.mode=passkey: accuracy for every variant eval.rope_scaling, eval.log_scaling and eval.rerope ask for,
-    each in its own passkey[-<variant>].json and .png (a training-free extension is scored by retrieval as by
-    perplexity). Returns the first variant's result (the model as trained, unless eval.rope_scaling names one)."""
+    """eval.mode=passkey: each variant asked for into passkey[-<variant>].json and .png; returns the first's result."""
     model, ckpt = checkpoint.load_model(path, rt.device)
     lengths = resolve_lengths(cfg.eval.lengths, ckpt["seq_len"])
     variants, _, at = plan_variants(path, cfg.eval, model, ckpt, lengths)
@@ -94,8 +80,8 @@ def run_passkey(path, cfg, rt, out_dir: Path) -> dict:
 
 
 def score_variant(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], variant: str, at) -> dict:
-    """Accuracy per (length, depth) cell under one variant (at(length): the Variant value for that length and what
-    its cells record of it); writes <file_stem>.json and .png into out_dir."""
+    """Accuracy per (length, depth) cell under one variant (at(length): its Variant and what its cells record); writes
+    <file_stem>.json and .png."""
     pe, train_length = model.pe, ckpt["seq_len"]
     enc = tokenizer.load(ckpt["tokenizer"])
     bos = tokenizer.bos_id(ckpt["tokenizer"], enc)
@@ -114,7 +100,7 @@ def score_variant(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], 
             rows += [{"length": length, "depth": d, "accuracy": None, "trials": 0, "note": note} for d in depths]
             continue
         t = time.time()
-        value, setting = at(length)  # the same trials under every variant: only the variant differs
+        value, setting = at(length)  # the same trials under every variant
         cells = trials(template, stream, bos, length, depths, ev.trials, ev.seed)
         for depth, samples in cells.items():
             share = score(model, samples, ev.batch_tokens, rt, value)
@@ -129,7 +115,7 @@ def score_variant(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], 
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
         "scheme": scheme_label(ckpt),
-        "variant": variant,  # an eval-time extension (eval.rope_scaling), none: the model as trained
+        "variant": variant,
         "positional": ckpt["model_config"]["positional"],
         "qk_norm": ckpt["model_config"].get("qk_norm", "rms"),  # learned gains: the heads may pass the rms cap
         "train_length": train_length,

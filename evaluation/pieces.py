@@ -1,13 +1,10 @@
 """The held-out text a length table scores: pieces of the longest eval length, spread over the held-out works.
 
 python eval.py checkpoint=out/rope eval.tokens=65536      (evaluation/length.py scores them at every length)
-Scored text: `pieces` of the longest length M, an equal number from each distinct held-out work (one document of
-each, evaluation/heldout.py), spread over the document (its beginning, middle and end rather than its opening
-only), at least `tokens` in all (eval.tokens is rounded up to whole pieces, at least one from each of four works,
-and an equal count per work). Every length and mode scores exactly these tokens, so lengths and schemes are
-comparable, and the NLL of each piece is kept for the bootstrap intervals (evaluation/bootstrap.py). A piece's
-region holds up to M tokens of its document before it: the context sliding windows read. The LongRoPE search
-(evaluation/longrope.py) keeps its own windows clear of these spans.
+Every length and mode scores exactly these tokens, so lengths and schemes are comparable; each piece's NLL is kept
+for the bootstrap (evaluation/bootstrap.py). Pieces come equally from each distinct held-out work, spread over the
+document rather than its opening only. A piece's region holds up to M tokens of its document before it: the context
+sliding windows read.
 """
 
 import math
@@ -28,7 +25,7 @@ class Piece:
 
 @dataclass
 class Region:
-    """The tokens one piece needs: up to M tokens of context before it, then the piece (targets from `first`)."""
+    """A piece's tokens after up to M tokens of context (targets from `first`)."""
 
     tokens: np.ndarray
     first: int
@@ -45,8 +42,7 @@ def equal_shares(total: int, caps: list[int]) -> list[int]:
 
 
 def spread(slots: int, k: int) -> list[int]:
-    """k distinct slots of 0..slots-1, evenly spaced from first to last; slot 0 (the opening, which has no text
-    before it for sliding windows) only when the others are too few."""
+    """k distinct slots of 0..slots-1, evenly spaced; slot 0 (no text before it for sliding windows) only if need be."""
     cands = list(range(1, slots)) if slots - 1 >= k else list(range(slots))
     if k == 1:
         return [cands[len(cands) // 2]]
@@ -64,10 +60,9 @@ MIN_WORKS = 4  # a budget smaller than this many pieces is raised: one work's te
 
 
 def scoring_pieces(works: list[tuple[str, np.ndarray]], max_len: int, budget: int) -> list[Piece]:
-    """Pieces of max_len targets, aligned to multiples of max_len in their documents: ceil(budget / max_len), at
-    least one from each of MIN_WORKS works (where that many are long enough), rounded up to an equal count per
-    work (water-filled where a work is short), spread over each document. With more works than pieces, one
-    piece from each of an evenly spaced selection of the works."""
+    """Pieces of max_len targets, aligned to multiples of max_len: ceil(budget / max_len), at least one from each of
+    MIN_WORKS works, rounded up to an equal count per work (water-filled where a work is short), spread over each
+    document. With more works than pieces, one piece from each of an evenly spaced selection of the works."""
     slots = [(len(doc) - 1) // max_len for _, doc in works]
     usable = [i for i, s in enumerate(slots) if s > 0]
     if not usable:
@@ -83,12 +78,11 @@ def scoring_pieces(works: list[tuple[str, np.ndarray]], max_len: int, budget: in
 
 
 def read_span(p: Piece, max_len: int) -> tuple[int, int]:
-    """[lo, hi): the tokens of its document a piece's region holds: max_len of context before it, then its own."""
+    """[lo, hi): the tokens of its document a piece's region holds."""
     return max(0, p.start - max_len), p.start + p.size + 1
 
 
 def regions(works: list[tuple[str, np.ndarray]], pieces: list[Piece], max_len: int) -> list[Region]:
-    """Each piece's tokens with the max_len tokens before it (where the document has them) as context."""
     out = []
     for p in pieces:
         lo, hi = read_span(p, max_len)

@@ -4,9 +4,7 @@ python eval.py checkpoint=out/rope                      -> out/rope/eval/length.
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00   -> <sweep_dir>/eval/compare.png
 python eval.py checkpoint=out/sink eval.mode=stream     -> out/sink/eval/stream.png (and passkey.png, passkey mode)
 Every series has its own colour, marker and (a RoPE extension) line style; a 95% interval is a band, or a thin bar
-where more than eight lines share a panel; log axes say so; lengths read 4K for 4096, and where their labels would
-touch only every second (third, ...) one is labelled; legends are LEGEND_SIZE points. The tables and labels are
-evaluation/report.py's.
+where more than BAND_LIMIT lines share a panel.
 """
 
 import math
@@ -28,20 +26,10 @@ VARIANT_STYLE = {  # a line style per RoPE extension, so a variant reads the sam
     "rerope": (0, (3, 1, 1, 1, 1, 1)),
     "leaky_rerope": (0, (1, 1)),
 }
-
-
 MODES = ("nonoverlap", "sliding")  # a panel each
-
-
 COLOURS = [f"C{i}" for i in range(10)] + ["black", "darkgoldenrod", "lightskyblue", "lime"]
-
-
 MARKERS = "osD^vP*Xh<>"  # 11 markers against 14 colours: no two of the first 154 series alike
-
-
 BAND_LIMIT = 8  # more series than this in a panel: their 95% intervals as thin bars, not bands that merge
-
-
 LEGEND_SIZE = 10  # points: every legend of these figures, readable at their 120 dpi
 
 
@@ -60,9 +48,8 @@ def legend_name(name: str) -> str:
 
 
 def series_styles(rows: list[dict]) -> dict[str, dict]:
-    """A (colour, line style, marker) per series (scheme + variant), no two alike: colour and marker by series,
-    line style by RoPE extension (VARIANT_STYLE); and a small shift along x (dodge) that sets interval bars of
-    close series apart. Ordered highest first at the longest length, so the legend reads as the lines end."""
+    """A colour, marker and line style (by RoPE extension) per series, no two alike, and an x shift (dodge) that sets
+    close series' interval bars apart; highest first at the longest length, as the lines end."""
     last = {
         label(r): r["ppl"] for r in sorted(rows, key=lambda r: r["length"]) if r["ppl"] and r["mode"] == rows[0]["mode"]
     }
@@ -99,9 +86,8 @@ def _plain(value: float, _pos) -> str:
 
 
 def readable_log_axis(axis):
-    """A log axis labelled in plain numbers (300, not 3 x 10^2). One that spans less than two decades holds one major
-    tick or none: its minor ticks are labelled too, every one under a decade, else the 2s and 5s. Call it once the
-    axis holds its data (its limits are read)."""
+    """A log axis labelled in plain numbers (300, not 3 x 10^2), its minor ticks too where it spans under two decades
+    (every one under a decade, else the 2s and 5s). Call it once the axis holds its data."""
     import matplotlib.ticker
 
     lo, hi = sorted(axis.get_view_interval())
@@ -114,8 +100,7 @@ def readable_log_axis(axis):
 
 
 def length_name(n: int) -> str:
-    """A length as its tick reads: 4096 -> 4K, 1536 -> 1.5K (K = 1024 tokens, as context lengths are named); any
-    other length in full."""
+    """4096 -> 4K, 1536 -> 1.5K (K = 1024 tokens, as context lengths are named); any other length in full."""
     return f"{n / 1024:g}K" if n >= 1024 and n % 512 == 0 else str(n)
 
 
@@ -133,7 +118,7 @@ def _length_axes(ax, rows: list[dict], train_length: int, title: str):
     )
     scored = {r["length"] for r in rows if r["ppl"]}  # a length no cell scored (past a learned table) says so
     names = [length_name(n) if n in scored else f"{length_name(n)}\nn/a" for n in lengths]
-    ax.set_xticks(lengths, names)  # spaced_labels() drops those that would touch, once the figure is laid out
+    ax.set_xticks(lengths, names)  # spaced_labels() drops those that would touch
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_minor_label))
@@ -149,8 +134,8 @@ def _series(rows: list[dict], name: str, mode: str) -> list[dict]:
 
 
 def _line(ax, rows: list[dict], name: str, mode: str, band: bool = True, dodge: float = 1.0, **style):
-    """ppl against length with its 95% interval (a band, or bars where bands would merge), and ±sd over seeds as
-    error bars for a seed group; with bars, each series drawn at length x dodge, so its bars stand apart."""
+    """ppl against length with its 95% interval (a band, or bars dodged along x where bands would merge), and ±sd over
+    seeds as error bars."""
     series = _series(rows, name, mode)
     if not series:
         return
@@ -180,9 +165,8 @@ def _length_panels(axes, rows: list[dict], train_length: int) -> str:
 
 
 def spaced_labels(fig, axes, train_length: int, gap: float = 6.0):
-    """Label every k-th length of each axis in axes, k as small as keeps gap points between labels, counted from
-    the training length (its dotted line) so that 1x, 4x, 16x stay labelled when every second one goes; the other
-    ticks stay, unlabelled. Measured on the laid-out figure: a panel's width and a label's size decide."""
+    """Label every k-th length of each axis, k as small as keeps gap points between labels, counted from the training
+    length so 1x, 4x, 16x stay labelled. Measured on the laid-out figure."""
     fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     pad = renderer.points_to_pixels(gap)
@@ -248,8 +232,7 @@ def plot(rows: list[dict], train_length: int, path: Path, title: str, by_positio
 
 
 def plot_compare(rows: list[dict], train_length: int, path: Path):
-    """Many runs: a panel per mode sharing the y axis; every series its own colour, marker and (for a RoPE
-    extension) line style."""
+    """Many runs: a panel per mode sharing the y axis."""
     plt = _pyplot()
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     fig, axes = plt.subplots(
@@ -270,13 +253,9 @@ def _save(fig, path: Path):
 
 
 def plot_stream(result: dict, path):
-    """NLL per block against tokens seen, a line per method, each in its own colour and line style: methods that
-    score alike (window, sinks, recompute) lie on one another, and the styles show each one is there."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """NLL per block against tokens seen, a line per method in its own colour and line style: methods that score alike
+    lie on one another, and the styles show each is there."""
+    plt = _pyplot()
     styles = ["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 3)), (0, (8, 2))]
     fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
     for i, (name, m) in enumerate(result["methods"].items()):
@@ -332,9 +311,8 @@ def plot_passkey(result: dict, path):
 
 
 def plot_tasks(cells: dict, path):
-    """A heatmap per task (evaluation/tasks.py cells): a row per scheme, a column per test length, coloured by
-    exact-match accuracy, each cell with its 95% interval (over the samples and a seed group's runs); grey where
-    n/a."""
+    """A heatmap per task: a row per scheme, a column per test length, coloured by exact-match accuracy, each cell with
+    its 95% interval; grey where n/a."""
     plt = _pyplot()
     names = list(cells)
     rows = list(dict.fromkeys(name for task in names for name in cells[task]))

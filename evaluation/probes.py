@@ -3,11 +3,9 @@
 python train.py experiment=sinks                        (train.sink_metric=true attaches SinkProbe)
 python train.py train.sink_metric=true model.sink_logit=true
 train(cfg, out_dir, probes=[my_probe])                  (any other probe, attached from outside the loop)
-A probe is a function or an object called as probe(model, rows, rt): the raw model (not wrapped, not compiled; every
-rank calls it, since FSDP gathers the weights in the forward), a RowSampler of held-out rows that open as the
-training rows do, and the runtime. It returns a dict of metrics, which train.py merges into that step's line of
-metrics.jsonl. An object with a describe(metrics) method says what the progress line shows of them; otherwise the
-line shows its numbers as they are.
+A probe is called as probe(model, rows, rt) on every rank (FSDP gathers the weights in the forward) with the raw
+model, held-out rows and the runtime; it returns metrics that train.py merges into metrics.jsonl, and an optional
+describe(metrics) says what the progress line shows.
 """
 
 import torch
@@ -16,11 +14,9 @@ from evaluation.sink_mass import nothing_cost, rows_first_token_attention
 
 
 class SinkProbe:
-    """train.sink_metric: the attention the queries of n_rows held-out rows put on their first token (the learned
-    sink token with positional=sink), per layer's largest head, and the share of sink heads (evaluation/sink_mass.py);
-    with model.sink_logit=true also the nothing slot's share, per layer's largest head, and what taking it away costs
-    (sink_mass.nothing_cost). Eager and fp32: hooks read each layer's input. The rows open as the training rows do
-    (BOS first under data.bos_aligned), since a sink forms on the token that opens every row the model trained on."""
+    """train.sink_metric: attention on the first token of n_rows held-out rows, per layer's largest head, and the share
+    of sink heads (evaluation/sink_mass.py); with model.sink_logit=true also the nothing slot's share and cost. The rows
+    open as the training rows do (BOS first under data.bos_aligned): a sink forms on the token that opens every row."""
 
     def __init__(self, n_rows: int = 16):
         self.n_rows = n_rows
@@ -51,7 +47,7 @@ class SinkProbe:
 
 
 def describe(metrics: dict) -> str:
-    """A probe's numbers as the progress line shows them when the probe does not say: 'name value' each."""
+    """A probe's numbers as the progress line shows them when the probe does not say."""
     return " ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, int | float))
 
 

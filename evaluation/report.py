@@ -1,9 +1,7 @@
-"""Evaluation results as text: labels, the length table, one run or many (evaluation/compare.py), and their files.
+"""Evaluation results as text: labels, the length table, and the files every evaluation writes and reads back.
 
 python eval.py checkpoint=out/rope                      -> out/rope/eval/length.{json,png}
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00   -> <sweep_dir>/eval/compare.{json,txt,png}
-A cell reads `ppl [lo, hi]`, its 95% bootstrap interval (evaluation/bootstrap.py). Labels for every report, the
-text tables, and write_result, which writes every evaluation's JSON (and its figure: evaluation/plots.py).
 """
 
 import json
@@ -24,10 +22,9 @@ def trained_scaling(model_config: dict) -> str | None:
 
 
 def scheme_label(ckpt: dict) -> str:
-    """The scheme as its checkpoint defines it, for every report: rope, rope/PPPN (positional.layers with NoPE
-    layers: iRoPE), rope[yarn x4 from 256] (fine-tuned with a scaling), rope[at 1024 from 256] (fine-tuned longer,
-    unscaled), nope[dropped rope] (DroPE: a NoPE fine-tune of a RoPE model). Not the module's name, which is the
-    same for rope and iRoPE."""
+    """The scheme as its checkpoint defines it, for every report: rope, rope/PPPN (iRoPE, whose module is rope),
+    rope[yarn x4 from 256] (fine-tuned with a scaling), rope[at 1024 from 256] (fine-tuned longer, unscaled),
+    nope[dropped rope] (DroPE)."""
     model_config = ckpt["model_config"]
     pos = model_config["positional"]
     name = pos["name"]
@@ -85,7 +82,7 @@ def table(rows: list[dict], lengths: list[int], title: str) -> str:
 
 
 def binned(by_position, count, min_samples: int = 32) -> list[tuple[int, float]]:
-    """Mean NLL by position as (first position, mean) bins: log-spaced, each widened until it averages at least
+    """Mean NLL by position as (first position, mean) log-spaced bins, each widened until it averages at least
     min_samples tokens, so a long window scored a few times still gives a readable curve."""
     out, lo, n = [], 0, len(by_position)
     while lo < n:
@@ -100,8 +97,7 @@ def binned(by_position, count, min_samples: int = 32) -> list[tuple[int, float]]
 
 
 def model_label(result: dict) -> str:
-    """The scheme, an eval-time extension, and the QK-norm where it is not the default gain-free one: rope,
-    rope + rerope (w 128), rope (qk_norm=learned)."""
+    """The scheme, an eval-time extension, a non-default QK-norm: rope + rerope (w 128), rope (qk_norm=learned)."""
     variant, qk_norm = result.get("variant", "none"), result.get("qk_norm", "rms")
     window = next((r["window"] for r in result["results"] if r.get("window")), None)
     extension = "" if variant == "none" else f" + {variant}" + (f" (w {window})" if window else "")
@@ -114,10 +110,8 @@ RESULT |= {"passkey": {"scheme": str, "results": list}, "stream": {"scheme": str
 
 
 def write_result(out_dir: Path, stem: str, result: dict, draw=None, text: str | None = None) -> Path:
-    """<out_dir>/<stem>.json, <stem>.txt (text, where given) and <stem>.png drawn by draw(path=...) where given:
-    every evaluation's result is written here, so they all read back the same way (read_result), and says where.
-    Each file is written whole or not at all (utils/files.py), the JSON (what scripts and reports read) last; a
-    failed write is one line naming the file. An earlier, different result of the same name is kept (keep_earlier)."""
+    """Write <stem>.json, and <stem>.txt and <stem>.png (draw(path=...)) where given, into out_dir, each whole or not at
+    all, the JSON last; an earlier, different result of the same name is kept (keep_earlier)."""
     path, content = out_dir / f"{stem}.json", json.dumps(result, indent=1)
     kept = keep_earlier(path, content)
     try:
@@ -135,8 +129,8 @@ def write_result(out_dir: Path, stem: str, result: dict, draw=None, text: str | 
 
 
 def made_by(folder: Path) -> list[str]:
-    """A report's lines quoting <folder>/commands.txt, where the script that made the folder (runs/*.sh) appended each
-    call with every variable it ran with; none where the folder has no such record."""
+    """A report's lines quoting <folder>/commands.txt, where the runs/*.sh script that made the folder appended each
+    call with its variables; none without one."""
     record = folder / "commands.txt"
     if not record.exists():
         return []
@@ -145,9 +139,8 @@ def made_by(folder: Path) -> list[str]:
 
 
 def keep_earlier(path: Path, content: str) -> str:
-    """Before a result replaces a different one of the same name (a second evaluation of a run, other settings),
-    link the earlier one's files into <folder>/earlier/<stem>-<its time>.*: a result is never lost to the next. The
-    words that say so, or '' (no earlier result, or the same one)."""
+    """Before a result replaces a different one of the same name, link the earlier one's files into
+    <folder>/earlier/<stem>-<its time>.*, so no result is lost to the next; returns the words that say so, or ''."""
     if not path.exists() or path.read_text(errors="replace") == content:
         return ""
     when = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(path.stat().st_mtime))
@@ -156,7 +149,7 @@ def keep_earlier(path: Path, content: str) -> str:
     for old in sorted(path.parent.glob(f"{path.stem}.*")):
         target = earlier / f"{path.stem}-{when}{old.suffix}"
         try:
-            os.link(old, target)  # the same bytes under a second name: the next write replaces only the first
+            os.link(old, target)  # a second name: the next write replaces only the first
         except FileExistsError:
             pass
         except OSError:  # a filesystem without hard links
@@ -165,9 +158,8 @@ def keep_earlier(path: Path, content: str) -> str:
 
 
 def read_result(path) -> dict:
-    """A result write_result wrote (<run>/eval/<mode>.json, or a -m job's length.json), checked as it is read: one
-    line naming the file and the command that writes it again when it is cut short, empty or lacks what its readers
-    read (RESULT)."""
+    """A result write_result wrote, checked as it is read: one line naming the file and the command that writes it again
+    when it is cut short, empty or lacks what its readers read (RESULT)."""
     path = Path(path)
     mode = path.stem.split("-")[0]  # passkey-<variant>.json: a passkey result
     run = path.parent.parent if path.parent.name == "eval" else "<run>"
@@ -183,8 +175,8 @@ def markdown(rows: list[dict], fmt=str) -> str:
 
 
 def show_table(rows: list[dict], title: str, note: str, json_path: Path | None = None):
-    """Print rows as a markdown table under its title and a note (what it was measured on); with json_path, also
-    write {title, note, command, rows} there (write_result), so a table can be kept as evidence in results/."""
+    """Print rows as a markdown table under its title and note; with json_path, also write {title, note, command, rows}
+    there, so a table can be kept as evidence in results/."""
     import shlex
     import sys
 

@@ -2,35 +2,27 @@
 
 python eval.py checkpoint=out/rope eval.mode=stream      (reported beside the streaming perplexity)
 python train.py experiment=sinks                         (train.sink_metric: the trend over training)
-StreamingLLM's window attention collapses when the evicted first token held a large share of every query's
-attention; a model whose first token gets about 1/(keys visible) of it has no sink to lose. With
-model.sink_logit=true the learned "nothing" slot is in every softmax denominator, so a share here is the true
-share of the query's attention, and the rows sum to one less what went to nothing.
-The windows are spread evenly along the stream eval.mode=stream feeds, which holds every held-out work
-(evaluation/stream.py), so the measure is not one play's; each starts with the stream's first token (its BOS), the
-token a 1 + (W - 1) sink cache keeps (a learned sink token leads them instead where the scheme has one).
-Sink heads (Gu et al. 2024, "When Attention Sink Emerges"): a head whose mean attention on the first token exceeds
-SINK_THRESHOLD = 0.3 is counted as a sink head; the share of such heads is reported per layer and over all layers.
-It is measured in windows of the training length (queries in each window's second half), where the model sees
-what it saw in training. With positional=sink the "first token" is the learned sink token (key 0 of the forward,
-before the window's first text token), the token StreamingLLM's 1 + (W - 1) cache keeps.
+StreamingLLM's window attention collapses when the evicted first token held a large share of every query's attention;
+a model whose first token gets about 1/(keys visible) of it has no sink to lose. Measured in windows of the training
+length (queries in each window's second half), each opened by the stream's first token as a 1 + (W - 1) sink cache
+keeps it. With model.sink_logit=true the "nothing" slot is in every softmax denominator: the shares are true ones.
 """
 
 import torch
 
 from model.attention import attention_weights, content_grid, dense_bias
 
-SINK_THRESHOLD = 0.3  # Gu et al. 2024: a head with more than this mean attention on the first token is a sink head
+SINK_THRESHOLD = 0.3  # Gu et al. 2024, "When Attention Sink Emerges": above it, a head is a sink head
 
 
 @torch.no_grad()
 def layer_inputs(model, idx: torch.Tensor) -> list[tuple]:
-    """Per layer, (its attention module, that module's input (B, T', D), the plan it reads) in a full forward over
-    idx (T' counts the learned sink tokens of positional=sink first): what a diagnostic recomputes a layer from."""
+    """Per layer, (its attention module, its input (B, T', D), its plan) in a full forward over idx; T' counts the
+    learned sink tokens of positional=sink."""
     seen, hooks = [], []
 
     def capture(attn, args):
-        seen.append((attn, args[0], attn.own_plan(args[1])))  # the layer's scheme (positional.layers) and window
+        seen.append((attn, args[0], attn.own_plan(args[1])))
 
     for block in model.blocks:
         hooks.append(block.attn.register_forward_pre_hook(capture))
@@ -44,8 +36,7 @@ def layer_inputs(model, idx: torch.Tensor) -> list[tuple]:
 
 @torch.no_grad()
 def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
-    """Per layer, the fp32 attention probabilities (B, H, T', T') of a full forward over idx (T' counts the
-    learned sink tokens of positional=sink first), recomputed from each attention layer's input."""
+    """Per layer, the fp32 attention probabilities (B, H, T', T') of a forward over idx, recomputed from its input."""
     probs = []
     for attn, x, plan in layer_inputs(model, idx):
         q, k, _ = attn.project(x)
@@ -63,8 +54,7 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
 
 
 def sink_shares(per_head: list[list[float]], threshold: float = SINK_THRESHOLD) -> dict:
-    """From each layer's per-head mean attention on the first token: the share of heads above threshold per layer,
-    and over every head of every layer."""
+    """The share of heads whose mean attention on the first token is above threshold, per layer and over all."""
     above = [sum(m > threshold for m in layer) for layer in per_head]
     total = sum(len(layer) for layer in per_head)
     return {
@@ -74,11 +64,8 @@ def sink_shares(per_head: list[list[float]], threshold: float = SINK_THRESHOLD) 
 
 
 def first_token_attention(model, tokens: torch.Tensor, window: int, n_windows: int = 16, first=None) -> dict:
-    """Mean attention on the first key (per layer, averaged over heads, its largest head, every head, and the share
-    of heads above SINK_THRESHOLD) from the queries in the second half of n_windows windows of `window` tokens cut
-    from tokens, against a uniform share. The first key is the learned sink token where the scheme has one.
-    first: a token id put first in every window (the stream's BOS: what a 1 + (W - 1) sink cache keeps before the
-    recent tokens, and what a data.bos_aligned model saw first in every training row)."""
+    """rows_first_token_attention over n_windows windows of `window` tokens cut evenly from tokens; first: a token id
+    put first in every window (the stream's BOS)."""
     starts = torch.linspace(0, len(tokens) - window, n_windows).long().tolist()
     rows = torch.stack([tokens[s : s + window] for s in starts])
     if first is not None:
@@ -90,9 +77,9 @@ def first_token_attention(model, tokens: torch.Tensor, window: int, n_windows: i
 
 
 def rows_first_token_attention(model, idx: torch.Tensor) -> dict:
-    """first_token_attention over the rows idx (B, window) as they are (train.sink_metric: held-out training rows).
-    With model.sink_logit=true also the share each head gives the nothing slot (what its rows do not spend on real
-    keys), and the share of heads above SINK_THRESHOLD on it: the gpt-oss sink, which no cache can evict."""
+    """Attention on the first key from the second-half queries of the rows idx (B, window): per layer the mean over
+    heads, the largest head, every head and the share of sink heads, against a uniform share. With model.sink_logit=true
+    also each head's share to the nothing slot: the gpt-oss sink, which no cache can evict."""
     window = idx.size(1)
     half = window // 2 + model.pe.n_prefix
     probs = [p[:, :, half:] for p in attention_probs(model, idx)]  # the second half's queries
@@ -119,9 +106,8 @@ def rows_first_token_attention(model, idx: torch.Tensor) -> dict:
 
 @torch.no_grad()
 def nothing_cost(model, idx: torch.Tensor, targets: torch.Tensor) -> float:
-    """For model.sink_logit=true: the mean loss (nats per token) on idx -> targets with the nothing slot taken away
-    (every sink logit -inf, so each head spends all its attention on real keys) less the loss with it. What evicting
-    a sink that took exactly the model's no-op attention would cost: the StreamingLLM collapse this model can have."""
+    """For model.sink_logit=true: the mean loss (nats per token) with the nothing slot taken away (every sink logit
+    -inf) less the loss with it: what evicting a sink that held exactly the model's no-op attention would cost."""
     sinks = [block.attn.sink for block in model.blocks]
     base = model(idx, targets).item()
     saved = [s.detach().clone() for s in sinks]
@@ -135,7 +121,7 @@ def nothing_cost(model, idx: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def describe(sink: dict) -> str:
-    """Lines for the streaming table: the share of sink heads per layer, and the mean attention on the first token."""
+    """Lines for the streaming table: the share of sink heads per layer and the mean attention on the first token."""
     layers = " ".join(f"{s:.2f}" for s in sink["sink_share"])
     means = " ".join(f"{m:.3f}" for m in sink["mean"])
     text = (

@@ -1,24 +1,14 @@
 """Streaming perplexity, StreamingLLM's test: one long stream of held-out text fed token by token.
 
 python eval.py checkpoint=out/rope eval.mode=stream eval.stream_tokens=12800 cache.window=252
-Methods, each scoring the same stream:
+Methods, each scoring the same stream (one document of each held-out work, end to end, each from its BOS):
   dense      every token kept, as far as eval.dense_limit (memory) or the scheme's table allows
-  window     a plain window of the W most recent tokens (0 + W); W = cache.sinks + cache.window, by default the
-             training length plus the scheme's learned sink tokens
-  sinks      the first s tokens plus the W - s most recent (s + (W - s), the same memory), for s = 1 and 4 (and
-             cache.sinks, or the scheme's learned sink count, where that differs); with positional=sink the
-             stream's first token is its learned sink, so 1 + (W - 1) keeps exactly that
-  recompute  each token predicted by a fresh forward over the W tokens before it, at positions 0..W-1 (the oracle;
-             with positional=sink its learned sink leads every window, as in training)
-The stream: one document of each distinct held-out work (evaluation/heldout.py), an equal share of the tokens from
-each, end to end, each from its own opening (its BOS), as StreamingLLM feeds whole books one after another.
-Also reports how much attention the model puts on the first token of a window and the share of sink heads
-(evaluation/sink_mass.py), over windows spread along the same stream, with a picture of a few heads' attention
-(sink_attention.png, evaluation/attention_map.py).
-Reports NLL and perplexity per block of eval.block tokens as stream.json, a table and stream.png, with 95%
-bootstrap intervals (evaluation/bootstrap.py): a block's resamples its runs of eval.block / 16 consecutive tokens;
-a method's mean over the stream resamples the blocks, with the same draws for every method, so the difference of
-two methods (stream.json `pairs`) is a paired bootstrap on the same tokens.
+  window     the W most recent tokens (0 + W); W = cache.sinks + cache.window, by default the training length plus
+             the scheme's learned sink tokens
+  sinks      the first s tokens plus the W - s most recent (s + (W - s)), for s = 1, 4 and cache.sinks
+  recompute  each token predicted by a fresh forward over the W tokens before it (the oracle)
+Intervals: a block's resamples its runs of eval.block / 16 tokens; a method's mean resamples the blocks with the same
+draws for every method, so the differences (`pairs`) are paired.
 """
 
 import math
@@ -41,8 +31,8 @@ from utils.logger import progress
 
 
 def held_out_stream(ckpt: dict, n_tokens: int, allow_prepare: bool) -> tuple[np.ndarray, list[dict]]:
-    """n_tokens + 1 held-out tokens: an equal share from the opening of each distinct work (a longer share from
-    the others where one is short), end to end; and (work, tokens) of each part."""
+    """n_tokens + 1 held-out tokens, an equal share from the opening of each distinct work (more from the others where
+    one is short), end to end; and (work, tokens) of each part."""
     works = held_out_works(ckpt, allow_prepare)
     shares = equal_shares(n_tokens + 1, [len(doc) for _, doc in works])
     if sum(shares) < n_tokens + 1:
@@ -109,8 +99,8 @@ def method_entry(nll: np.ndarray, size: int, seconds: float, note: str | None) -
 
 
 def summarize(results: dict, raw: dict, size: int) -> list[dict]:
-    """Add each method's mean over its stream with an interval (its blocks resampled, the same draws for every
-    method of the same length); return the paired difference of every two methods that scored the same tokens."""
+    """Add each method's mean over the stream with its interval; return the paired difference of every two methods that
+    scored the same tokens."""
     draws = {}
     for name, nll in raw.items():
         sums, counts = bootstrap.contiguous_blocks(nll, size)
@@ -126,8 +116,8 @@ def summarize(results: dict, raw: dict, size: int) -> list[dict]:
 
 
 def sink_counts(sinks: int, size: int) -> list[int]:
-    """How many first tokens each sinks row keeps: 1 (a learned sink, or StreamingLLM's minimum) and 4 (its
-    default), plus `sinks` (cache.sinks, or the scheme's learned sink count) where that differs; each below W."""
+    """How many first tokens each sinks row keeps: 1 (a learned sink, or StreamingLLM's minimum), 4 (its default) and
+    `sinks` where that differs; each below W."""
     return sorted(s for s in {1, 4, sinks} if 0 < s < size)
 
 
@@ -198,8 +188,8 @@ def _cell(ppl: float, ci: list[float] | None) -> str:
 
 
 def stream_table(result: dict, rows: int = 10) -> str:
-    """Perplexity [95% interval] per block at up to `rows` evenly spaced blocks, a column per method; the mean
-    over the stream; which methods are within noise of each other."""
+    """Perplexity [95% interval] at up to `rows` evenly spaced blocks, a column per method; the mean over the stream;
+    which methods are within noise of each other."""
     names, methods = list(result["methods"]), result["methods"]
     n_blocks = max(len(m["nll"]) for m in methods.values())
     picks = sorted({round(i * (n_blocks - 1) / (rows - 1)) for i in range(rows)}) if n_blocks > 1 else [0]

@@ -1,10 +1,7 @@
-"""The report of a study: every run's length evaluation compared (seeds grouped), every stream and passkey table,
-the plots.
+"""The report of a study: the length evaluations compared (seeds grouped), every stream and passkey table, the plots.
 
 python -m evaluation.study study          (the last step of `bash runs/study.sh`; reads study/*/eval/*.json)
-Writes study/REPORT.md and study/eval/compare.{json,txt,png} (runs/extension.sh: ext/REPORT.md). Rows whose
-difference from the best lies inside the paired bootstrap's 95% interval are marked (evaluation/compare.py); read
-only what survives them.
+Writes study/REPORT.md and study/eval/compare.{json,txt,png} (runs/extension.sh: ext/REPORT.md).
 """
 
 import sys
@@ -19,14 +16,12 @@ from utils.errors import UserError, cli
 
 
 def results(study: Path, kind: str) -> list[tuple[Path, dict]]:
-    """Every run's eval/<kind>.json (stream, passkey) in the study, with its path."""
     return [(p, read_result(p)) for p in sorted(study.glob(f"*/eval/{kind}.json"))]
 
 
 def markdown_table(rows: list[dict], train_length: int, mode: str = "nonoverlap") -> str:
-    """The README's table of compare.compare's rows: a row per scheme (seeds grouped), best at the training length
-    first, a column per length; a cell is `ppl [lo, hi]`, with `±sd` over the seeds at the training length and the
-    longest (the text table has every one); **bold**: lowest in its column, `~`: within noise of it."""
+    """The README's table of compare.compare's rows, best at the training length first: ppl, `±sd` over the seeds at the
+    training length and the longest, `[lo, hi]`; **bold**: lowest in its column, `~`: within noise of it."""
     rows = [r for r in rows if r["mode"] == mode]
     lengths = sorted({r["length"] for r in rows})
     cells = {(label(r), r["length"]): r for r in rows}
@@ -54,15 +49,15 @@ def report(study: Path) -> str:
     lengths = [read_result(p) for p in sorted(study.glob("*/eval/length.json"))]
     if not lengths:
         raise UserError(f"no */eval/length.json under {study}; run bash runs/study.sh first")
-    streams = results(study, "stream")  # every result read (and checked) before anything is written
+    streams = results(study, "stream")  # all read and checked before anything is written
     passkeys = sorted(
         results(study, "passkey") + results(study, "passkey-*"), key=lambda pr: (pr[0].parent, pr[0].stem)
     )
     table = compare.compare(lengths, study / "eval")
     kept = files.read_json(study / "eval" / "compare.json", {"groups": list, "results": list})
     rows = kept["results"]
-    group_of = {run: g["label"] for g in kept["groups"] for run in g["runs"]}  # a variant's stream: its group's name
-    sizes = sorted({len(g["seeds"]) for g in kept["groups"]})  # seeds per group: a run alone is a group of one
+    group_of = {run: g["label"] for g in kept["groups"] for run in g["runs"]}
+    sizes = sorted({len(g["seeds"]) for g in kept["groups"]})
     seeds = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
     lines = [
         f"# Study: {study.name}",
@@ -94,10 +89,10 @@ def report(study: Path) -> str:
             lines.append(f"![stream {name}]({rel}/stream.png)")
     if passkeys:
         lines += ["", "## Passkey retrieval"]
-    for path, result in passkeys:  # runs fine-tuned on data=passkey: no length.json, so named by their scheme
+    for path, result in passkeys:  # passkey fine-tunes have no length.json
         rel = path.parent.relative_to(study)
         lines += ["", f"### {model_label(result)} ({rel.parent})", "", "```", passkey_table(result), "```", ""]
-        if path.with_suffix(".png").exists():  # passkey.png, or passkey-<variant>.png under an extension
+        if path.with_suffix(".png").exists():
             lines.append(f"![passkey {model_label(result)}]({rel}/{path.stem}.png)")
     return "\n".join(lines) + "\n"
 

@@ -2,19 +2,12 @@
 
 python eval.py checkpoint=out/tasks-rope eval.mode=tasks                 -> out/tasks-rope/eval/tasks.{json,txt,png}
 python eval.py sweep_dir=multirun/tasks eval.mode=tasks                  every run, and a heatmap per task
-For each task the checkpoint trained on and each of its test lengths (data/tasks.py TASKS: to 4x and 8x the longest
-training length), eval.trials held-out samples drawn from a generator seeded by (eval.seed, task, n), which never
-meets the training seeds. A sample is right when every scored token (its answer and the closing '.') is the most
-likely one given the true prefix: greedy decoding of the answer, teacher-forced, as passkey mode scores its key.
-A run's accuracy carries a Wilson 95% interval over its trials, and its rows keep each sample's right/wrong. Over
-runs (a sweep, a battery's folder), runs that differ only in seed form a group: its accuracy is the mean of its runs',
-with their sd, and its 95% interval comes from a bootstrap that resamples the samples and the runs (the samples
-scored by several seeds' models are not independent trials), widened where needed to the Wilson interval over the
-distinct samples. Two groups scored on the same samples compare by a paired bootstrap: the same samples drawn for
-both, each group's runs drawn apart; a difference is read only where its 95% interval excludes 0.
+python -m evaluation.tasks tasks                                         tasks/REPORT.md from the runs' tasks.json
+A sample is right when every scored token (its answer and the closing '.') is the argmax given the true prefix:
+greedy decoding, teacher-forced. A seed group's 95% interval is a bootstrap over the samples and the runs (samples
+scored by several seeds' models are not independent trials), at least the Wilson interval over the distinct samples.
 A model trained with random positions (positional.random_positions=L, Ruoss et al. 2023) is scored at sorted random
-positions from range(L), one draw per batch, as it was trained (their released code draws at test time too); a
-length whose samples need more than L positions, or more than a learned table holds, is n/a.
+positions from range(L), one draw per batch, as their released code does.
 """
 
 import json
@@ -111,9 +104,8 @@ def run_tasks(path, cfg, rt, out_dir: Path) -> dict:
 
 
 def seed_groups(results: list[dict]) -> dict:
-    """{task: {label: [each run's {n: row}]}}: the runs of a seed group. Runs are grouped within each task set
-    (data.tasks) apart, so a battery of one run per task labels its groups by scheme, as a battery of mixtures does;
-    where two task sets trained one task, the label names its set."""
+    """{task: {label: [each run's {n: row}]}}. Runs are grouped within each task set (data.tasks), so a battery of one
+    run per task labels its groups by scheme; where two task sets trained one task, the label names its set."""
     by_set = {}
     for res in results:
         by_set.setdefault(tuple(res["train_config"]["data"]["tasks"]), []).append(res)
@@ -130,18 +122,17 @@ def seed_groups(results: list[dict]) -> dict:
 
 
 def accuracy_draws(rows: list[dict], key) -> np.ndarray:
-    """Bootstrap draws of a seed group's accuracy: each run's samples resampled (the same samples, the same draw
-    of indices: every run and group scored on them is paired), then the runs resampled (bootstrap.pick_runs)."""
+    """Bootstrap draws of a seed group's accuracy: each run's samples resampled (the same indices for the same samples,
+    so groups pair), then the runs (bootstrap.pick_runs)."""
     per_run = [np.asarray(r["right"], dtype=np.float64)[bootstrap.block_draws(r["trials"], r["draw"])].mean(axis=1)
                for r in rows]  # fmt: skip
     return bootstrap.pick_runs(np.array(per_run), key)
 
 
 def group_cell(rows: list, key) -> tuple[dict | None, np.ndarray | None]:
-    """One cell of a seed group and its draws: the mean of its runs' accuracies, their values and sd, and a 95%
-    interval. One run: its Wilson interval. Several: the bootstrap's over the samples and the seeds, widened where
-    needed to the Wilson interval over the distinct samples scored (a bootstrap of a cell right or wrong on every
-    sample has no spread)."""
+    """A seed group's cell and its draws: the mean accuracy, each run's, their sd, and a 95% interval: one run's Wilson
+    interval, or the bootstrap's over samples and seeds widened to the Wilson interval over the distinct samples (a cell
+    right or wrong on every sample has no bootstrap spread)."""
     if any(r is None or r["accuracy"] is None for r in rows):
         return None, None
     draws, accuracy = accuracy_draws(rows, key), float(np.mean([r["accuracy"] for r in rows]))
@@ -164,9 +155,8 @@ def difference(a: tuple[dict, np.ndarray], b: tuple[dict, np.ndarray]) -> dict:
 
 
 def summary(results: list[dict]) -> dict:
-    """{"cells": {task: {label: {n: cell or None}}}, "pairs": [...]}: every seed group's cell (group_cell) and the
-    paired difference of every two groups in every column; a cell is marked `*` where its accuracy is the highest of
-    its column (above 0) and `~` where its difference from the first such holds 0."""
+    """{"cells", "pairs"}: every seed group's cell and the paired difference of every two groups in every column; `*`
+    marks a column's highest accuracy (above 0), `~` a cell whose difference from it holds 0."""
     cells, pairs = {}, []
     for task, groups in seed_groups(results).items():
         lengths = sorted({n for runs in groups.values() for run in runs for n in run})
@@ -189,13 +179,12 @@ def summary(results: list[dict]) -> dict:
 
 
 def cells(results: list[dict]) -> dict:
-    """{task: {label: {n: cell or None}}} (summary)."""
+    """{task: {label: {n: cell or None}}}"""
     return summary(results)["cells"]
 
 
 def table(results: list[dict], by_task: dict | None = None) -> str:
-    """Per task, a row per seed group and a column per length: accuracy and its mark, ±sd over seeds [95%
-    interval over the samples and the seeds]."""
+    """Per task, a row per seed group, a column per length: accuracy, mark, ±sd over seeds, [95% interval]."""
     by_task = cells(results) if by_task is None else by_task
     lines = []
     for task, groups in by_task.items():
@@ -242,8 +231,8 @@ def rests_on(results: list[dict]) -> str:
 
 
 def write_report(folder: Path) -> str:
-    """<folder>/REPORT.md and <folder>/eval/tasks.{json,txt,png} from the runs' stored eval/tasks.json: the battery's
-    tables without scoring anything again (runs/tasks.sh ends with it)."""
+    """<folder>/REPORT.md and eval/tasks.{json,txt,png} from the runs' stored eval/tasks.json, scoring nothing again
+    (runs/tasks.sh ends with it)."""
     found = sorted(p for p in folder.rglob("eval/tasks.json") if p.parent.parent != folder)  # not the summary
     if not found:
         raise UserError(f"no eval/tasks.json under {folder}; run python eval.py checkpoint=<run> eval.mode=tasks")

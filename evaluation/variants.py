@@ -2,11 +2,8 @@
 
 python eval.py checkpoint=out/rope eval.rope_scaling=all eval.rerope=true eval.log_scaling=true
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.rope_scaling=rerope
-eval.rope_scaling picks RoPE extensions (positional/rope_scaling.py: one kind, or `all` closed-form kinds, and a
-searched kind where its search files exist), eval.rerope adds ReRoPE's two rows, eval.log_scaling a `log` row
-(model/log_scaling.py), eval.hf_rope_scaling a Hugging Face rope_scaling dict's row, hf_<rope_type>
-(positional/hf_rope_scaling.py). The length table (evaluation/length.py) and passkey mode (evaluation/passkey.py)
-score the same list: plan_variants gives it, and at(variant, length) the Variant a cell passes into the forward.
+The length table (evaluation/length.py) and passkey mode (evaluation/passkey.py) score the list plan_variants gives,
+and at(variant, length) is the Variant a cell passes into the forward.
 """
 
 import torch
@@ -23,27 +20,22 @@ from utils.logger import say
 LOG = "log"  # the variant row of eval.log_scaling
 
 
-ALL = KINDS  # what eval.rope_scaling=all scores
-
-
 def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str]:
-    """The eval-time RoPE extensions to score. A model that was fine-tuned with positional.scaling has its
-    frequencies built in: another scaling would replace them, not add to them, so it is refused, and `all` (as in a
-    sweep) scores that model as it is."""
-    if requested == "all":  # the closed-form kinds; with_searched adds a SEARCHED one where its search has been run
+    """The eval-time RoPE extensions to score. A model fine-tuned with positional.scaling has its frequencies built in:
+    another scaling would replace them, not add to them, so it is refused, and `all` scores the model as it is."""
+    if requested == "all":  # the closed-form kinds; with_searched adds the SEARCHED ones
         if trained:
             say(f"note: trained with positional.scaling={trained}: scored as it is, with no eval-time scaling")
             return ["none"]
-        return list(ALL) if pe.rotary else ["none"]
+        return list(KINDS) if pe.rotary else ["none"]
     if why := refusal("eval.rope_scaling", requested, pe, trained):
         raise UserError(why)
     return [requested]
 
 
 def with_log_scaling(variants: list[str], requested: bool, ckpt: dict) -> list[str]:
-    """The variants plus `log` (model/log_scaling.py: unscaled RoPE, logits x max(1, ln n / ln L)) when asked for:
-    first, or right after `none`, before any RoPE variant, whose frequencies would otherwise linger into it. A model
-    trained with model.ssmax already scales its logits by ln n: a second log factor is not scored."""
+    """Add `log` (model/log_scaling.py) when asked for, before any RoPE variant, whose frequencies would otherwise
+    linger into it. A model trained with model.ssmax already scales its logits by ln n: no second log factor."""
     if not requested:
         return variants
     if ckpt["model_config"].get("ssmax"):
@@ -54,8 +46,7 @@ def with_log_scaling(variants: list[str], requested: bool, ckpt: dict) -> list[s
 
 
 def with_searched(variants: list[str], requested: str, path, factors: list[float]) -> list[str]:
-    """`all` also scores each SEARCHED kind whose search has been run for every factor past 1 here (its files are
-    beside the checkpoint); one not searched yet is left out with a note, as it is for a scheme with no rotation."""
+    """`all` also scores the SEARCHED kinds where searched for every factor past 1; else a note leaves them out."""
     if requested != "all" or "linear" not in variants:  # not rotary, or a fine-tune's scaling is built in
         return variants
     run_dir, past = checkpoint.checkpoint_path(path).parent, [f for f in factors if f > 1]
@@ -67,9 +58,8 @@ def with_searched(variants: list[str], requested: str, path, factors: list[float
 
 
 def with_rerope(variants: list[str], requested: bool, pe, trained: str | None) -> list[str]:
-    """The variants plus rerope and leaky_rerope when asked for (eval.rerope=true): `all` leaves them out for their
-    cost, and this puts a rotary model's whole training-free table in one run. A model they cannot apply to (no
-    rotation, or a scaling built in by a fine-tune) gets a note and no rows, as `all` gives it no scaling rows."""
+    """Add rerope and leaky_rerope when asked for (eval.rerope=true; `all` leaves them out for their cost); a model they
+    cannot apply to gets a note and no rows."""
     if not requested:
         return variants
     if trained or not pe.rotary:
@@ -80,8 +70,8 @@ def with_rerope(variants: list[str], requested: bool, pe, trained: str | None) -
 
 
 def with_hf(variants: list[str], hf, pe, trained: str | None) -> list[str]:
-    """The variants plus the row of a Hugging Face rope_scaling dict (eval.hf_rope_scaling), last, where one is
-    given: asked for by its keys, so refused as eval.rope_scaling=<kind> is for a model it cannot apply to."""
+    """Add the row of a Hugging Face rope_scaling dict (eval.hf_rope_scaling), last; refused as eval.rope_scaling=<kind>
+    is for a model it cannot apply to."""
     if not hf_rope_scaling.given(hf):
         return variants
     key, off = "eval.hf_rope_scaling.rope_type", "leave eval.hf_rope_scaling out"
@@ -91,8 +81,8 @@ def with_hf(variants: list[str], hf, pe, trained: str | None) -> list[str]:
 
 
 def hf_scalings(hf, pe, lengths: list[int], train_length: int) -> dict:
-    """{length: the Scaling transformers computes for eval.hf_rope_scaling at that eval length}, all made before any
-    scoring, so a dict that does not fit this model (a factor list of the wrong length) stops the run at once."""
+    """{length: the Scaling transformers computes for eval.hf_rope_scaling}, all made before any scoring, so a dict that
+    does not fit this model stops the run at once."""
     try:
         return {n: hf_rope_scaling.scaling(hf, train_length, n, pe, "eval.hf_rope_scaling") for n in lengths}
     except ValueError as e:
@@ -100,15 +90,14 @@ def hf_scalings(hf, pe, lengths: list[int], train_length: int) -> dict:
 
 
 def searched_scalings(path, pe, variants, lengths, factor_of, train_length: int) -> dict:
-    """{(variant, length): its search record} for the SEARCHED variants past the training length, read from the
-    files their search wrote beside the checkpoint (evaluation/longrope.py), all before any scoring: a missing or
-    mismatched file stops the run at once, with the command that makes it."""
+    """{(variant, length): its search record} for the SEARCHED variants past the training length, all read before any
+    scoring: a missing or mismatched file stops the run at once."""
     run_dir, out = checkpoint.checkpoint_path(path).parent, {}
     for variant in (v for v in variants if v in SEARCHED):
         for length in (n for n in lengths if factor_of(n) > 1):
             record = longrope.load(run_dir, factor_of(length), train_length)
             try:
-                pe.rotation(torch.zeros(1, dtype=torch.long), longrope.scaling(record))  # its factors fit this model
+                pe.rotation(torch.zeros(1, dtype=torch.long), longrope.scaling(record))  # do its factors fit this model
             except ValueError as e:
                 raise UserError(f"{run_dir / longrope.file_name(factor_of(length))}: {e}") from None
             out[variant, length] = record
@@ -116,8 +105,7 @@ def searched_scalings(path, pe, variants, lengths, factor_of, train_length: int)
 
 
 def note_search_overlap(searched: dict, pieces, max_len: int):
-    """Say so when the text a search scored its candidates on is part of what this table reads (another
-    eval.lengths or eval.tokens than the search kept clear of): those cells are then not independent of it."""
+    """Say so when this table reads text a search scored its candidates on: those cells are not independent of it."""
     spans = {}
     for p in pieces:
         spans.setdefault(p.work, []).append(read_span(p, max_len))
@@ -130,10 +118,8 @@ def note_search_overlap(searched: dict, pieces, max_len: int):
 
 
 def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
-    """The variants to score (eval.rope_scaling, eval.log_scaling, eval.rerope, eval.hf_rope_scaling), the SEARCHED
-    ones' records, and at(variant, length) -> (the Variant value a cell passes into the forward, what its row
-    records of it: ReRoPE's w and k). A fine-tuned model's built-in scaling is what `none` scores; resolve_variants
-    allows no other."""
+    """The variants to score, the SEARCHED ones' records, and at(variant, length) -> (the Variant a cell passes into the
+    forward, what its row records of it). A fine-tuned model's built-in scaling is what `none` scores."""
     pe, train_length = model.pe, ckpt["seq_len"]
     trained = report.trained_scaling(ckpt["model_config"])
     variants = with_log_scaling(resolve_variants(ev.rope_scaling, pe, trained), ev.log_scaling, ckpt)
