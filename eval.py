@@ -1,23 +1,12 @@
-"""Perplexity at and far beyond the training length, as a table, a JSON file and a plot.
+"""Perplexity at and far beyond the training length, as a table, a JSON file and a plot; and the other eval modes.
 
 python eval.py checkpoint=out/rope                            lengths 0.5..16 x training length, two modes
 python eval.py checkpoint=out/rope eval.rope_scaling=all      + linear, ntk, dynamic_ntk, yarn, yarn_released, llama3
-python eval.py checkpoint=out/rope 'eval.hf_rope_scaling={rope_type: yarn, factor: 4}'   + a Hugging Face dict's row
-python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   factors searched beforehand
-                                                              (python -m evaluation.longrope_search, its docstring)
-python eval.py checkpoint=out/rope eval.rope_scaling=rerope   + ReRoPE (or leaky_rerope; eval.rerope_window, _leak)
-python eval.py checkpoint=out/rope eval.rope_scaling=all eval.rerope=true   every training-free row in one table
-python eval.py checkpoint=out/alibi eval.log_scaling=true     + a `log` row: logits x log_L n past L (any scheme)
 python eval.py sweep_dir=multirun/2026-11-22_10-00-00         every run of a training sweep, one table
 python eval.py -m checkpoint=out/rope,out/alibi,out/learned   likewise, as a Hydra multirun
-python eval.py checkpoint=out/sink eval.mode=stream           streaming perplexity through sink caches
-python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey   passkey retrieval by length and depth
-python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.rope_scaling=rerope   + under an extension
-python eval.py sweep_dir=runs/grids eval.mode=grids            data=grids runs: loss on larger grids (grids.py)
-python eval.py checkpoint=tasks/rope-s1 eval.mode=tasks         data=tasks runs: exact match at 4x and 8x (tasks.py)
-Writes <run>/eval/length.{json,png} (or stream.*, passkey.*, passkey-<variant>.*); the length tables also go to the
-run's wandb project. Each mode's driver is its module in evaluation/ (length, stream, passkey, grids); this file
-checks the config, walks a sweep, and compares.
+python eval.py checkpoint=out/sink eval.mode=stream           also passkey, grids, tasks (docs/evaluation.md)
+Writes <run>/eval/length.{json,png} (or stream.*, passkey.*); the length tables also go to wandb. Each mode's driver is
+evaluation/<mode>.py; this file checks the config, walks a sweep, and compares. More rows: docs/extension.md.
 """
 
 import importlib
@@ -35,13 +24,11 @@ from utils import checkpoint, checks, files, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Eta, start_wandb
 
-OWN_DATA = ("grids", "tasks")  # modes that score only the models of their own data= (and those models only them)
+OWN_DATA = ("grids", "tasks")  # modes that score only models of their own data= (and those models only them)
 
 
 def mode_module(name: str):
-    """eval.mode's module, evaluation/<name>.py, loaded when asked for: its run_<name>(checkpoint path, config,
-    runtime, output folder) writes its result into the folder and returns it; a sweep's table is its compare()
-    (length's is evaluation/compare.py's)."""
+    """evaluation/<name>.py: run_<name>(path, cfg, rt, out_dir) writes and returns a result; compare() makes tables."""
     return importlib.import_module(f"evaluation.{name}")
 
 
@@ -61,7 +48,7 @@ def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict
     if run is None:
         return
     rows = result["results"]
-    columns = sorted({k for r in rows for k in r} - {"piece_nll"})  # the bootstrap's inputs stay in length.json
+    columns = sorted({k for r in rows for k in r} - {"piece_nll"})  # bootstrap inputs stay in length.json
     cell = lambda v: str(v) if isinstance(v, list) else v  # an interval as one table cell
     run.log(
         {
@@ -77,7 +64,7 @@ def evaluate_one(path, cfg, rt, which: str = "") -> dict:
     run_dir = checkpoint.checkpoint_path(path).parent
     out_dir = run_dir / "eval"
     print(f"evaluating {run_dir}{which}", flush=True)
-    ckpt_config = checkpoint.load(path, mmap=True)["config"]  # read (and checked) once for this run
+    ckpt_config = checkpoint.load(path, mmap=True)["config"]
     source = ckpt_config["data"].get("source")
     own = source if source in OWN_DATA else None
     if own != (cfg.eval.mode if cfg.eval.mode in OWN_DATA else None):
@@ -93,8 +80,7 @@ def evaluate_one(path, cfg, rt, which: str = "") -> dict:
 
 
 def output_folders(cfg, paths: list[Path]):
-    """Every folder the evaluation will write, made and written to before any scoring: a run folder that cannot be
-    written fails now, not after the work (utils/files.py check_writable)."""
+    """Check every folder the evaluation will write, before any scoring."""
     for p in paths:
         files.check_writable(
             checkpoint.checkpoint_path(p).parent / "eval", "checkpoint" if cfg.checkpoint else "sweep_dir"
@@ -104,11 +90,11 @@ def output_folders(cfg, paths: list[Path]):
 
 
 def evaluate_all(cfg, rt, paths: list[Path]) -> list[dict]:
-    """Each run in turn, with its place and the time left; a stop (SIGTERM, Ctrl-C) keeps the runs done."""
+    """Each run in turn; a stop (SIGTERM, Ctrl-C) keeps the runs done."""
     results, eta = [], Eta(len(paths))
     try:
         for p in paths:
-            torch._dynamo.reset()  # each model's compiled flex versions are its own: never add up to the cap
+            torch._dynamo.reset()  # each model's compiled flex versions must not add up to the recompile cap
             which = f" (run {eta.done + 1} of {len(paths)})" if len(paths) > 1 else ""
             results.append(evaluate_one(p, cfg, rt, which))
             if len(paths) > 1:
@@ -121,7 +107,7 @@ def evaluate_all(cfg, rt, paths: list[Path]) -> list[dict]:
 
 
 def run(cfg: DictConfig, job_dir: Path | None = None):
-    checks.preflight(cfg)  # every setting, the checkpoints it names, and the rules that read them (a learned table)
+    checks.preflight(cfg)  # every setting, and the checkpoints it names
     paths = checks.checkpoints(cfg)
     output_folders(cfg, paths)
     rt = runtime.setup(cfg.device, cfg.dtype, 0)
@@ -132,14 +118,13 @@ def run(cfg: DictConfig, job_dir: Path | None = None):
             print(table.compare(results, Path(cfg.sweep_dir) / "eval"))
         return results
     result = results[0]
-    if job_dir is not None and cfg.eval.mode == "length":  # a -m job: leave a copy for the comparison callback
+    if job_dir is not None and cfg.eval.mode == "length":  # a -m job: a copy for CompareCallback
         files.write_json(job_dir / "length.json", result, indent=None)
     return result
 
 
 class CompareCallback(Callback):
-    """After `python eval.py -m checkpoint=a,b,...` (configs/eval.yaml registers it): compare every job's
-    length.json in the sweep folder."""
+    """After `python eval.py -m checkpoint=a,b,...`: compare every job's length.json (configs/eval.yaml)."""
 
     def on_multirun_end(self, config, **kwargs):
         sweep = Path(config.hydra.sweep.dir)
@@ -153,7 +138,7 @@ class CompareCallback(Callback):
 def main(cfg: DictConfig):
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir) if hc.mode == RunMode.MULTIRUN else None
-    with runtime.raising():  # SIGTERM, Ctrl-C: stop at once, keeping the runs done (evaluate_all)
+    with runtime.raising():  # stop at once, keeping the runs done
         cli(lambda: run(cfg, job_dir))
 
 

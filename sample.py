@@ -5,17 +5,10 @@ python sample.py checkpoint=out/sink cache=sink max_new_tokens=-1      (streams 
 python sample.py checkpoint=out/alibi prompt=@scene.txt num_samples=3
 python sample.py checkpoint=out/rope static=true      (a compiled fixed-shape decode step: CUDA graphs on a GPU)
 python sample.py checkpoint=out/rope rope_scaling=rerope max_new_tokens=2000    (ReRoPE past the training length)
-python sample.py checkpoint=out/rope rope_scaling=yarn_released                 (or linear, ntk, yarn, llama3, longrope)
 python sample.py checkpoint=out/rope 'hf_rope_scaling={rope_type: llama3, factor: 8}'   (a Hugging Face dict)
-cache=dense keeps every token and stops at the scheme's limit; cache=sink keeps cache.sinks first tokens plus
-a window of the cache.window most recent ones and never stops. The last line gives tokens/s and peak memory.
-rope_scaling=<kind> extends a rotary model without training, at factor s = the cache's capacity / the training
-length: rerope|leaky_rerope (positional/rerope.py; rerope_window, rerope_leak as eval.py's; leaky_rerope's automatic k
-is the one for the cache's capacity), and every kind that rotates at fixed frequencies (positional/rope_scaling.py),
-so that the cache's keys, rotated once, are those a full forward would rotate; longrope reads the factors searched
-for that s (python -m evaluation.longrope_search). dynamic_ntk is refused: its frequencies move with the length.
-hf_rope_scaling: a Hugging Face rope_scaling dict, at its own factor (positional/hf_rope_scaling.py; longrope's short or
-long factors by the cache's capacity).
+cache=dense keeps every token and stops at the scheme's limit; cache=sink keeps cache.sinks first tokens plus the
+cache.window latest and never stops. rope_scaling runs at factor cache capacity / training length, and only kinds
+with fixed frequencies (keys rotated once must match a full forward): dynamic_ntk is refused (docs/extension.md).
 """
 
 import codecs
@@ -39,7 +32,7 @@ from utils.errors import UserError, cli, hydra_cli
 
 
 def read_prompt(prompt: str) -> str:
-    """prompt=text, or prompt=@file: the text of the file (that it exists: checks.preflight)."""
+    """prompt=text, or prompt=@file: the file's text."""
     if not prompt.startswith("@"):
         return prompt
     path = Path(prompt[1:]).expanduser()
@@ -70,9 +63,7 @@ def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.
 
 
 def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
-    """rope_scaling=<kind> or hf_rope_scaling={...} as the variant a cache of this many tokens decodes under (kinds:
-    at factor capacity / L; leaky_rerope's auto k keeps its longest distance within the trained ones), or None for
-    the model as trained."""
+    """The Variant a `capacity`-token cache decodes under (at factor capacity / L), or None: the model as trained."""
     pe, train_length, hf = model.pe, ckpt["seq_len"], cfg.get("hf_rope_scaling")
     given = hf_rope_scaling.given(hf)
     kind = hf_rope_scaling.kind(hf) if given else cfg.rope_scaling
@@ -86,7 +77,7 @@ def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
         key, named, off = "rope_scaling", kind, None
     if why := refusal(key, named, pe, trained, off):
         raise UserError(why)
-    length = capacity - pe.n_prefix  # the text positions the cache holds
+    length = capacity - pe.n_prefix  # text positions the cache holds
     if given:
         try:
             return Variant(hf_rope_scaling.scaling(hf, train_length, length, pe, "hf_rope_scaling"))
@@ -102,12 +93,12 @@ def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
 
 
 def sample(cfg: DictConfig):
-    checks.preflight(cfg)  # every setting, the checkpoint, and the cache's sizes against its training length
+    checks.preflight(cfg)  # every setting, the checkpoint, and the cache's sizes
     text = read_prompt(cfg.prompt)
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
     model, ckpt = checkpoint.load_model(cfg.checkpoint, rt.device)
-    hold_matrices(model, rt.dtype)  # decoding reads each weight once a token: in the dtype autocast computes in
-    if model.pe.axes > 1 and ckpt["config"]["data"].get("source") == "grids":  # text positions would be wrong ids
+    hold_matrices(model, rt.dtype)  # decoding reads each weight once a token: keep it in autocast's dtype
+    if model.pe.axes > 1 and ckpt["config"]["data"].get("source") == "grids":  # text positions would be wrong
         raise UserError(
             f"sample.py gives every token one position, and this positional={model.pe.name} model was trained on "
             f"data=grids' (row, column) ids; score it with python eval.py checkpoint={cfg.checkpoint} eval.mode=grids"

@@ -1,20 +1,12 @@
-"""Prepared token shards: read as training rows in a seeded shuffled order and as whole held-out documents; written,
-sealed and checked as they are read (the end of this file).
+"""Prepared token shards: training rows in a seeded shuffled order, whole held-out documents; written, sealed, checked.
 
-Used by train.py (RowSampler) and eval.py (TokenSplit.documents). A row is seq_len + 1 consecutive tokens
-(inputs and shifted targets); rows tile each shard without overlap except that one token. Row k of a run is a
-pure function of (seed, k), so the data position saved in a checkpoint is just the count of rows consumed,
-and DDP ranks read disjoint rows of the same order.
-
-python train.py data.bos_aligned=true: every training row starts with BOS (aligned_starts), as nanochat's loader
-does, so the first token a model sees is always the same one: sinks then formed in 74% of heads against 18%
-with arbitrary first tokens (Gu et al. 2024). Validation rows stay the plain tiling, so val_loss scores the same
-tokens with and without it.
-
-Datasets with position ids per token (data=grids: (temporal, height, width) as M-RoPE lays them out) are read by
-whole documents, one per row, every row of a split the same length (train.seq_len + 1 tokens) and the same ids, so
-a batch shares its positions as the model's (axes, T) positions are shared: RowSampler.positions gives them for the
-scheme's number of axes (select_axes).
+Used by train.py (RowSampler) and eval.py (TokenSplit.documents). A row is seq_len + 1 consecutive tokens; rows tile
+each shard, overlapping by one token. Row k is a pure function of (seed, k), so a checkpoint's data position is a row
+count, and DDP ranks read disjoint rows of one order.
+python train.py data.bos_aligned=true: every training row starts with BOS, as in nanochat; sinks then formed in 74%
+of heads against 18% with arbitrary first tokens (Gu et al. 2024). Validation rows stay the plain tiling.
+Datasets with position ids (data=grids) are read a whole document per row, all of one length and ids, so a batch
+shares its positions.
 """
 
 import hashlib
@@ -33,18 +25,17 @@ class TokenSplit:
     def __init__(self, folder, split: str):
         folder = Path(folder)
         meta = load_meta(folder)
-        check_split(folder, meta, split)  # a damaged shard is refused here, never read as tokens
+        check_split(folder, meta, split)  # a damaged shard is never read as tokens
         info = meta["splits"][split]
         self.shards = [np.memmap(folder / s["file"], dtype=meta["dtype"], mode="r") for s in info["shards"]]
         self.shard_starts = np.cumsum([0] + [len(s) for s in self.shards])
         self.doc_starts = np.load(folder / f"{split}_docs.npy")
         self.n_tokens, self.bos = int(info["n_tokens"]), meta["bos"]
         self.folder, self.split = folder, split
-        self.position_axes = int(meta.get("position_axes", 0))  # 0: text, one position per token by its order
+        self.position_axes = int(meta.get("position_axes", 0))  # 0: text
         self.positions = [np.load(folder / s["positions"], mmap_mode="r") for s in info["shards"] if "positions" in s]
 
     def document_positions(self, i: int) -> np.ndarray:
-        """Position ids (axes, n) of document i."""
         start, end = self._span(i)
         s = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
         lo = start - int(self.shard_starts[s])
@@ -67,22 +58,15 @@ class TokenSplit:
 
 
 def aligned_starts(doc_starts: np.ndarray, n_tokens: int, seq_len: int) -> np.ndarray:
-    """Where the BOS-aligned rows of one shard start (doc_starts: its documents' starts within it, the first 0).
-
-    A row is the seq_len + 1 tokens from its start, with its first token made BOS. A document's first row starts
-    at its own BOS. A document longer than a row is not cropped (a 40K-token play would lose all but its first
-    row): its rest starts later rows every seq_len tokens, each a mid-document token replaced by BOS, so every
-    token is still a target once. A row that runs past its document's end continues with the following
-    documents, BOS-separated as stored; those it holds whole are done, and the one it cuts starts the next row
-    at its own BOS, so the cut part is read twice (at most one document's part per row, where nanochat's
-    "bestfit" crops it instead). Rows that would run past the shard's end are dropped, as in the plain tiling.
-    """
+    """Where one shard's BOS-aligned rows start. A long document is not cropped (a 40K-token play would lose all but one
+    row): its rest starts a row every seq_len tokens. A row runs on past its document; the one it cuts starts the next
+    row, so that part is read twice (nanochat's "bestfit" crops it instead)."""
     ends = np.append(doc_starts[1:], n_tokens).tolist()
     starts, covered = [], 0  # covered: where the last row ends
     for s, e in zip(doc_starts.tolist(), ends, strict=True):
-        if e <= covered or e - s < 2:  # held whole by the row before, or a BOS and nothing after it
+        if e <= covered or e - s < 2:  # held by the row before, or a lone BOS
             continue
-        rows = range(s, e - 1, seq_len)  # each row takes at least one target from this document
+        rows = range(s, e - 1, seq_len)
         starts.extend(rows)
         covered = rows[-1] + seq_len + 1
     starts = np.asarray(starts, dtype=np.int64)
@@ -90,8 +74,7 @@ def aligned_starts(doc_starts: np.ndarray, n_tokens: int, seq_len: int) -> np.nd
 
 
 def select_axes(ids: np.ndarray, axes: int) -> np.ndarray | None:
-    """The part of stored ids (S, T) that a scheme of `axes` axes reads: all S; for a 2-axis scheme of 3 stored
-    (temporal, height, width), the last two; for a 1-axis scheme None, the token order (the model's default)."""
+    """The stored ids (S, T) a scheme of `axes` axes reads: all, (height, width) of 3, or None (token order)."""
     if axes == 1:
         return None
     if axes == len(ids) or (axes == 2 and len(ids) == 3):
@@ -100,7 +83,6 @@ def select_axes(ids: np.ndarray, axes: int) -> np.ndarray | None:
 
 
 def check_whole_documents(split: TokenSplit, seq_len: int):
-    """A split with position ids must be read a document per row: every document seq_len + 1 tokens."""
     lengths = sorted(set(np.diff(np.append(split.doc_starts, split.n_tokens)).tolist()))
     if lengths != [seq_len + 1]:
         raise UserError(
@@ -112,11 +94,11 @@ def check_whole_documents(split: TokenSplit, seq_len: int):
 class RowSampler:
     def __init__(self, split: TokenSplit, seq_len: int, seed: int, bos_aligned: bool = False, axes: int = 1):
         self.split, self.seq_len, self.seed, self.axes = split, seq_len, seed, axes
-        if split.position_axes:  # rows are whole documents, at their starts (aligned_starts of exact-length ones)
+        if split.position_axes:  # rows are whole documents
             check_whole_documents(split, seq_len)
             select_axes(np.zeros((split.position_axes, 1)), axes)  # a scheme that cannot read them fails here
             bos_aligned = True
-        self.bos, self.starts = None, None  # plain tiling: row j of a shard starts at j * seq_len
+        self.bos, self.starts = None, None  # plain tiling: row j starts at j * seq_len
         if bos_aligned:
             self.bos, self.starts = split.bos, []
             for i, shard in enumerate(split.shards):
@@ -137,7 +119,7 @@ class RowSampler:
         self._epoch, self._order = -1, None
 
     def _where(self, k: int) -> tuple[int, int]:
-        """(shard, offset in it) of row k of the run."""
+        """(shard, offset) of row k of the run."""
         epoch, i = divmod(k, self.n_rows)
         if epoch != self._epoch:
             self._order = np.random.default_rng([self.seed, epoch]).permutation(self.n_rows)
@@ -152,8 +134,7 @@ class RowSampler:
         return self.split.shards[s][lo : lo + self.seq_len + 1]
 
     def positions(self, first_row: int, n: int, device="cpu") -> torch.Tensor | None:
-        """The position ids (axes, seq_len) of the inputs of rows first_row.. first_row + n - 1, which they share,
-        for the scheme's axes (select_axes); None for text or a 1-axis scheme (the token order)."""
+        """The position ids (axes, seq_len) a batch's rows share; None for text or a 1-axis scheme."""
         if not self.split.position_axes or self.axes == 1:
             return None
         rows = [self._where(first_row + j) for j in range(n)]
@@ -164,7 +145,7 @@ class RowSampler:
 
     def batch(self, first_row: int, n: int, device="cpu"):
         rows = np.stack([self._row(first_row + j) for j in range(n)]).astype(np.int64)
-        if self.bos is not None:  # a no-op for rows at a document's start; a BOS before a long document's rest
+        if self.bos is not None:  # a BOS before a long document's rest
             rows[:, 0] = self.bos
         rows = torch.from_numpy(rows)
         if device != "cpu" and torch.device(device).type == "cuda":
@@ -173,24 +154,17 @@ class RowSampler:
 
 
 # ---- the prepared folder's token shards: written, sealed, and checked as they are read ----
-# python -m data.prepare data=shakespeare      (data/prepare.py writes them; the samplers above read them)
-# Per split, <split>_NNN.bin holds token ids (a BOS before each document), <split>_docs.npy where each document
-# starts; a dataset with position ids (data/grids.py) has <split>_NNN.pos.npy beside each shard. Every writer
-# (prepare.py's corpora, grids.py, passkey.py) and the reader go through these functions.
-# A damaged folder (a truncated shard or tokenizer.json, a file rewritten since) is refused, never read as tokens:
-# meta.json records every file's size, sha256 and mtime (seal, once the folder is whole). Opening a split (check_files)
-# compares sizes always, a stat per file; a file whose mtime differs from the recorded one (edited, or copied without
-# its times) is hashed, once per process and version of the file. A change that keeps both the size and the mtime (bit
-# rot) is not looked for: that would take a full read of the corpus at every start. A folder prepared before the record
-# was kept has its shards' sizes checked against their token counts.
+# python -m data.prepare data=shakespeare
+# Per split: <split>_NNN.bin (token ids, a BOS before each document), <split>_docs.npy (document starts), and with
+# position ids <split>_NNN.pos.npy. meta.json records every file's size, sha256 and mtime (seal); opening a split
+# compares sizes, and hashes a file whose mtime changed (once per process). Bit rot that keeps size and mtime is not
+# looked for: that would read the whole corpus at every start.
 
 SPLITS = ("train", "val")
 
 
 def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) -> dict:
-    """Write token documents (arrays, BOS first) as shards; start a new shard only at a document boundary.
-    A document may also be a pair (tokens, position ids (axes, n)): each shard then has its ids beside it,
-    <split>_NNN.pos.npy of shape (axes, its tokens), int32 (data/grids.py; data/loader.py reads them)."""
+    """Write documents (BOS first; or (tokens, position ids (axes, n)) pairs) as shards split at document bounds."""
     shards, starts, buf, pos_buf, n_total = [], [], [], [], 0
 
     def flush():
@@ -224,14 +198,14 @@ def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) 
     return {"shards": shards, "n_docs": len(starts), "n_tokens": n_total}
 
 
-META = {"vocab_size": int, "bos": int, "dtype": str, "splits": dict}  # what the readers take from meta.json
+META = {"vocab_size": int, "bos": int, "dtype": str, "splits": dict}  # read from meta.json
 SPLIT = {"shards": list, "n_docs": int, "n_tokens": int}
 SHARD = {"file": str, "tokens": int}
 RECORD = {"bytes": int, "sha256": str, "mtime_ns": int}  # of each file (seal)
 
 
 def load_meta(folder: Path) -> dict:
-    """A prepared folder's meta.json, checked: what every reader takes from it is there, with its type."""
+    """A prepared folder's meta.json, checked."""
     path = Path(folder) / "meta.json"
     if not path.exists():
         raise UserError(f"dataset not prepared at {folder}; run python -m data.prepare with the same data= options")
@@ -245,8 +219,7 @@ def load_meta(folder: Path) -> dict:
 
 
 def meta_problem(meta) -> str | None:
-    """What meta.json lacks of what the readers take from it (META, each split's SPLIT, each shard's SHARD), or None.
-    A split it does not hold is named by check_split, when that split is read."""
+    """What meta.json lacks (META, SPLIT, SHARD, RECORD), or None; a missing split is named by check_split."""
     if why := shape_problem(meta, META):
         return why
     for split, info in meta["splits"].items():
@@ -274,8 +247,7 @@ def sha256(path: Path) -> str:
 
 
 def seal(folder: Path):
-    """Record the size, sha256 and mtime of every file of a prepared folder in its meta.json (prepare.py, once the
-    folder is whole, before it is renamed into place: a rename keeps the times)."""
+    """Record every file's size, sha256 and mtime in meta.json, before the rename into place (which keeps times)."""
     folder = Path(folder)
     meta = json.loads((folder / "meta.json").read_text())
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != "meta.json")
@@ -285,12 +257,11 @@ def seal(folder: Path):
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
-_verified = set()  # (path, size, mtime) of the files whose checksum matched in this process
+_verified = set()  # (path, size, mtime) whose checksum matched in this process
 
 
 def check_files(folder: Path, names, meta: dict):
-    """Refuse the folder if a file among names is missing, has another size than meta.json records, or was changed
-    since (its mtime differs) and its sha256 no longer matches."""
+    """Refuse the folder if a file is missing, or its size or (when its mtime changed) sha256 differs."""
     folder, recorded = Path(folder), meta.get("files", {})
     for name in names:
         path = folder / name
@@ -309,8 +280,7 @@ def check_files(folder: Path, names, meta: dict):
 
 
 def check_split(folder: Path, meta: dict, split: str):
-    """check_files for a split's shards, position ids and document starts; for a folder prepared before sizes were
-    recorded, each shard's size against its token count."""
+    """check_files for a split; an older folder without records: each shard's size against its token count."""
     if split not in meta["splits"]:
         damaged(folder, f"meta.json has no {split} split")
     info = meta["splits"][split]

@@ -1,14 +1,10 @@
 """Text -> tokenizer -> memmapped token shards with document boundaries, once per dataset and tokenizer.
 
 python -m data.prepare data=text data.path=notes/ tokenizer.vocab_size=8192   (train.py does this on first use)
-Layout: <data.cache_dir>/<dataset key>/<tokenizer key>/ holds tokenizer.json, meta.json and per split
-<split>_NNN.bin (token ids, a BOS before each document) and <split>_docs.npy (where each document starts).
-The folder is built under a temporary name and renamed into place, so a crash never leaves half a dataset; its
-meta.json records every file's size and sha256, and a folder damaged since is refused when read (data/loader.py).
-data=passkey (data/passkey.py) is generated from another prepared corpus, with that corpus's tokenizer.
-data=grids (data/grids.py) is generated from a seed, with its own tokenizer of five tokens, and position ids per
-token (<split>_NNN.pos.npy beside each shard); data=tasks (data/tasks.py) from a seed too, with a character
-tokenizer of its own.
+Layout: <data.cache_dir>/<dataset key>/<tokenizer key>/ holds tokenizer.json, meta.json and the shards (data/loader.py).
+The folder is built under a temporary name and renamed into place, so a crash never leaves half a dataset.
+data=passkey is generated from another prepared corpus, with its tokenizer; data=grids and data=tasks from a seed,
+each with a small tokenizer of its own.
 """
 
 import hashlib
@@ -30,11 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def cache_root(data: dict) -> Path:
-    """Where prepared datasets live: data.cache_dir, else $NANOPOS_DATA, else .cache/data in the repository."""
+    """data.cache_dir, else $NANOPOS_DATA, else .cache/data in the repository."""
     root = data.get("cache_dir") or os.environ.get("NANOPOS_DATA") or ROOT / ".cache" / "data"
     try:
         return Path(root).expanduser().resolve()
-    except (RuntimeError, OSError) as e:  # a symlink loop: RuntimeError up to Python 3.12, OSError (ELOOP) after
+    except (RuntimeError, OSError) as e:  # a symlink loop: RuntimeError up to Python 3.12, then OSError (ELOOP)
         key = "data.cache_dir" if data.get("cache_dir") else "NANOPOS_DATA" if os.environ.get("NANOPOS_DATA") else ""
         raise UserError(
             f"{key + '=' if key else 'the data cache '}{root} cannot be followed ({e}); point it at a folder, or "
@@ -42,13 +38,13 @@ def cache_root(data: dict) -> Path:
         ) from None
 
 
-LOADER_KEYS = ("name", "bos_aligned")  # data options that leave the documents as they are: not in the key
+LOADER_KEYS = ("name", "bos_aligned")  # options that leave the documents alone: not in the key
 
 
 def dataset_key(data: dict) -> str:
-    """A folder name that changes whenever what the documents would be changes."""
+    """A folder name that changes whenever the documents would."""
     spec = {k: v for k, v in data.items() if k not in LOADER_KEYS}
-    if data["source"] == "text":  # the files themselves, not just the pattern
+    if data["source"] == "text":  # the files, not just the pattern
         spec["files"] = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files.text_files(data["path"])]
     digest = hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{data['name']}-{digest}"
@@ -63,12 +59,12 @@ def data_dir(data: dict, tok: dict) -> Path:
 
 
 def prepare(data: dict, tok: dict, log=print) -> Path:
-    """Return the prepared folder for (data, tokenizer), building it if needed."""
+    """The prepared folder for (data, tokenizer), built if needed."""
     out = data_dir(data, tok)
     log = log or (lambda *args: None)
     if (out / "meta.json").exists():
         return out
-    source = data["source"]  # a generator (data/<source>.py) is loaded only when its data is asked for
+    source = data["source"]  # a generator (data/<source>.py) is imported only when asked for
     if source == "grids":
         from data.grids import write_grids
 
@@ -86,7 +82,7 @@ def prepare(data: dict, tok: dict, log=print) -> Path:
 
 
 def build_atomically(out: Path, fill, data: dict, tok: dict, log) -> Path:
-    """fill(tmp) writes the dataset into a temporary folder, renamed to `out` only once it is whole."""
+    """fill(tmp) writes the dataset into a temporary folder, renamed to `out` once whole."""
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -95,7 +91,7 @@ def build_atomically(out: Path, fill, data: dict, tok: dict, log) -> Path:
         fill(tmp)
         seal(tmp)
         try:
-            tmp.rename(out)  # a folder named `out` only ever appears whole, by this rename
+            tmp.rename(out)  # `out` only ever appears whole
         except OSError:
             if not (out / "meta.json").exists():
                 raise  # not a concurrent job that finished first
@@ -105,8 +101,8 @@ def build_atomically(out: Path, fill, data: dict, tok: dict, log) -> Path:
 
 
 def write_corpus(tmp: Path, data: dict, tok: dict, log):
-    """Train (or fetch) the tokenizer, then tokenize both splits of the corpus into tmp."""
-    from data.sources import documents  # the corpus readers: loaded only where a folder is made
+    """Train (or fetch) the tokenizer, then tokenize both splits into tmp."""
+    from data.sources import documents  # imported only where a folder is made
 
     if tok["kind"] == "bpe":
         most = f"at most {tok['train_chars']:,} characters"
@@ -131,7 +127,7 @@ def write_corpus(tmp: Path, data: dict, tok: dict, log):
 
 
 def write_split(folder: Path, split: str, docs, enc, bos: int, dtype, shard_tokens: int) -> dict:
-    """Tokenize documents in batches, each with a BOS first; start a new shard only at a document boundary."""
+    """Tokenize documents in batches, each with a BOS first."""
 
     def token_docs():
         for batch in _batched(docs, 256):

@@ -2,9 +2,8 @@
 
 python train.py tokenizer=bpe tokenizer.vocab_size=4096     (trained on the train split on first use)
 python train.py tokenizer=gpt2                             (needs tiktoken's files: network or a cache)
-A tokenizer is a small dict (pattern, merges, special tokens) saved beside the data and inside every
-checkpoint, so eval.py and sample.py rebuild the exact same Encoding from a checkpoint alone.
-Every document starts with the BOS token.
+A tokenizer is a small dict (pattern, merges, special tokens) saved beside the data and in every checkpoint, so
+eval.py and sample.py rebuild the same Encoding from a checkpoint alone. Every document starts with BOS.
 """
 
 import base64
@@ -26,7 +25,7 @@ from utils.files import BOS, spec_problem  # noqa: F401  (BOS: data/grids.py, da
 def train_bpe(texts, vocab_size: int, max_chars: int) -> dict:
     import rustbpe
 
-    logging.getLogger("rustbpe").setLevel(logging.WARNING)  # its progress is a hundred lines; prepare says one
+    logging.getLogger("rustbpe").setLevel(logging.WARNING)  # its progress is a hundred lines
     tok = rustbpe.Tokenizer()
     tok.train_from_iterator(_limit(texts, max_chars), vocab_size - 1)  # one id left for BOS
     ranks = {bytes(piece): rank for piece, rank in tok.get_mergeable_ranks()}
@@ -60,7 +59,7 @@ def _check_tiktoken_files(name: str):
         os.environ.get("TIKTOKEN_CACHE_DIR")
         or os.environ.get("DATA_GYM_CACHE_DIR")
         or os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    )  # where tiktoken keeps its downloads
+    )
     urls = {
         "gpt2": [
             "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
@@ -80,8 +79,7 @@ def _check_tiktoken_files(name: str):
 
 
 def read_spec(folder) -> dict:
-    """The tokenizer of a prepared folder, checked against its meta.json (data/loader.py: a truncated or edited
-    tokenizer.json is refused) and as a tokenizer."""
+    """A prepared folder's tokenizer, checked against its meta.json and as a tokenizer."""
     loader.check_files(folder, ["tokenizer.json"], loader.load_meta(folder))
     try:
         spec = json.loads((Path(folder) / "tokenizer.json").read_text())
@@ -102,10 +100,9 @@ def load(spec: dict) -> tiktoken.Encoding:
 
 
 def encode(spec: dict, enc: tiktoken.Encoding, text: str, key: str) -> list[int]:
-    """text's ids. A tokenizer without a token for every byte (the task and grid character sets) cannot encode a
-    character outside its set, and tiktoken panics on one: that is one line naming key and the characters."""
+    """text's ids. A character outside a character-set tokenizer makes tiktoken panic: refuse it in one line."""
     if spec["kind"] != "tiktoken":
-        known = {b[0] for b in map(base64.b64decode, spec["ranks"]) if len(b) == 1}  # the bytes with a token
+        known = {b[0] for b in map(base64.b64decode, spec["ranks"]) if len(b) == 1}
         if len(known) < 256 and (unknown := sorted({c for c in text if not set(c.encode()) <= known})):
             raise UserError(
                 f"{key} holds {''.join(unknown)!r}, which this checkpoint's tokenizer has no token for; use only its "

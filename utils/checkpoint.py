@@ -1,12 +1,9 @@
-"""Checkpoints and the run folder that holds one: written atomically, read with a clear message when missing, corrupt
-or from another run; a folder locked while a run writes it, and a resume held to the run its checkpoint holds.
+"""Checkpoints and the run folder that holds one: atomic writes, checked reads, a locked folder, a matching resume.
 
 python eval.py checkpoint=out/rope      python sample.py checkpoint=out/rope
-ckpt.pt holds the weights, the model's dataclass, the resolved run config, the tokenizer itself, the
-optimizer state, the step and the data position. Eval and sampling need nothing but this file (and the
-prepared data folder it names, for evaluation), and read only its weights (the file is memory-mapped).
-A write goes to .ckpt.pt.tmp<pid>.pt and is renamed over ckpt.pt once whole: a process killed midway (kill -9, a lost
-node) leaves the old checkpoint loadable and its temp file behind, which the next save removes.
+ckpt.pt holds the weights, model config, run config, tokenizer, optimizer state, step and data position; eval and
+sampling memory-map it and read only the weights. A write goes to .ckpt.pt.tmp<pid>.pt and is renamed over ckpt.pt:
+a process killed midway leaves the old checkpoint loadable, and the next save removes the temp file.
 """
 
 import os
@@ -34,8 +31,7 @@ def checkpoint_path(path) -> Path:
 
 
 def run_checkpoint(value: str) -> str | None:
-    """A run folder holding ckpt.pt, or a .pt file (checkpoint_path), readable and a zip archive
-    as torch.save writes one."""
+    """Why value is not a readable checkpoint (a run folder or a .pt file), or None."""
     given, path = Path(value).expanduser(), checkpoint_path(Path(value).expanduser())
     if given.is_file() and given.suffix != ".pt":
         return "is a file, not a run folder or a .pt file"
@@ -47,16 +43,14 @@ def run_checkpoint(value: str) -> str | None:
 
 
 def save(path, state: dict):
-    """Write to a temporary file in the same folder, fsync, then rename (utils/files.py replacing): the old file
-    survives any crash. A write that fails (a full disk) removes its temp file and raises one OSError naming the
-    checkpoint; torch's own error about the half-written archive, which would follow it, is dropped."""
+    """Atomic write (files.replacing): the old file survives any crash; a failure is one OSError naming the file."""
     with replacing(path) as tmp, open(tmp, "wb") as f:
         torch.save({"version": VERSION, **state}, f)
 
 
 REQUIRED = ("model", "model_config", "tokenizer", "seq_len")  # what every entry point reads of a checkpoint
-# what readers take from a checkpoint (train.py writes more), with the type each must have where it is present; another
-# key absent is named by the reader that reads it (Checkpoint): a checkpoint stripped of its optimizer still evaluates
+# the type of each key readers take, where present; a missing one is named when read (Checkpoint), so a checkpoint
+# stripped of its optimizer still evaluates
 TYPES = {
     "model": dict,
     "model_config": dict,
@@ -68,13 +62,13 @@ TYPES = {
     "optimizer": list,
     "data_dir": str,
 }
-CONFIG = {"data": dict, "tokenizer": dict}  # what the readers take from its run config
-POSITIONAL = {"positional": dict}  # what they take from model_config, besides what GPTConfig takes
+CONFIG = {"data": dict, "tokenizer": dict}  # read from its run config
+POSITIONAL = {"positional": dict}  # read from model_config, besides what GPTConfig takes
 FIX = "restore a good copy, or train again into a new out_dir"
 
 
 class Checkpoint(dict):
-    """A loaded checkpoint: a key it lacks is one line naming the file, where a reader reads it."""
+    """A loaded checkpoint: a missing key is a one-line error naming the file."""
 
     def __init__(self, values: dict, path: Path):
         super().__init__(values)
@@ -85,8 +79,7 @@ class Checkpoint(dict):
 
 
 def load(path, map_location="cpu", mmap: bool = False) -> Checkpoint:
-    """The checkpoint, checked (problem()). mmap=True maps the file rather than reading it, so only the tensors that
-    are used come off the disk: eval and sampling read the weights, never the optimizer state (any checkpoint)."""
+    """The checkpoint, checked. mmap=True reads only the tensors used (eval never reads the optimizer state)."""
     path = checkpoint_path(path)
     if not path.exists():
         raise UserError(f"no checkpoint at {path}; train one first (python train.py out_dir={path.parent})")
@@ -102,9 +95,7 @@ def load(path, map_location="cpu", mmap: bool = False) -> Checkpoint:
 
 
 def problem(ckpt: dict) -> str | None:
-    """What is wrong with a checkpoint's content, or None: a key every reader reads missing, a value of another type
-    than train.py writes, a tokenizer that is not one, a model_config that builds no model, or weights of another
-    model than it describes."""
+    """What is wrong with a checkpoint's content (keys, types, tokenizer, model_config, weights), or None."""
     if missing := [k for k in REQUIRED if k not in ckpt]:
         return f"has no {missing[0]!r} (damaged, or not written by train.py)"
     present = {k: t for k, t in TYPES.items() if k in ckpt}
@@ -117,7 +108,7 @@ def problem(ckpt: dict) -> str | None:
     if why := spec_problem(ckpt["tokenizer"]):
         return f"holds a tokenizer that {why}"
     try:
-        with torch.device("meta"):  # shapes only: nothing is allocated
+        with torch.device("meta"):  # shapes only
             model = GPT(GPTConfig(**ckpt["model_config"]))
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         return f"holds a model_config that builds no model ({' '.join(str(e).split())})"
@@ -127,8 +118,7 @@ def problem(ckpt: dict) -> str | None:
 
 
 def weights_problem(model, state: dict, most: int = 3) -> str | None:
-    """How state differs from model's own weights, in a few words: the entries missing, unexpected or of another
-    shape (the first `most` of each), or None."""
+    """How state differs from model's weights (the first `most` missing, unexpected, misshapen), or None."""
 
     def few(names):
         return ", ".join(names[:most]) + (f" (+{len(names) - most} more)" if len(names) > most else "")
@@ -152,25 +142,23 @@ def build_model(model_config: dict) -> GPT:
 
 
 def load_model(path, device="cpu"):
-    """(model in eval mode on device, checkpoint) from a checkpoint file or the run folder holding it; the file is
-    mapped, and only the model's weights are read from it (load checked that they fit its model_config)."""
+    """(model in eval mode on device, checkpoint); only the weights are read from the mapped file."""
     ckpt = load(path, mmap=True)
     model = build_model(ckpt["model_config"])
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), ckpt
 
 
-# ---- the run folder: one run writes it at a time, and a resume continues the run its checkpoint holds ----
+# ---- the run folder: one writer at a time; a resume continues its checkpoint's run ----
 
 MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "bos_aligned", "optimizer_format", "data")  # a resume shares
-# options added after checkpoints were written: an older checkpoint was trained with their defaults
+# options newer than some checkpoints: an older one was trained with these defaults
 OLDER = {"bos_aligned": False, "model_config": {"qk_norm": "rms", "sink_logit": False, "ssmax": False}}
-LOCK = ".lock"  # in out_dir while a run may write there (utils/runtime.py lock_folder)
+LOCK = ".lock"  # in out_dir while a run may write there
 
 
 def lock_out_dir(out_dir: Path, rt):
-    """Rank 0 locks out_dir for the run: two runs writing one folder would interleave their checkpoints and metrics.
-    Also removes the temp files of checkpoint writes killed midway (save). Returns the lock."""
+    """Rank 0 locks out_dir (two runs would interleave checkpoints) and removes stale temp files; returns the lock."""
     lock, holder = None, None
     if rt.master:
         try:
@@ -192,8 +180,8 @@ def lock_out_dir(out_dir: Path, rt):
 
 
 def resume_command(out_dir: Path, rt) -> str:
-    """The command that continues this run: the options it was given (known under Hydra), then train.resume=true."""
-    given = ["..."]  # train() called from Python: its options are the caller's
+    """The command that continues this run: its options (under Hydra), then train.resume=true."""
+    given = ["..."]  # train() called from Python
     if HydraConfig.initialized():
         skip = ("out_dir", "train.resume", "train.overwrite")
         given = [shlex.quote(o) for o in HydraConfig.get().overrides.task if o.lstrip("+~").split("=")[0] not in skip]
@@ -215,11 +203,10 @@ def check_out_dir(out_dir: Path, tr):
 
 
 def check_resume(ckpt: dict, run: dict, path):
-    """A resume must match its checkpoint in MATCH_KEYS (a checkpoint older than a key: OLDER's value); the first
-    setting that differs is one line with both values (resume_mismatch)."""
+    """A resume must match its checkpoint in MATCH_KEYS (OLDER's value for a key the checkpoint predates)."""
 
     def saved(k):
-        if k == "data" and k not in ckpt:  # a checkpoint older than the key: its run config's
+        if k == "data" and k not in ckpt:  # older checkpoint: its run config's
             return corpus(ckpt["config"]["data"])
         if isinstance(OLDER.get(k), dict) and isinstance(ckpt.get(k), dict):
             return {**OLDER[k], **ckpt[k]}
@@ -230,14 +217,12 @@ def check_resume(ckpt: dict, run: dict, path):
 
 
 def corpus(data: dict) -> dict:
-    """The data settings that say which documents a run reads (not where the prepared copy is kept)."""
+    """The data settings that pick the documents (not where the prepared copy is kept)."""
     return {k: v for k, v in data.items() if k != "cache_dir"}
 
 
 def resume_mismatch(saved: dict, run: dict, path) -> str | None:
-    """One line naming the first setting a resumed run changes from the checkpoint it resumes, with both values and
-    the setting that resumes it, or None. saved and run: what a resume must match (train.py's MATCH_KEYS:
-    model_config, tokenizer, seq_len, bos_aligned, optimizer_format), the checkpoint's with its older defaults."""
+    """One line naming the first MATCH_KEYS setting a resume changes, with both values, or None."""
     keys = {"seq_len": "train.seq_len", "bos_aligned": "data.bos_aligned", "optimizer_format": "train.parallel"}
 
     def flat(d: dict, prefix: str = "") -> dict:
@@ -257,11 +242,11 @@ def resume_mismatch(saved: dict, run: dict, path) -> str | None:
 
     old, new = flat({k: saved.get(k) for k in run}), flat(run)
     diff = [k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k)]
-    diff.sort(key=lambda k: k.startswith("model_config."))  # a run setting first: it sets model ones (a table's size)
+    diff.sort(key=lambda k: k.startswith("model_config."))  # a run setting first: it sets model ones
     if not diff:
         return None
     key, was = diff[0], settings.show(old.get(diff[0]))
-    setting = "positional" if where(key) == "positional.name" else where(key)  # a scheme is picked by its group
+    setting = "positional" if where(key) == "positional.name" else where(key)  # a scheme is picked by group
     return (
         f"{where(key)}={settings.show(new.get(key))} does not match this run's checkpoint {path}, trained with "
         f"{was}; resume with {setting}={was}, or start afresh in another out_dir"

@@ -1,13 +1,9 @@
-"""Whole files: every file written is whole or absent, every output folder is checked before the work, and every
-JSON file read back is checked as it is read.
+"""Whole files: every file written is whole or absent, output folders are checked before the work, JSON is checked
+as it is read.
 
-python eval.py checkpoint=out/rope     eval/length.{json,txt,png}, each written by replacing(), the folder checked first
-A write goes to .<name>.tmp<pid><suffix> in the same folder, is synced and renamed over <name>: a crash, a full disk or
-SIGTERM midway leaves the file as it was (or absent), never torn. The temp file of a failed write is removed, and one
-left by kill -9 is removed by the next write of that name once its process is gone; a failure is one OSError naming
-the file.
-read_json reads back what was written so: a file cut short, empty, or without what its reader needs is one line naming
-the file, what is wrong and what to do (utils/errors.py UserError).
+python eval.py checkpoint=out/rope     eval/length.{json,txt,png}, each written by replacing()
+A write goes to .<name>.tmp<pid><suffix>, is synced and renamed over <name>: a crash midway never leaves a torn file.
+A failed write removes its temp file; one left by kill -9 goes at the next write once its process is gone.
 """
 
 import errno
@@ -26,13 +22,12 @@ FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota
 
 @contextmanager
 def replacing(path):
-    """Yield the temp path to write path's new content to; when the block ends, sync it and rename it over path. A
-    block that fails removes the temp file and leaves path as it was; an OSError is raised again as one OSError
-    naming path, with nothing chained (a library's own error about its half-written file would follow it)."""
+    """Yield a temp path; on success sync and rename it over path. On failure remove it and raise one OSError
+    naming path, unchained (a library's error about its half-written file would follow it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{path.suffix}")  # the suffix a writer may read the format from
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{path.suffix}")  # a writer may read the format from the suffix
     try:
         yield tmp
         sync(tmp)
@@ -48,7 +43,7 @@ def replacing(path):
 
 
 def sync(path: Path):
-    """fsync a file's data, or a folder's entries (a rename is durable once its folder is synced)."""
+    """fsync a file, or a folder (a rename is durable once its folder is synced)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -66,7 +61,7 @@ def write_json(path, value, indent: int | None = 1):
 
 
 def save_figure(fig, path, **savefig):
-    """A matplotlib figure as path (its suffix gives the format), whole or not at all, then closed."""
+    """Save a matplotlib figure whole or not at all, then close it."""
     import matplotlib.pyplot as plt
 
     try:
@@ -77,21 +72,20 @@ def save_figure(fig, path, **savefig):
 
 
 def os_error(e: BaseException) -> OSError | None:
-    """The OSError behind e (itself, or the one it was raised in handling of), if any."""
+    """The OSError behind e (itself or its cause/context), if any."""
     while e is not None and not isinstance(e, OSError):
         e = e.__cause__ or e.__context__
     return e
 
 
 def remove_stale_temps(path):
-    """Remove the temp files that writes of path left when killed midway: only ours (.<name>.tmp<pid>[<suffix>]), and
-    only where that process is gone (a pid reused since keeps its file: a leftover, never a loss)."""
+    """Remove path's temp files whose writer is gone (a reused pid keeps its file: a leftover, never a loss)."""
     path = Path(path)
     ours = re.compile(rf"\.{re.escape(path.name)}\.tmp(\d+)(?:{re.escape(path.suffix)})?")
     for tmp in path.parent.glob(f".{glob_escape(path.name)}.tmp*"):
         found = ours.fullmatch(tmp.name)
         if found and not alive(int(found.group(1))):
-            with suppress(FileNotFoundError):  # another process may clean up at the same time
+            with suppress(FileNotFoundError):  # another process may clean up too
                 tmp.unlink()
 
 
@@ -101,7 +95,7 @@ def glob_escape(name: str) -> str:
 
 def alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)  # signal 0: no signal, only the check
+        os.kill(pid, 0)  # only the check
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
@@ -110,8 +104,7 @@ def alive(pid: int) -> bool:
 
 
 def check_writable(folder, key: str):
-    """Make folder and write a file in it, before any work whose results go there: a folder that cannot be made or
-    written, or a disk already full, is one line naming key and the folder, not an error after the work."""
+    """Make folder and write a file in it before the work, so a bad folder or full disk fails first, in one line."""
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -122,16 +115,15 @@ def check_writable(folder, key: str):
 
 
 def cannot_write(e: OSError, path, key: str = "") -> UserError:
-    """One line for a write that failed (a full disk, a folder made read-only since the check)."""
+    """One line for a failed write (full disk, folder made read-only since the check)."""
     fix = "free some space there" if e.errno in FULL else "make it writable" if key == "" else f"pass another {key}"
     where = f"{key}: " if key else ""
     return UserError(f"{where}cannot write {e.filename or path} ({e.strerror}); {fix}, then run again")
 
 
 def read_json(path, need: dict | None = None, fix: str = "make it again", kind: str = ""):
-    """The JSON value in path, which must be an object holding need's keys with need's types ({key: type or tuple of
-    types}); anything else (missing, empty, cut short, not JSON, a key missing or of another type) is one line naming
-    the file, what is wrong and fix: `<path> is not <kind>: it <what>; <fix>` (`<path> <what>; <fix>` without kind)."""
+    """The JSON object in path, holding need's keys with need's types; anything else is one line:
+    `<path> is not <kind>: it <what>; <fix>` (`<path> <what>; <fix>` without kind)."""
     path = Path(path)
 
     def refuse(what: str):
@@ -153,8 +145,7 @@ def read_json(path, need: dict | None = None, fix: str = "make it again", kind: 
 
 
 def shape_problem(value, need: dict, within: str = "") -> str | None:
-    """What value lacks of need ({key: type or tuple of types}): not an object, a key missing, or a value of another
-    type (a bool is no int here). within: the key value sits under, to name its keys in full (config.data)."""
+    """What value lacks of need ({key: type or types}; a bool is no int), or None; within: value's key (config.data)."""
     where = f"{within}." if within else ""
     if not isinstance(value, dict):
         return f"holds {f'{within} as' if within else 'a'} {type(value).__name__} where an object is expected"
@@ -168,16 +159,14 @@ def shape_problem(value, need: dict, within: str = "") -> str | None:
     return None
 
 
-# a tokenizer as data/tokenizer.py makes it and a checkpoint keeps it: checked here, below both readers
+# a tokenizer spec (data/tokenizer.py, kept in checkpoints): tiktoken's encoding by name, or a BPE or character set
+# by its pattern, ranks (base64 of the bytes -> id) and special tokens
 BOS = "<|bos|>"
-# what a spec holds by its kind: tiktoken's own encoding by name, or a BPE (and the task and grid character sets) by
-# its pattern, mergeable ranks (base64 of the bytes -> id) and special tokens
 SPEC = {"tiktoken": {"name": str, "bos": str}, "other": {"pattern": str, "ranks": dict, "special": dict}}
 
 
 def spec_problem(spec) -> str | None:
-    """What keeps spec from being a tokenizer, in words (utils/checkpoint.py load and data/tokenizer.py read_spec put
-    the file first), or None."""
+    """What keeps spec from being a tokenizer, or None."""
     if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
         return "has no kind"
     if why := shape_problem(spec, SPEC["tiktoken" if spec["kind"] == "tiktoken" else "other"]):
@@ -192,7 +181,7 @@ def spec_problem(spec) -> str | None:
     return None
 
 
-# ---- paths a setting names: what the filesystem must hold, checked after every range (settings.files_problem) ----
+# ---- paths a setting names, checked after every range (settings.files_problem) ----
 
 
 def unreadable(path: Path) -> str | None:
@@ -200,8 +189,7 @@ def unreadable(path: Path) -> str | None:
 
 
 def writable_folder(value: str) -> str | None:
-    """A folder that is or can be made, and written into: no file in its place or above it, and the nearest
-    folder that exists writable."""
+    """Why value is not a folder that exists or can be made and written into, or None."""
     path = Path(value).expanduser()
     if path.exists() and not path.is_dir():
         return "is a file, not a folder"
@@ -212,7 +200,7 @@ def writable_folder(value: str) -> str | None:
 
 
 def text_files(pattern: str) -> list[Path]:
-    """The files data.path names: a file, every file under a folder (hidden ones left out), or a glob's matches."""
+    """The files data.path names: a file, a folder's (not hidden), or a glob's."""
     if not pattern:
         raise UserError("data=text needs data.path=<file, folder or glob of UTF-8 text>")
     path = Path(os.path.expanduser(str(pattern)))

@@ -1,12 +1,9 @@
-"""Metrics to out_dir/metrics.jsonl (one JSON object per logged step) and to wandb.
+"""Metrics to out_dir/metrics.jsonl (one JSON object per logged step) and wandb; progress bars and lines.
 
 python train.py logger.wandb=false          (jsonl only)
-python train.py train.resume=true           (metrics.jsonl read back by read_log, cut at the checkpoint's step)
-wandb is online when an API key is configured (WANDB_API_KEY or a netrc entry), otherwise offline; it never
-waits on a login prompt. logger.mode=online|offline|disabled forces a mode; online without a key, or with a key
-wandb refuses, or with no network, stops the run in one line naming logger.mode, before any step.
-The progress of the long loops (at the end): a bar on a terminal; elsewhere (a log file, CI) a line every half minute,
-`dense: 2,560/12,800 tok, eta 1:23`; and the time left at the pace so far (Eta, clock).
+python train.py train.resume=true           (metrics.jsonl cut at the checkpoint's step)
+wandb is online when an API key is configured, else offline: it never waits on a login prompt.
+Progress: a bar on a terminal, elsewhere a line every half minute, `dense: 2,560/12,800 tok, eta 1:23`.
 """
 
 import json
@@ -22,11 +19,11 @@ from tqdm import tqdm
 from utils.errors import UserError
 from utils.files import write_text
 
-WANDB_HOSTS = ("api.wandb.ai",)  # where `wandb login` keeps its key, besides WANDB_BASE_URL's host
+WANDB_HOSTS = ("api.wandb.ai",)  # `wandb login`'s netrc host, besides WANDB_BASE_URL's
 
 
 def has_key() -> bool:
-    """Whether a wandb API key is configured: WANDB_API_KEY, or a netrc entry for the wandb host."""
+    """Whether a wandb API key is set: WANDB_API_KEY, or a netrc entry."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     hosts = {os.environ.get("WANDB_BASE_URL", "").split("//")[-1].rstrip("/"), *WANDB_HOSTS} - {""}
@@ -46,7 +43,7 @@ def wandb_mode(requested: str | None) -> str:
 
 
 def check_mode(requested: str | None) -> str:
-    """The mode wandb will run in; online with no API key is refused here (wandb would prompt, or fail later)."""
+    """wandb's mode; online with no API key is refused here (wandb would prompt, or fail later)."""
     mode = wandb_mode(requested)
     if mode == "online" and not has_key():
         raise UserError(
@@ -57,8 +54,7 @@ def check_mode(requested: str | None) -> str:
 
 
 def start_wandb(project: str, out_dir, config: dict, mode=None, group=None, name=None, run_id=None, **kwargs):
-    """A wandb run, or None when disabled. The mode is settled before wandb starts, so nothing prompts; wandb's
-    refusals (no key, a wrong key, no network) are one line naming logger.mode."""
+    """A wandb run, or None when disabled; wandb's refusals are one line naming logger.mode."""
     requested, mode = mode or "auto", check_mode(mode)
     if mode == "disabled":
         return None
@@ -78,7 +74,7 @@ def start_wandb(project: str, out_dir, config: dict, mode=None, group=None, name
             settings=wandb.Settings(silent=True),
             **kwargs,
         )
-    except wandb.errors.Error as e:  # a key wandb refuses, or a server it cannot reach
+    except wandb.errors.Error as e:  # a refused key, or no network
         why = " ".join(str(e).split())[:200]
         raise UserError(
             f"logger.mode={requested} could not start wandb {mode} ({type(e).__name__}: {why}); check the key "
@@ -87,9 +83,7 @@ def start_wandb(project: str, out_dir, config: dict, mode=None, group=None, name
 
 
 def read_log(path) -> list[dict]:
-    """The rows of a metrics.jsonl, each an object with an integer step. A last line cut short (no newline: a process
-    killed while it wrote it) is dropped with a warning on stderr; any other bad line is one line naming the file and
-    the line (a file edited by hand, or another file)."""
+    """Rows of metrics.jsonl; a last line cut short (killed mid-write) is dropped with a warning."""
     path = Path(path)
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.splitlines()
@@ -116,7 +110,7 @@ def read_log(path) -> list[dict]:
 class Logger:
     def __init__(self, out_dir, wandb_run=None, resume_step: int | None = None):
         self.path = Path(out_dir) / "metrics.jsonl"
-        if resume_step is not None and self.path.exists():  # drop steps logged after the checkpoint we resume
+        if resume_step is not None and self.path.exists():  # drop steps logged after the checkpoint
             kept = [row for row in read_log(self.path) if row["step"] <= resume_step]
             write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
         self.file = open(self.path, "a" if resume_step is not None else "w")
@@ -135,8 +129,7 @@ class Logger:
 
 
 class Meter:
-    """Training speed between logs: tokens/s with evaluation time left out, model FLOP/s, and MFU against the
-    datasheet bf16 peak of every GPU (null where none is known, as on a CPU)."""
+    """Speed between logs, evaluation left out: tokens/s, model FLOP/s, MFU against the bf16 datasheet peak."""
 
     def __init__(self, tokens_per_step: int, flops_per_token: float, peak: float, step: int):
         self.tokens_per_step, self.flops_per_token, self.peak = tokens_per_step, flops_per_token, peak
@@ -149,16 +142,15 @@ class Meter:
         self.start += time.time() - t
 
     def read(self, step: int) -> dict:
-        """The speed since the last read (or the start), up to step."""
         tokens_per_sec = round((step - self.step) * self.tokens_per_step / (time.time() - self.start), 1)
-        flops = tokens_per_sec * self.flops_per_token  # model FLOPs done per second, over all processes
+        flops = tokens_per_sec * self.flops_per_token  # over all processes
         self.start, self.step = time.time(), step
         mfu = round(flops / self.peak, 4) if self.peak else None
         return {"tokens_per_sec": tokens_per_sec, "tflops_per_sec": float(f"{flops / 1e12:.4g}"), "mfu": mfu}
 
 
 def metrics(state, meter: Meter, elapsed: float, measured: dict | None) -> dict:
-    """A logged step's metrics, and at an evaluation the validation loss and the probes' too (log rounds them)."""
+    """A logged step's metrics, with val loss and probes at an evaluation."""
     m = {
         "step": state.step,
         "train_loss": state.train_loss,
@@ -173,12 +165,11 @@ def metrics(state, meter: Meter, elapsed: float, measured: dict | None) -> dict:
     return m
 
 
-DIGITS = {"train_loss": 5, "val_loss": 5, "grad_norm": 4}  # as metrics.jsonl keeps them; printed from the full value
+DIGITS = {"train_loss": 5, "val_loss": 5, "grad_norm": 4}  # in metrics.jsonl; printed from the full value
 
 
 def log(logger: Logger, m: dict, max_steps: int, probed: str = "", eta: float | None = None):
-    """m into metrics.jsonl (and wandb), and the progress line printed from it (probed: what the probes show; eta:
-    the seconds left at this run's pace)."""
+    """Log m and print its progress line (probed: what the probes show; eta: seconds left)."""
     logger.log({k: round(v, DIGITS[k]) if k in DIGITS else v for k, v in m.items()})
     val = f" val {m['val_loss']:.4f}" if "val_loss" in m else ""
     probed = f" {probed}" if probed else ""
@@ -188,18 +179,18 @@ def log(logger: Logger, m: dict, max_steps: int, probed: str = "", eta: float | 
 
 
 def wandb_where(run) -> str:
-    """Where a wandb run's files are, and its page (online) or how to upload it (offline); empty without wandb."""
+    """Where a wandb run's files and page are (or how to sync it); empty without wandb."""
     if run is None:
         return ""
-    folder = Path(run.dir).parent  # <out_dir>/wandb/<mode>-run-<time>-<id>; run.dir is its files/
+    folder = Path(run.dir).parent  # <out_dir>/wandb/<mode>-run-<time>-<id>
     return (
         f"; wandb {folder} (offline: wandb sync {folder})" if run.offline else f"; wandb {run.url}, files in {folder}"
     )
 
 
-# ---- progress: a bar on a terminal, a line every half minute elsewhere, and the time left ----
+# ---- progress: a bar on a terminal, a line every half minute elsewhere ----
 
-EVERY = 30.0  # seconds between the progress lines written where no bar is drawn
+EVERY = 30.0  # seconds between progress lines where no bar is drawn
 
 
 def progress(iterable, desc: str, total: int | None = None, unit: str = "it", file=None):
@@ -210,7 +201,6 @@ def progress(iterable, desc: str, total: int | None = None, unit: str = "it", fi
 
 
 def lines(iterable, desc: str, total: int, unit: str):
-    """iterable's items, with a line every EVERY seconds: how many are done of total, and the time left."""
     eta, shown = Eta(total), time.time()
     for item in iterable:
         yield item
@@ -221,7 +211,7 @@ def lines(iterable, desc: str, total: int, unit: str):
 
 
 class Eta:
-    """Items done of a known total, and the time left at the pace so far: step("cells") -> '3/12 cells, eta 1:05'."""
+    """step("cells") -> '3/12 cells, eta 1:05', at the pace so far."""
 
     def __init__(self, total: int):
         self.total, self.done, self.start = total, 0, time.time()
@@ -239,6 +229,6 @@ def clock(seconds: float) -> str:
 
 
 def say(line: str):
-    """Print a line to stdout without tearing a bar drawn on the terminal."""
+    """Print without tearing a progress bar."""
     tqdm.write(line, file=sys.stdout)
     sys.stdout.flush()

@@ -2,28 +2,22 @@
 
 python train.py optim=adamw optim.lr=3e-3     python train.py optim=muon optim.lr=0.02
 adamw: one AdamW; weight decay on the block matrices and the head only.
-muon:  torch.optim.Muon (on the CPU Muon below, the same in fp32) for the block matrices, AdamW
-       (optim.adam_lr) for embeddings, head, positional parameters, QK-norm gains and sink logits (Muon
-       orthogonalizes 2-D updates; it is not meant for embeddings, gains or scalars).
-Muon below: torch.optim.Muon with its Newton-Schulz orthogonalization in fp32, for the CPU. torch.optim.Muon
-orthogonalizes every update in bf16, which suits a GPU's tensor cores; a CPU without bf16 matmul units emulates it.
-For the tiny model's 24 block matrices, on the 2-core CPU here: 0.83 s per step in bf16 against 0.034 s in fp32, as
-long as the forward and backward of a whole 8192-token batch (bench/RESULTS.md). Everything else is torch's: the same
-defaults, the same Nesterov momentum and learning-rate adjustment, the same state ("momentum_buffer"), so checkpoints
-move between the two. Only the arithmetic differs: fp32 instead of bf16 rounding, which tests/test_optim.py bounds.
+muon:  Muon for the block matrices, AdamW (optim.adam_lr) for everything else (embeddings, gains, scalars).
+On the CPU, Muon below is torch.optim.Muon with Newton-Schulz in fp32 rather than emulated bf16: for the tiny model
+on the 2-core CPU, 0.034 s per step against 0.83 s (bench/RESULTS.md). Same defaults and state, so checkpoints move
+between the two; tests/test_optim.py bounds the rounding difference.
 """
 
 import math
 
 import torch
 from torch import nn
-from torch.optim._muon import _adjust_lr  # torch's per-matrix lr rule, reused as it is
+from torch.optim._muon import _adjust_lr  # torch's per-matrix lr rule
 
 
 def param_groups(model):
-    """(block matrices: the weights of the blocks' linear layers, head, the rest). The rest take no weight decay:
-    decay would pull embeddings, QK-norm gains (model.qk_norm=learned, a (heads, head dim) matrix that is no
-    projection) and sink logits towards zero, which for a gain means flatter attention, not a smaller model."""
+    """(block matrices, head, the rest). The rest take no weight decay: it would pull embeddings, QK-norm gains and
+    sink logits towards zero, which for a gain means flatter attention, not a smaller model."""
     matrices = [m.weight for m in model.blocks.modules() if isinstance(m, nn.Linear)]
     head = [model.lm_head.weight]
     taken = {id(p) for p in matrices + head}
@@ -62,8 +56,7 @@ def build(model, optim: dict, fused: bool = False) -> list[torch.optim.Optimizer
 
 
 def lr_factor(step: int, max_steps: int, warmup: int, min_ratio: float, schedule: str) -> float:
-    """Linear warmup, then cosine or linear decay to min_ratio, or constant. A warmup longer than the run is the whole
-    run (a shortened command keeps its default warmup): the rate reaches its peak at the last step."""
+    """Linear warmup (cut to the run's length), then cosine or linear decay to min_ratio, or constant."""
     warmup = min(warmup, max_steps)
     if step < warmup:
         return (step + 1) / warmup
@@ -84,8 +77,8 @@ def set_lr(opts, factor: float):
 
 
 def orthogonalize(g: torch.Tensor, coefficients, steps: int, eps: float) -> torch.Tensor:
-    """The quintic Newton-Schulz iteration torch.optim.Muon runs (X -> aX + (bA + cA^2)X, A = XX^T) in fp32: it
-    pushes every singular value of g / |g| towards 1 (to about 0.7-1.2, which is all Muon needs)."""
+    """torch.optim.Muon's quintic Newton-Schulz (X -> aX + (bA + cA^2)X, A = XX^T) in fp32: singular values of
+    g / |g| go to about 0.7-1.2, all Muon needs."""
     a, b, c = coefficients
     x = g.float()
     wide = x.size(0) <= x.size(1)
@@ -106,7 +99,7 @@ class Muon(torch.optim.Muon):
                 loss = closure()
         for group in self.param_groups:
             params, grads, bufs = [], [], []
-            self._init_group(group, params, grads, bufs)  # torch's own: its checks and its state
+            self._init_group(group, params, grads, bufs)  # torch's checks and state
             momentum, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
             for p, g, buf in zip(params, grads, bufs, strict=True):
                 buf.lerp_(g, 1 - momentum)

@@ -1,14 +1,10 @@
-"""Where and how a process runs: device, precision, and its place in a torchrun job (DDP/FSDP).
+"""Device, precision, signals, and a process's place in a torchrun job (DDP/FSDP).
 
-torchrun --nproc_per_node=2 train.py ...     (RANK/WORLD_SIZE from torchrun; NCCL on CUDA, gloo on CPU)
-device=auto picks CUDA when present; dtype=auto is bf16 autocast on CUDA and fp32 on CPU.
-A run holds a lock on its folder (lock_folder) for as long as it may write there.
-compile=auto|true|false (should_compile), never a silent fallback: auto compiles on CUDA. On the CPU it trains
-eagerly: measured with bench/cpu_bench.py on the 2-core machine (bench/RESULTS.md), the compiled step of the tiny
-model was 0.86x to 1.06x the eager one in two runs (no gain outside the noise, since model/fused.py
-already makes the eager step about as fast as a plain GPT-2 block) and compiling costs 5 s (warm inductor cache) to 26
-s (cold) first; the small model compiled ran 1.04x eager after 33 s of compiling (about 220 steps to pay back, if that
-4% is more than noise). Where that changes (another CPU, a larger model), pass compile=true (it needs a C++ compiler).
+torchrun --nproc_per_node=2 train.py ...     (NCCL on CUDA, gloo on CPU)
+device=auto picks CUDA when present; dtype=auto is bf16 autocast on CUDA, fp32 on CPU.
+compile=auto compiles on CUDA only. On the 2-core CPU (bench/cpu_bench.py, bench/RESULTS.md) the compiled tiny model
+ran 0.86x-1.06x eager (noise: model/fused.py already makes eager fast) after 5 s (warm cache) to 26 s (cold) of
+compiling; the small model ran 1.04x after 33 s (about 220 steps to pay back). Elsewhere, pass compile=true.
 """
 
 import ctypes
@@ -59,7 +55,7 @@ DATASHEET_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s of the SX
 
 
 def datasheet_peak(device: torch.device) -> float | None:
-    """The device's dense bf16 datasheet FLOP/s, the denominator of MFU; None where none is known (CPUs)."""
+    """Dense bf16 datasheet FLOP/s (MFU's denominator), or None (CPUs)."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
@@ -67,19 +63,18 @@ def datasheet_peak(device: torch.device) -> float | None:
 
 
 def keep_freed_memory():
-    """Stop glibc from returning big freed blocks to the OS: on CPU every step frees and re-allocates the same
-    large activations, and the page faults of fresh mmaps cost about 40% of a tiny model's step."""
+    """Keep glibc from returning big freed blocks to the OS: on CPU the page faults of re-mmapping each step's
+    activations cost about 40% of a tiny model's step."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: serve blocks up to 1 GiB from the heap (an int: no more)
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap memory for reuse
-    except (OSError, AttributeError):  # not glibc: nothing to tune
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD (an int: 1 GiB is the most)
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
         pass
 
 
 def from_slurm():
-    """Under `hydra/launcher=slurm` every task is a SLURM task, not a torchrun worker: export torchrun's
-    variables from SLURM's (submitit knows the node list and a free port)."""
+    """Under hydra/launcher=slurm, export torchrun's variables from SLURM's (submitit finds the nodes and a port)."""
     if "RANK" in os.environ or "SLURM_PROCID" not in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
         return
     try:
@@ -117,13 +112,12 @@ def setup(device: str = "auto", dtype: str = "auto", seed: int = 0) -> Runtime:
 
 
 def teardown():
-    """Leave the process group; free the wrappers that hold it (DDP) before calling this. A DDP wrapper freed after
-    the group is destroyed drops the last reference to a gloo group with the GIL held, and the group's destructor then
-    waits for its worker thread, which needs the GIL to free the tensors of a finished collective: the process hangs
-    at exit (torch binds that destructor without releasing the GIL). The collect frees such wrappers held in cycles."""
+    """Leave the process group; free DDP wrappers first. A wrapper freed after the group drops the last reference to a
+    gloo group with the GIL held, and its destructor (bound without releasing the GIL) waits on a worker thread that
+    needs the GIL: a hang at exit. The collect frees wrappers held in cycles."""
     if dist.is_initialized():
         gc.collect()
-        dist.barrier()  # no rank tears down while another still has collectives in flight
+        dist.barrier()  # no rank tears down while another has collectives in flight
         dist.destroy_process_group()
 
 
@@ -136,12 +130,12 @@ def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
 
 
 def any_rank(flag: bool, device) -> bool:
-    """True on every rank if it is true on any (so all ranks stop together)."""
+    """True on every rank if true on any, so all ranks stop together."""
     return bool(max_over_ranks(float(flag), device))
 
 
 def max_over_ranks(value: float, device) -> float:
-    """The largest of every rank's value, on every rank (a float32: integers exact below 2**24)."""
+    """The max over ranks, as a float32 (integers exact below 2**24)."""
     if not dist.is_initialized():
         return value
     t = torch.tensor([float(value)], device=device)
@@ -156,16 +150,14 @@ class FolderBusy(Exception):
 
 
 def lock_folder(folder: Path, name: str = ".lock"):
-    """Take an exclusive lock on folder/name (fcntl.flock, which the kernel drops when the process dies, even by
-    kill -9) and write our pid in it; returns the open file, for unlock_folder. Raises FolderBusy(the holder's pid)
-    if another process holds it. unlock_folder removes the file, so a run leaves no trace; a process that opened it
-    just before the removal may then lock a file no longer in the folder, hence the check that the path still names
-    the file locked (else it tries again)."""
+    """flock folder/name (the kernel drops it even on kill -9), write our pid, return the file; FolderBusy if held.
+    unlock_folder removes the file, so a process that opened it just before may lock an unlinked file: hence the
+    inode check and retry."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     while True:
-        f = open(path, "a+")  # a+: never truncate the pid of a holder before holding the lock
+        f = open(path, "a+")  # a+: never truncate a holder's pid before holding the lock
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -179,7 +171,7 @@ def lock_folder(folder: Path, name: str = ".lock"):
             same = False
         if same:
             break
-        f.close()  # removed or replaced by its last holder: take the new one
+        f.close()  # removed by its last holder: retry
     f.truncate(0)
     f.write(f"{os.getpid()}\n")
     f.flush()
@@ -188,7 +180,7 @@ def lock_folder(folder: Path, name: str = ".lock"):
 
 def unlock_folder(f):
     with suppress(FileNotFoundError):
-        os.unlink(f.name)  # while still held: whoever locks this file next finds it gone from the folder
+        os.unlink(f.name)  # while still held: the next to lock it sees it gone
     f.close()
 
 
@@ -198,7 +190,7 @@ def barrier():
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """The peak memory so far, MiB: the GPU's allocated peak on CUDA, else the process's peak resident set."""
+    """Peak memory in MiB: allocated on CUDA, else the process's peak RSS."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
@@ -210,7 +202,7 @@ def cxx_compiler() -> str | None:
         from torch._inductor.cpp_builder import get_cpp_compiler
 
         return get_cpp_compiler()
-    except Exception:  # inductor raises its own error types when none is found
+    except Exception:  # inductor's own error types
         return shutil.which("g++") or shutil.which("clang++")
 
 
@@ -230,22 +222,20 @@ def should_compile(setting, device: torch.device, say=print) -> bool:
     return False
 
 
-# ---- stops asked for by SIGTERM or Ctrl-C: what is done is kept, and nothing more starts ----
+# ---- SIGTERM or Ctrl-C: what is done is kept, and nothing more starts ----
 # python train.py -m seed=1,2,3          the running job saves and stops (StopFlag); no later job starts (StopSweep)
 # python eval.py sweep_dir=multirun/x    the runs evaluated so far keep their results; the one under way writes nothing
-# python -m data.prepare data=text       the half-built folder is removed; nothing else changes
-# Where nothing can be saved (data preparation, an evaluation), the signal raises Stopped where the program is: a
-# SystemExit with the shell's status for the signal (130 for Ctrl-C, 143 for SIGTERM), so every finally block runs (a
-# temp file or folder removed, a lock released), Hydra starts no other job, and the process ends without a traceback.
-# A training run saves first and exits 0; `asked` keeps the signal's name for the rest of the process, so that
-# StopSweep (a Hydra callback in configs/train.yaml) starts no other job after it.
+# python -m data.prepare data=text       the half-built folder is removed
+# Where nothing can be saved, the signal raises Stopped: a SystemExit with the shell's status (130 Ctrl-C, 143
+# SIGTERM), so finally blocks run and there is no traceback. Training saves and exits 0; `asked` keeps the signal's
+# name so StopSweep (configs/train.yaml) starts no later job.
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-asked: str | None = None  # the name of the signal that asked this process to stop, once one has
+asked: str | None = None  # the name of the signal that asked this process to stop
 
 
 class Stopped(SystemExit):
-    """A stop asked for by a signal, where nothing could be saved: exit status 128 + its number."""
+    """A signal's stop where nothing could be saved: exit status 128 + its number."""
 
     def __init__(self, name: str):
         super().__init__(128 + signal.Signals[name])
@@ -253,7 +243,6 @@ class Stopped(SystemExit):
 
 
 def ask(signum: int) -> str:
-    """Record that signal signum asked this process to stop; its name."""
     global asked
     asked = signal.Signals(signum).name
     return asked
@@ -265,8 +254,7 @@ def say(line: str):
 
 @contextmanager
 def raising(said: str | None = None):
-    """Within the block SIGTERM and Ctrl-C raise Stopped at once (said, where given: what that leaves, in a line on
-    stderr); the handlers before it are put back after."""
+    """Within the block SIGTERM and Ctrl-C raise Stopped at once (said: what that leaves, on stderr)."""
 
     def handle(signum, frame):
         name = ask(signum)
@@ -283,7 +271,7 @@ def raising(said: str | None = None):
 
 
 class StopSweep(Callback):
-    """A -m sweep whose job was stopped by a signal (and saved, exit 0) starts no other job."""
+    """A -m sweep whose job a signal stopped starts no other job."""
 
     def on_job_start(self, config, **kwargs):
         if asked:
@@ -293,12 +281,11 @@ class StopSweep(Callback):
 
 
 class StopFlag:
-    """SIGTERM or a first Ctrl-C asks the loop to save and stop; a second Ctrl-C interrupts at once. Before the loop
-    (data preparation, setup) there is nothing to save: the signal stops the run at once (raising)."""
+    """SIGTERM or a first Ctrl-C: save and stop (before the loop: stop at once); a second Ctrl-C interrupts."""
 
     def __init__(self):
         self.requested = False
-        self.name = None  # of the signal that asked
+        self.name = None
         self.saving = False  # set once the loop runs
         self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
@@ -316,15 +303,13 @@ class StopFlag:
             signal.signal(s, h)
 
 
-# ---- many processes: DDP or FSDP wrapping, their checkpoints' state, and ranks that must agree ----
+# ---- many processes: DDP or FSDP ----
 # torchrun --nproc_per_node=8 train.py model=d12                       DDP: every rank holds the whole model
-# torchrun --nproc_per_node=8 train.py model=d12 train.parallel=fsdp   FSDP2: parameters, gradients and optimizer
-#                                                                      state sharded over the ranks
-# Checkpoints hold full (unsharded) weights either way, so eval.py and sample.py load them on one device.
+# torchrun --nproc_per_node=8 train.py model=d12 train.parallel=fsdp   FSDP2: everything sharded over the ranks
+# Checkpoints hold full weights either way, so eval.py and sample.py load them on one device.
 
 
 def wrap(model, rt, parallel: str, optim_name: str):
-    """The module the training loop calls: the model itself, or its DDP / FSDP2 wrapping."""
     if parallel == "fsdp" and optim_name == "muon":
         raise UserError(
             "optim=muon orthogonalizes whole matrices, which FSDP shards; use train.parallel=ddp, or FSDP with "
@@ -347,12 +332,12 @@ def wrap(model, rt, parallel: str, optim_name: str):
 
 
 def optimizer_format(rt, parallel: str) -> str:
-    """How optimizer state is keyed in a checkpoint: a resumed run must read it the same way."""
+    """How optimizer state is keyed in a checkpoint; a resume must match it."""
     return "fsdp" if parallel == "fsdp" and rt.distributed else "plain"
 
 
 def sync_grads(runner, parallel: str, sync: bool):
-    """Gradient accumulation: skip the gradient all-reduce on all but the last micro-batch."""
+    """Skip the gradient all-reduce on all but the last micro-batch."""
     if not dist.is_initialized():
         return nullcontext()
     if parallel == "fsdp":
@@ -366,8 +351,7 @@ def _fsdp(parallel: str) -> bool:
 
 
 def full_state(model, opts, parallel: str):
-    """(model state, optimizer states) as whole tensors on the CPU; gathered from the shards under FSDP (a
-    collective: every rank calls it; only rank 0 gets the tensors)."""
+    """(model state, optimizer states), whole, on the CPU. Under FSDP a collective: every rank calls it."""
     if not _fsdp(parallel):
         return model.state_dict(), [o.state_dict() for o in opts]
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
@@ -379,9 +363,7 @@ def full_state(model, opts, parallel: str):
 
 
 def load_state(model, opts, model_state: dict, opt_states: list, parallel: str, path=None):
-    """Weights and optimizer moments from a checkpoint (path, for the message); the optimizer's hyperparameters (lr,
-    betas, weight decay) stay as this run's config built them, so a resume with a lower optim.lr takes it. Moments of
-    another optimizer, or of other parameters, are one line."""
+    """Load weights and optimizer moments, keeping this run's hyperparameters (a resume may lower optim.lr)."""
     hyper = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in opts]
     try:
         _load_state(model, opts, model_state, opt_states, parallel)
@@ -413,7 +395,7 @@ def _load_state(model, opts, model_state: dict, opt_states: list, parallel: str)
 
 
 def moments_problem(opts) -> str | None:
-    """A loaded moment whose shape is not its parameter's (torch checks only the groups' sizes), or None."""
+    """A moment shaped unlike its parameter (torch checks only group sizes), or None."""
     for opt in opts:
         for p, state in opt.state.items():
             for name, t in state.items():
@@ -430,7 +412,6 @@ def digest(state: dict) -> str:
 
 
 def check_ranks_agree(model, rt, parallel: str):
-    """Under DDP every rank must end with the same weights: say so, or stop with an error."""
     if not rt.distributed or parallel != "ddp":
         return
     digests = [None] * rt.world
