@@ -1,44 +1,11 @@
 """Attention backends behind one plan, built once per forward and shared by every layer.
 
 python train.py          (every forward of every entry point: model/gpt.py makes the plan, its layers attend)
-make_plan picks the backend from the scheme and the positions:
-  sdpa       scaled_dot_product_attention: is_causal when the mask is plain causal and there is no bias (flash
-             on CUDA); otherwise with a dense (H, Tq, Tk) float bias that carries the mask as -inf (CPU, decode),
-             a causal full forward split into query blocks along the diagonal (no call scores masked keys)
-  flex       compiled flex_attention with the scheme's score_bias as score_mod and a block mask from positions
-             (CUDA, bias or non-trivial mask, Tq >= 128): no dense H x T x T tensor is ever built
-  reference  explicit softmax in fp32 over the dense bias, for tests
-A key j is visible to query i iff k_pos[j] <= q_pos[i] (causal) or always (causal=False); in a sliding-window
-layer (model.window=W) also only iff q_pos[i] - k_pos[j] < W; in a chunked one (model.chunk=C, a Chunk) only iff
-floor(q_pos[i] / C) == floor(k_pos[j] / C). Layers with a window read plan.windows[W], a plan of its own (one mask per
-distinct window or chunk) that shares the rotation state when it attends over the same keys.
-A plan rotates what the layers and caches give it (queries(), keys(), new_keys()) with the scheme's rotation state,
-made once per forward. It may also carry a per-query factor on the logits (q_scale, log_n: model/log_scaling.py),
-which the layers multiply into their queries before attend(), so every backend sees the same scaled queries.
-The N layers of positional.layers (NoPE in an iRoPE model) read plan.nope: a plan of their own scheme over the same
-positions (its rotation state is NoPE's query temperature; its mask carries no scheme bias), with its own windows.
-The full-attention layers of a scheme with positional.global_base (Gemma 3) read plan.long: the same scheme at that
-base (positional/__init__.py build_long), its rotation state made once per forward beside the scheme's own.
-
-A content-dependent bias (positional/base.py content_bias: Shaw's q . a_clip(i-j), FoX's forget gates) differs per
-layer, so it is not in the plan: each layer passes attend() its own fn(b, h, i, j) beside the plan, as it passes its
-sink logit. The plan keeps what the layers share (positions, mask, static bias, flex block mask); the dense paths
-add fn over the (B, H, Tq, Tk) index grid to the plan's bias, flex adds it in a per-layer score_mod that reads the
-scheme's (B, H, Tq, ...) tables. Schemes without one take exactly the paths they took before.
-
-A scheme that gives the weights itself (positional/base.py content_weights: CoPE, stick-breaking, PaTH) reads every
-score of a query before it weighs any key, so its layers attend through content_attention over the plan's dense mask:
-make_plan gives such a scheme the sdpa backend's dense bias (auto picks it; flex is refused, since its score_mod sees
-one score at a time). Memory: one fp32 B x H x Tq x Tk tensor of weights per layer, on a GPU as on the CPU.
-
-A plan with far scores (plan.far: ReRoPE's two windows, model/rerope_attention.py) rotates queries and keys twice and
-attends through plan.far, which this module only calls.
-
-model.sink_logit=true gives each head a learned logit s_h for a "nothing" slot in the softmax denominator
-(gpt-oss): weight_j = exp(score_j) / (exp(s_h) + sum_k exp(score_k)), values unchanged, so a head may attend to
-nothing rather than park its mass on a real key. Every backend computes it exactly: SDPA and the reference
-see the slot as key 0, a zero key and value whose score is s_h; flex rescales its output by
-sigmoid(lse - s_h) = sum / (sum + exp(s_h)), lse = log sum_k exp(score_k) being what flex returns beside it.
+make_plan picks a backend: sdpa (is_causal for plain causal attention, else a dense (H, Tq, Tk) bias, -inf where
+hidden), flex (compiled flex_attention, score_bias as score_mod and a block mask: CUDA, Tq >= 128, no dense H x T x T
+tensor) or reference (fp32 softmax, for tests). The plan holds the rotation state, made once per forward, and the
+plans of other layers: windows[W], nope (N layers), long (positional.global_base), far (ReRoPE). model.sink_logit
+adds a learned "nothing" slot to each head's softmax denominator (gpt-oss), exactly in every backend.
 """
 
 from dataclasses import dataclass, field
@@ -49,24 +16,22 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 from positional.base import key_order
-from positional.base import scores as dot_scores  # q . k / sqrt(Dq) in fp32, GQA heads shared: one definition
+from positional.base import scores as dot_scores  # q . k / sqrt(Dq) in fp32, GQA heads shared
 
 BACKENDS = ("auto", "sdpa", "flex", "reference")
 BLOCK_MIN_ROWS = 64  # smallest query block of the dense causal path (32 was slower on the CPU: more calls)
 FLEX_MIN_QUERIES = 128  # below this (decoding) a dense bias is small and flex's block machinery is not worth it
 FLEX_BLOCK = 128  # flex_attention's block size: the shortest length flex is padded to
-# SDPA's kernels for a few query rows in eager code, cuDNN's left out: cuDNN builds a graph for every new shape, and
-# eager decoding calls SDPA with one more key each step (d12 on an H100: 3.8 ms of host time a call, 12 calls a token)
+# cuDNN builds a graph per shape; decoding adds a key each step (d12, H100: 3.8 ms host time a call, 12 a token)
 NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 PAD_POSITION = 1 << 40  # padded keys sit at +PAD_POSITION, padded queries at -PAD_POSITION
-# flex's backward reading a learned bias table: its default pipeline of 3 stages at head size 128 asks 236,544 bytes
-# of shared memory on an H100, over the 232,448 there are; 2 stages fit
+# flex backward over a bias table, head size 128: 3 stages ask 236,544 bytes of shared memory, an H100 has 232,448
 TABLE_KERNEL = {"bwd_num_stages": 2}
 
 
 @dataclass
 class Mask:
-    """Which keys each query sees, and the scheme's static score bias, in the form the plan's backend takes."""
+    """Which keys each query sees, and the scheme's static score bias, in the form the backend takes."""
 
     is_causal: bool = False  # sdpa's own causal mask: no bias, no window, no nothing slot
     bias: torch.Tensor | None = None  # dense paths: (H or 1, Tq, Tk) float32, -inf where hidden
@@ -84,50 +49,44 @@ class AttnPlan:
     k_pos: torch.Tensor
     backend: str
     mask: Mask
-    q_rot: object = None  # the scheme's rotation state (RoPE: cos, sin) at q_pos and k_pos, made once for every layer
+    q_rot: object = None  # the scheme's rotation state (RoPE: cos, sin) at q_pos and k_pos, shared by every layer
     k_rot: object = None
     window: int | None = None  # this plan's sliding window (None: full causal attention)
-    windows: dict | None = None  # window -> the plan of the layers with that window (see add_window)
-    nope: "AttnPlan | None" = None  # the plan of positional.layers' N layers (NoPE), over the same positions
-    long: "AttnPlan | None" = None  # the plan of the full-attention layers at positional.global_base (Gemma 3)
-    q_scale: torch.Tensor | None = None  # (Tq, 1) eval-time log-length factor of the queries (model/log_scaling.py)
+    windows: dict | None = None  # window -> the plan of the layers with that window (add_window)
+    nope: "AttnPlan | None" = None  # positional.layers' N layers (NoPE), over the same positions
+    long: "AttnPlan | None" = None  # the full-attention layers at positional.global_base (Gemma 3)
+    q_scale: torch.Tensor | None = None  # (Tq, 1) eval-time log-length factor (model/log_scaling.py)
     log_n: torch.Tensor | None = None  # (Tq, 1) ln(q_pos + 1), which model.ssmax multiplies by each head's s
     far: object = None  # far scores (model/rerope_attention.py Far): a second rotation and its attention
-    _key_order: tuple | None = field(default=None, repr=False)  # (key_order,) once made, see key_order
+    _key_order: tuple | None = field(default=None, repr=False)
 
     def queries(self, q):
-        """The queries (B, H, Tq, Dh) rotated at q_pos (and, with far scores, beside them at the far rotation)."""
+        """Queries (B, H, Tq, Dh) rotated at q_pos (with far scores, the far rotation beside them)."""
         near = self.pe.rotate(q, self.q_pos, self.q_rot)
         return near if self.far is None else torch.cat((near, self.far.queries(self.pe, q)), dim=-1)
 
     def keys(self, k):
-        """Keys (B, Hkv, Tk, Dh) at every key position k_pos, rotated as queries() rotates queries."""
+        """Keys (B, Hkv, Tk, Dh) rotated at k_pos."""
         near = self.pe.rotate_key(k, self.k_pos, self.k_rot)
         return near if self.far is None else torch.cat((near, self.far.keys(self.pe, k)), dim=-1)
 
     @property
     def key_order(self):
-        """(order, inverse) sorting k_pos and back, or None for a full forward (positional/base.py key_order): made
-        once per plan, on first use, for the layers whose scheme sums over keys in order (FoX, CoPE, stick-breaking,
-        PaTH). Cached by hand: functools.cached_property takes a lock before Python 3.12, which torch.compile cannot
-        trace (a graph break)."""
+        """positional/base.py key_order, made once per plan. Cached by hand: functools.cached_property takes a
+        lock before Python 3.12, which torch.compile cannot trace (a graph break)."""
         if self._key_order is None:
             self._key_order = (key_order(self.q_pos, self.k_pos),)
         return self._key_order[0]
 
     def new_keys(self, k):
-        """A decoding step's own keys (B, Hkv, Tq, Dh), which sit at the queries' positions: what a dense KV cache
-        stores, once, since a key's rotation depends on its own position alone."""
+        """A decoding step's own keys, at the queries' positions: what a dense KV cache stores, rotated once."""
         near = self.pe.rotate_key(k, self.q_pos, self.q_rot)
         return near if self.far is None else torch.cat((near, self.far.new_keys(self.pe, k)), dim=-1)
 
 
 class Chunk(int):
-    """model.chunk=C where a layer's window goes (GPTConfig.layer_window): its query sees the keys of its own chunk of
-    C positions only, floor(q_pos / C) == floor(k_pos / C), causally (Llama 4's chunked local attention). As an int it
-    is C: a chunk's keys lie within the C positions up to its query, so every bound that a sliding window of C keys
-    sets holds for it too (a dense cache's ring of C keys, a query block's first key); the masks ask which rule it
-    is (outside). It never equals a plain window of the same size: each has its own plan in plan.windows."""
+    """model.chunk=C: a query sees only its own chunk of C positions, causally (Llama 4). As an int it is C, so
+    every bound a window of C keys sets holds for it too; it never equals a window, so each has its own plan."""
 
     def __eq__(self, other):
         return isinstance(other, Chunk) and int(self) == int(other)
@@ -143,8 +102,7 @@ class Chunk(int):
 
 
 def outside(window: int, q_pos, k_pos):
-    """Where a key at k_pos lies outside the span of a query at q_pos that a local layer sees (True: hidden), for
-    keys at or before the query: W or more back for a sliding window of W, another chunk for a Chunk."""
+    """True where a key at or before its query is hidden: W or more back for a window W, another chunk for a Chunk."""
     if isinstance(window, Chunk):
         return q_pos // int(window) != k_pos // int(window)  # floor division: chunks stay aligned below position 0
     return q_pos - k_pos >= window
@@ -167,8 +125,7 @@ def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int, window: int | None =
 
 
 def check_backend(pe, backend: str) -> None:
-    """ValueError where the scheme cannot take the backend: weights that read every score (positional/base.py
-    content_weights) need the dense mask, and flex's score_mod sees one score at a time."""
+    """Refuse flex for a scheme that gives the weights itself: they read every score, flex's score_mod sees one."""
     if pe.content_weights is not None and backend == "flex":
         raise ValueError(
             f"model.attn_backend=flex: positional={pe.name} weighs keys by every score of the query, which flex's "
@@ -179,16 +136,14 @@ def check_backend(pe, backend: str) -> None:
 def make_plan(
     pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto", sink=False, window=None, rot=None, far=None
 ) -> AttnPlan:
-    """q_pos is k_pos (the same tensor) marks the plain causal case of a full forward. sink: the layers pass a
-    sink logit to attend, which SDPA takes as an extra masked key column, so is_causal cannot serve. window: a
-    sliding window of that many keys (causal only). rot: (q_rot, k_rot), the scheme's rotation state at these
-    positions (None: the scheme's own, as built); far: far scores' rotation state (model/rerope_attention.py)."""
+    """q_pos is k_pos (the same tensor) marks a full forward. sink: the layers pass a sink logit, an extra key column
+    that is_causal has no room for. rot: (q_rot, k_rot), default the scheme's own; far: model/rerope_attention.py."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
     plain = pe.score_bias is None and pe.content_bias is None and not sink and (not causal or q_pos is k_pos)
     plain = plain and window is None and far is None and pe.content_weights is None
     check_backend(pe, backend)
-    if backend == "auto" and pe.content_weights is not None:
+    if backend == "auto" and pe.content_weights is not None:  # it reads every score: a dense mask
         backend = "sdpa"
     if backend == "auto":
         backend = "flex" if q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES else "sdpa"
@@ -211,10 +166,8 @@ def make_plan(
 
 
 def add_window(plan: AttnPlan, window: int, n_head: int, backend: str, sink: bool, k_pos=None, k_rot=None):
-    """plan.windows[window]: the plan of the layers with this sliding window, over the same queries and over
-    k_pos (default the plan's keys, whose rotation state it then shares; a cache's window ring holds others, whose
-    rotation state k_rot is). Always causal: the window is a causal rule, and it also hides a ring's unfilled slots
-    (past every query). backend: as asked of make_plan (auto resolves anew: a window is not plain causal)."""
+    """plan.windows[window]: the causal plan of this window's layers over k_pos, default the plan's keys (a cache's
+    ring gives its own k_pos and k_rot; causality hides its unfilled slots, which sit past every query)."""
     same = k_pos is None or k_pos is plan.k_pos
     k_pos, k_rot = (plan.k_pos, plan.k_rot) if same else (k_pos, k_rot)
     far = None if plan.far is None else plan.far.over(plan.pe, plan.q_pos, None if same else k_pos)
@@ -225,16 +178,14 @@ def add_window(plan: AttnPlan, window: int, n_head: int, backend: str, sink: boo
 
 
 def diagonal_blocks(n: int) -> list[tuple[int, int]] | None:
-    """Query blocks (start, end) for a causal forward with a dense bias. SDPA cannot combine is_causal with a
-    bias, so one call takes every key for every query, the masked half too: query rows start..end only see keys
-    0..end-1, so each block is one call over just those keys (and a learned bias gets no gradient for the rest).
-    On the 2-core CPU at T=256 (python bench/cpu_bench.py): T5 6% faster per training step, ALiBi within noise."""
+    """Query blocks (start, end) of a causal forward with a dense bias, each one SDPA call over the keys it sees:
+    T5 6% faster per training step on the 2-core CPU at T=256 (bench/cpu_bench.py), ALiBi within noise."""
     size = max(BLOCK_MIN_ROWS, -(-n // 8))
     return None if n <= size else [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
 def content_grid(content, batch: int, n_head: int, n_q: int, n_k: int, device) -> torch.Tensor:
-    """A layer's content bias fn(b, h, i, j) over every (batch, head, query row, key row): (B, H, Tq, Tk) fp32."""
+    """A layer's content bias fn(b, h, i, j) over the (B, H, Tq, Tk) index grid, fp32."""
     b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
     h = torch.arange(n_head, device=device).view(1, -1, 1, 1)
     i = torch.arange(n_q, device=device).view(1, 1, -1, 1)
@@ -243,8 +194,8 @@ def content_grid(content, batch: int, n_head: int, n_q: int, n_k: int, device) -
 
 
 def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
-    """q (B, H, Tq, Dq), k (B, Hkv, Tk, Dq) and v (B, Hkv, Tk, Dh), as the plan rotated them -> (B, H, Tq, Dh);
-    sink: the layer's sink logits (H,) or None; content: the layer's content bias fn(b, h, i, j) or None."""
+    """q (B, H, Tq, Dq), k (B, Hkv, Tk, Dq), v (B, Hkv, Tk, Dh), rotated by the plan -> (B, H, Tq, Dh). sink: the
+    layer's sink logits (H,); content: its content bias fn(b, h, i, j) (Shaw, FoX), per layer, so not in the plan."""
     gqa = q.size(1) != k.size(1)
     if plan.backend == "flex" and plan.far is None:
         return _flex(q, k, v, plan, gqa, sink, content)
@@ -260,7 +211,7 @@ def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
     mask = None if bias is None else (bias if bias.dim() == 4 else bias[None]).to(q.dtype)
     n = 0  # keys before the first real one
     if sink is not None:
-        if plan.mask.is_causal:  # is_causal has no room for the slot's column: the plan must be made with sink=True
+        if plan.mask.is_causal:  # is_causal has no room for the slot's column
             raise ValueError("attend got a sink logit but its plan was made without sink=True")
         k, v, mask = with_nothing_slot(k, v, mask, sink.to(q.dtype), q.size(2))
         n = 1
@@ -278,8 +229,7 @@ def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
 
 
 def sdpa(q, k, v, **kw):
-    """F.scaled_dot_product_attention, without cuDNN's kernel for a few query rows in eager CUDA code (decoding: a
-    new key count every step, see NO_CUDNN)."""
+    """F.scaled_dot_product_attention, without cuDNN for a few query rows in eager CUDA code (NO_CUDNN)."""
     if q.is_cuda and q.size(2) < FLEX_MIN_QUERIES and not torch.compiler.is_compiling():
         with sdpa_kernel(NO_CUDNN):
             return F.scaled_dot_product_attention(q, k, v, **kw)
@@ -287,8 +237,8 @@ def sdpa(q, k, v, **kw):
 
 
 def content_attention(q, k, v, plan: AttnPlan, state=None, layer=None) -> torch.Tensor:
-    """Attention under the weights the plan's scheme gives (positional/base.py content_weights), over its dense mask:
-    (B, H, Tq, Dh). What a row's weights leave goes to the layer module's rest (H, Dh) where it has one."""
+    """Attention under the scheme's own weights (positional/base.py content_weights) over the plan's dense mask: one
+    fp32 B x H x Tq x Tk tensor per layer, on a GPU too. What a row leaves goes to layer.rest (H, Dh), if any."""
     bias = plan.mask.bias
     if bias is None:  # not causal, nothing hidden
         bias = q.new_zeros(1, q.size(2), k.size(2), dtype=torch.float32)
@@ -301,9 +251,8 @@ def content_attention(q, k, v, plan: AttnPlan, state=None, layer=None) -> torch.
 
 
 def with_nothing_slot(k, v, mask, sink, n_queries: int):
-    """Keys and values with a zero key 0 (score 0) and zero value, and the 4-D mask with column 0 = the sink logit
-    (B or 1, H, Tq, 1 + Tk): SDPA's softmax then has exp(s_h) in its denominator and adds nothing to the output.
-    Key 0 rather than last, so a diagonal block's keys stay one prefix slice."""
+    """Prepend a zero key and value, and a mask column of sink logits: SDPA's softmax then has exp(s_h) in its
+    denominator and the output gains nothing. Key 0, not last, keeps a diagonal block's keys one prefix slice."""
     k = torch.cat((k.new_zeros(*k.shape[:2], 1, k.size(3)), k), dim=2)  # keys may be wider than values (PoPE, ReRoPE)
     v = torch.cat((v.new_zeros(*v.shape[:2], 1, v.size(3)), v), dim=2)
     n_head, n_keys = sink.size(0), k.size(2) - 1
@@ -314,8 +263,7 @@ def with_nothing_slot(k, v, mask, sink, n_queries: int):
 
 
 def softmax_weights(scores, bias, sink=None) -> torch.Tensor:
-    """The fp32 softmax of scores (B, H, Tq, Tk) plus bias. With sink logits (H,), the nothing slot's exp(s_h) is in
-    the denominator: rows sum to one less its share."""
+    """fp32 softmax of scores + bias; with sink logits (H,), rows sum to one less the nothing slot's share."""
     if bias is not None:
         scores = scores + bias
     if sink is None:
@@ -325,7 +273,7 @@ def softmax_weights(scores, bias, sink=None) -> torch.Tensor:
 
 
 def attention_weights(q, k, bias, sink=None) -> torch.Tensor:
-    """The fp32 softmax probabilities (B, H, Tq, Tk) of queries q over keys k (GQA heads shared), plus bias."""
+    """fp32 softmax probabilities (B, H, Tq, Tk) of q over k (GQA heads shared), plus bias."""
     return softmax_weights(dot_scores(q, k), bias, sink)
 
 
@@ -339,15 +287,12 @@ def reference_attention(q, k, v, bias, sink=None):
 
 
 def flex_length(n: int) -> int:
-    """The length flex runs at: the next power of two from one 128-row block up. Compiled flex is specialised
-    to its shapes and torch.compile keeps 8 versions per function, so every length maps onto a few."""
+    """The next power of two from 128: torch.compile keeps 8 versions per function, so lengths map onto a few."""
     return max(FLEX_BLOCK, 1 << (n - 1).bit_length())
 
 
 def flex_call(q, k, v, plan: AttnPlan, block_mask, score_mod, lse: bool = False):
-    """flex_attention at the padded lengths: (out, and with lse its log-sum-exp) of the real query rows. Padded
-    queries see no key (their rows are dropped), padded keys are seen by no query, and flex skips the blocks that
-    are wholly padding."""
+    """flex_attention at the padded lengths -> out (and lse) of the real query rows; blocks of padding are skipped."""
     pad_q, pad_k = plan.mask.flex_pad
     n_q = q.size(2)
 
@@ -366,14 +311,12 @@ def flex_call(q, k, v, plan: AttnPlan, block_mask, score_mod, lse: bool = False)
 
 
 def without_nothing(out, lse, sink):
-    """A flex output rescaled for the nothing slot: exp(z_j) / (e^s + S) = softmax_j * S / (S + e^s), S = e^lse,
-    and S / (S + e^s) = sigmoid(lse - s)."""
+    """A flex output rescaled for the nothing slot: x S / (S + e^s) with S = e^lse, that is x sigmoid(lse - s)."""
     return out * torch.sigmoid(lse - sink.float()[:, None]).unsqueeze(-1).to(out.dtype)
 
 
 def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None, content=None):
-    """flex_attention under the plan's mask; a content bias reads its tables at rows clamped to the real ones (a
-    padded row's score is masked whatever it reads)."""
+    """flex_attention under the plan's mask; a content bias reads rows clamped to the real ones (padding is masked)."""
     n_q, n_k = q.size(2), k.size(2)
     score_mod = plan.mask.score_mod
     if content is not None:
@@ -390,11 +333,8 @@ def _flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None, content=None):
 
 
 def flex_positions(q_pos, k_pos):
-    """Positions padded to flex_length: a padded query sits before every key and a padded key after every query,
-    so the causal rule alone hides them (and a non-causal mask tests it). Returns them and the pads.
-    Inside a compiled model, no padding: flex runs at the real lengths (its kernels bound their own last block),
-    since the model compiles once per length anyway, and q, k, v padded within the same graph broke inductor's
-    CUDA lowering of flex (torch 2.11: a masked load its template cannot inline; sink over ALiBi at 257 keys)."""
+    """Positions padded to flex_length (queries before every key, keys after every query), and the pads. Unpadded in
+    a compiled model: padding there broke inductor's CUDA flex lowering (torch 2.11; sink over ALiBi, 257 keys)."""
     if torch.compiler.is_compiling():
         return q_pos, k_pos, (0, 0)
     pad_q, pad_k = flex_length(len(q_pos)) - len(q_pos), flex_length(len(k_pos)) - len(k_pos)
@@ -403,25 +343,19 @@ def flex_positions(q_pos, k_pos):
 
 
 def block_mask(mask_mod, q_pos, k_pos):
-    """A flex block mask of mask_mod over padded positions (flex_positions)."""
     make = _fused(create_block_mask, q_pos.is_cuda)  # eager, it would build the dense Tq x Tk mask first
     return make(mask_mod, None, None, len(q_pos), len(k_pos), device=q_pos.device)
 
 
 def learned_bias(pe) -> bool:
-    """Whether the scheme's score_bias reads tensors that train now (T5's table, KERPLE's and FIRE's parameters; a
-    sink's own token is not read by its inner scheme's bias)."""
+    """Whether score_bias reads tensors that train now (T5's table, KERPLE's and FIRE's parameters)."""
     owner = getattr(pe, "inner", pe)  # a sink's bias is its inner scheme's
     return torch.is_grad_enabled() and pe.score_bias is not None and any(p.requires_grad for p in owner.parameters())
 
 
 def bias_table(pe, q_pos, k_pos) -> torch.Tensor | None:
-    """A learned bias in training as flex reads it: a dense (H, Tq, Tk) table over the real positions, made once per
-    plan by ordinary autograd (None where the bias is not learned, or gradients are off). Flex's backward adds each
-    score's gradient into what its score_mod reads with an atomic add, so reading T5's 32 x H table piled a whole
-    tile's adds onto one address (0.038x RoPE's speed on an H100); a table entry takes one score's per sequence,
-    and autograd sums them into the parameters in one pass. Without gradients flex computes the bias itself, so a
-    long evaluation never holds a T x T table."""
+    """A learned bias in training as a dense (H, Tq, Tk) table: flex's backward adds score gradients atomically to
+    what score_mod reads, and T5's 32 x H table piled a tile's adds on one address (0.038x RoPE's speed, H100)."""
     if not learned_bias(pe):
         return None
     h = torch.arange(pe.n_head, device=q_pos.device)[:, None, None]
@@ -430,8 +364,7 @@ def bias_table(pe, q_pos, k_pos) -> torch.Tensor | None:
 
 
 def bias_score_mod(pe, q_pos, k_pos, table=None):
-    """flex's score_mod adding the scheme's bias at padded positions, or reading its table (bias_table) at rows and
-    columns clamped to the real ones (a padded row or column is masked)."""
+    """flex's score_mod: the scheme's bias at padded positions, or its bias_table at clamped rows and columns."""
     if table is not None:
         n_q, n_k = table.shape[1:]
 
@@ -447,8 +380,7 @@ def bias_score_mod(pe, q_pos, k_pos, table=None):
 
 
 def flex_mask(pe, q_pos, k_pos, causal, window=None, near=None) -> Mask:
-    """score_mod, block mask and padding over positions padded to flex_length. A window's mask hides whole blocks
-    of far keys, which flex then skips; near: keep only keys at distance < near (the near keys of far scores)."""
+    """flex's score_mod, block mask and padding. near: keep only keys at distance < near (far scores' near keys)."""
     table = bias_table(pe, q_pos, k_pos)
     q_pos, k_pos, pads = flex_positions(q_pos, k_pos)
     score_mod = None if pe.score_bias is None else bias_score_mod(pe, q_pos, k_pos, table)
@@ -473,13 +405,8 @@ COMPILE_ON_CPU = False  # tests set it: the compiled flex forward runs on the CP
 
 
 def _fused(fn, cuda: bool):
-    """fn compiled once per process for use outside a compiled region (eval, decoding, an uncompiled model).
-    Inside one, fn itself is traced and fused with the rest of the graph; on CPU, eager fn is the test path.
-
-    Static shapes, since flex runs at the lengths flex_length pads to: one version per (batch, padded lengths),
-    where one per (batch, Tq, Tk) passed torch.compile's 8-version cap after a few lengths and then ran flex
-    eagerly (dense scores). dynamic=True would need no padding, but on the CPU inductor's flex template fails to
-    compile with symbolic lengths and GQA (torch 2.13), and the CPU is where this is tested."""
+    """fn compiled once, for use outside a compiled region. Static shapes at flex_length's lengths: one version per
+    (batch, Tq, Tk) passed torch.compile's 8-version cap, and dynamic=True fails on the CPU (flex, GQA, torch 2.13)."""
     if not (cuda or COMPILE_ON_CPU) or torch.compiler.is_compiling():
         return fn
     if fn not in _COMPILED:

@@ -1,20 +1,12 @@
-"""Fused operations: RMSNorm, ReLU^2 and the output head, as autograd functions that make fewer passes over memory
-than their eager compositions.
+"""Fused RMSNorm, ReLU^2 and output head: autograd functions making fewer passes over memory than eager torch.
 
 python train.py          (every training and evaluation forward goes through here)
 python bench/cpu_bench.py           (nanopos against a plain GPT-2 block; these close most of the gap on the CPU)
-On the CPU each eager elementwise op is its own pass over the activations, and at this model size the passes,
-not the matrix multiplies, take much of a step: F.rms_norm runs as pow, mean, add, rsqrt, mul (and as many
-again backward), and F.relu(x).square() allocates and saves two new tensors. Here a norm is one reduction and
-one multiply forward, a dot product and two passes backward (5x faster than F.rms_norm at 1 thread); ReLU^2
-saves relu(x) and its backward is one pass. Same formulas, same values (tests/test_fast_paths.py).
-The head: loss = CE(c * tanh(x W^T / c), y). Over all B x T x V logits at once, each elementwise step (softcap,
-log-softmax, their gradients) is its own pass over a tensor far larger than the CPU's caches (128 MiB at B x T =
-8192, V = 4096), and on a GPU at a 50K vocabulary it is the peak of memory. Here a chunk of rows at a time goes
-through the matmul, the softcap, the loss and, while training, its gradient (the loss is the last op, so the
-gradient of a chunk's logits is known in the forward pass): backward only scales the stored gradients of x and W.
-The same matrix multiplies as the plain formula, and no logits tensor larger than a chunk.
-Under torch.compile the plain formulas are traced instead: inductor fuses them into single kernels itself.
+At this size, on the CPU, elementwise passes rather than matmuls take much of a step. The norm is one reduction and one
+multiply (5x faster than F.rms_norm at 1 thread); ReLU^2 saves relu(x) and is one pass backward. The head computes
+CE(c tanh(x W^T / c), y) a chunk of rows at a time, gradient included, so no B x T x V logits tensor exists (128 MiB
+at B x T = 8192, V = 4096; on a GPU at a 50K vocabulary, the memory peak). Same values as the plain formulas
+(tests/test_fast_paths.py), which torch.compile traces instead, fusing them itself.
 """
 
 import torch
@@ -95,17 +87,11 @@ def head_loss(x, weight, targets, softcap: float, reduction: str = "mean") -> to
 
 
 def _chunks(x, weight, targets, softcap: float, row_grad=None):
-    """Yield (rows, nll, g, scale) per chunk of rows. With row_grad (N,), the gradient of the chunk's raw logits
-    is g * scale[:, None]: the row scale is left to the caller, who applies it to the small (rows, d) matmul
-    operands instead of another pass over the (rows, V) logits.
-
-    The capped logits s = c tanh(u / c) lie in [-c, c], so exp(s) cannot overflow in fp32 and the softmax needs
-    no max subtraction: p = exp(s) / S with S = sum exp(s), and d nll / du = (p - onehot) (1 - tanh^2). tanh goes
-    through the sigmoid, tanh(v) = 2 sigmoid(2v) - 1 and 1 - tanh^2 = 4 sigmoid (1 - sigmoid): torch's CPU sigmoid
-    is about twice as fast as its tanh, and the factor 2 / c rides on the small x chunk.
-    """
+    """Yield (rows, nll, g, scale) per chunk; with row_grad the raw logits' gradient is g * scale[:, None], the
+    caller scaling the small (rows, d) operands instead. Capped logits lie in [-c, c], so exp needs no max
+    subtraction in fp32. tanh(v) = 2 sigmoid(2v) - 1: torch's CPU sigmoid is about twice as fast as its tanh."""
     step = min(chunk_rows(x.device, weight.size(0)), len(targets))
-    sig_buf = torch.empty(step, weight.size(0), device=x.device)  # two chunk buffers, reused: every pass in place
+    sig_buf = torch.empty(step, weight.size(0), device=x.device)  # reused: every pass in place
     exp_buf = torch.empty_like(sig_buf)
     minus_c = torch.full((), -softcap, device=x.device)
     for start in range(0, len(targets), step):
@@ -128,15 +114,13 @@ def _chunks(x, weight, targets, softcap: float, row_grad=None):
 
 
 def _linear_into(out, x, weight):
-    """out (fp32) = x W^T, straight into out when the matmul is fp32."""
     if weight.dtype == torch.float32:
         return torch.matmul(x, weight.t(), out=out)
     return out.copy_(F.linear(x, weight))
 
 
 class _ChunkedHead(torch.autograd.Function):
-    """Chunk by chunk: the summed or mean NLL with its gradients computed in forward (backward only scales
-    them), or the per-row NLL (N,) whose backward recomputes each chunk."""
+    """Summed or mean NLL with its gradients made in forward (backward scales them), or per-row NLL (recomputed)."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, softcap, reduction):

@@ -4,25 +4,10 @@ python train.py model=tiny positional=alibi
 python train.py model.qk_norm=learned model.sink_logit=true      (the options that let a head form a sink)
 python train.py model.window=64 model.window_pattern=SSSL         (sliding windows in 3 layers of 4, as nanochat)
 python train.py positional=irope                                  (RoPE, and NoPE in every 4th layer, as Llama 4)
-python train.py model.ssmax=true                                  (Scalable-Softmax: logits x s_h ln n, s_h learned)
-python eval.py checkpoint=out/rope eval.rope_scaling=rerope       (ReRoPE: a second rotation scores far keys)
-An evaluation variant (a RoPE extension, log-length scaling: model/variant.py) is a value passed into forward, or
-held by the KV cache decode() reads: the plan every layer shares is built under it, and the model never changes.
-Functional RMSNorm (no weights), QK-norm, ReLU^2 MLP, untied embeddings, grouped-query attention, logit
-softcap, no biases, zero-initialised output projections. The scheme (positional/) acts on the embeddings,
-on queries and keys, and/or on the attention scores; this file never asks which scheme it is.
-model.qk_norm: rms (gain-free: every logit within +-sqrt(head dim)), learned (a trainable gain on the normed q and
-k, 1 at init), none. model.sink_logit: a learned per-head logit for attending to nothing (model/attention.py).
-model.window=W: layers marked S in model.window_pattern (tiled over the layers; L = full attention) see only the
-W most recent keys, themselves included: q_pos - k_pos < W. Any scheme, every backend, both caches.
-model.chunk=C instead: the S layers see the keys of their own chunk only, floor(q_pos / C) == floor(k_pos / C), as
-Llama 4's RoPE layers do (python train.py experiment=llama4). Any scheme, every backend, the dense cache.
-positional.layers (positional/__init__.py): layers marked N in the pattern (tiled like model.window_pattern) use
-NoPE, with its query temperature, instead of the scheme; they read plan.nope, the plan of their scheme.
-positional.global_base (positional/__init__.py build_long): the full-attention layers (no window or chunk) rotate at a
-RoPE base of their own, reading plan.long, as Gemma 3's global layers do (python train.py experiment=gemma3).
-model.ssmax, and eval.py's training-free eval.log_scaling (Variant.log_length), multiply each query by a factor of
-the log of its position (model/log_scaling.py), in every layer, N layers included.
+python eval.py checkpoint=out/rope eval.rope_scaling=rerope       (an evaluation variant: model/variant.py)
+Functional RMSNorm, QK-norm, ReLU^2 MLP, untied embeddings, GQA, logit softcap, no biases, zero-initialised output
+projections. The scheme (positional/) acts on the embeddings, queries and keys, or scores; this file never asks which
+scheme it is. An evaluation variant is passed into forward or held by the KV cache: the model never changes.
 """
 
 from dataclasses import dataclass, field
@@ -41,26 +26,22 @@ from settings import Rule, choices, setting
 from .attention import BACKENDS, Chunk, add_window, attend, check_backend, content_attention, make_plan
 from .fused import head_loss, relu_square, rms_norm, softcapped_logits
 
-# rms: gain-free QK-norm, logits within +-sqrt(head dim) | learned: a gain per head and dim, 1 at init | none
+# rms: gain-free, logits within +-sqrt(head dim) | learned: a gain per head and dim, 1 at init | none
 QKNorm = choices("QKNorm", "rms", "learned", "none")
 Backend = choices("Backend", *BACKENDS)  # model/attention.py: auto picks per device
 
 
 @dataclass
 class ModelConfig:
-    """The network: the `model` node of train.py's and viz.py's configs. Its defaults are model=tiny, the CPU default
-    (~1.8M parameters, a few thousand tokens/s on 2 cores); configs/model/*.yaml are the other sizes."""
+    """The `model` config node. Defaults are model=tiny (~1.8M parameters, a few thousand tokens/s on 2 CPU cores)."""
 
-    # upper bounds: a model past them could not be built in any memory, and is refused before it is tried
     n_layer: int = setting(4, "pass a positive layer count, at most 1024", ge=1, le=1024)
     n_head: int = setting(4, "pass a positive head count, at most 4096", ge=1, le=4096)
-    # key/value heads (grouped-query attention)
     n_kv_head: int = setting(2, "pass a positive head count, at most 4096", ge=1, le=4096)
     d_model: int = setting(128, "pass a positive width, a multiple of model.n_head", ge=1, le=2**17)
     mlp_ratio: int = setting(4, "pass a positive ratio, at most 64", ge=1, le=64)
     softcap: float = setting(15.0, "pass a positive logit cap", gt=0)
-    # defaults as plain strings (OmegaConf makes them members as it composes): a GPTConfig built in code stays
-    # picklable with weights_only=True, as a checkpoint must be
+    # plain-string defaults: a GPTConfig built in code stays picklable with weights_only=True, as checkpoints must
     attn_backend: Backend = "auto"
     qk_norm: QKNorm = "rms"
     sink_logit: bool = False  # true: a learned per-head logit for attending to nothing (gpt-oss), in every backend
@@ -92,8 +73,7 @@ class ModelConfig:
 
 @dataclass
 class GPTConfig(ModelConfig):
-    """ModelConfig with what a run fills in (schema.model_config): the tokenizer's vocabulary, and the positional
-    scheme's options (a plain dict: its options class is the scheme's own, positional/)."""
+    """ModelConfig plus what a run fills in (schema.model_config): the vocabulary and the scheme's options (a dict)."""
 
     vocab_size: int = field(kw_only=True)
     positional: dict = field(default_factory=lambda: {"name": "rope"}, kw_only=True)
@@ -127,19 +107,16 @@ class GPTConfig(ModelConfig):
         return self.d_model // self.n_head
 
     def layer_window(self, layer: int) -> int | None:
-        """Layer's local attention where the tiled pattern says S: model.window (a sliding window), or a Chunk of
-        model.chunk (model/attention.py); else None (full attention)."""
+        """model.window, or a Chunk of model.chunk, where the tiled pattern says S; else None (full attention)."""
         short = self.window_pattern[layer % len(self.window_pattern)] == "S"
         return (self.window if self.chunk is None else Chunk(self.chunk)) if short else None
 
     def layer_nope(self, layer: int) -> bool:
-        """Whether the layer is an N layer of positional.layers (NoPE instead of the scheme)."""
         pattern = positional.layer_pattern(self.positional)
         return pattern[layer % len(pattern)] == "N"
 
     def layer_long(self, layer: int) -> bool:
-        """Whether the layer is a full-attention layer of the scheme (not N, no window or chunk) that
-        positional.global_base gives a RoPE base of its own (Gemma 3's global layers)."""
+        """Whether positional.global_base gives this full-attention layer a RoPE base of its own (Gemma 3)."""
         long = self.positional.get("global_base") is not None
         return long and not self.layer_nope(layer) and self.layer_window(layer) is None
 
@@ -154,10 +131,8 @@ def norm(x):
 
 
 def with_prefix(pos, n_prefix: int):
-    """pos (T,) or (axes, T) with the scheme's n_prefix learned sink tokens just before its first position (on
-    every axis)."""
-    # a gather, not a cat: in a compiled model flex's kernels read these positions inlined, and inductor cannot
-    # inline a cat's masked loads there (torch 2.11 on CUDA: 'function' object has no attribute 'graph')
+    """pos (T,) or (axes, T) with n_prefix sink-token positions just before the first. A gather, not a cat: inductor
+    cannot inline a cat's masked loads into flex (torch 2.11, CUDA: 'function' object has no attribute 'graph')."""
     i = torch.arange(pos.size(-1) + n_prefix, device=pos.device)
     return pos[..., (i - n_prefix).clamp(min=0)] - (n_prefix - i).clamp(min=0)
 
@@ -176,9 +151,7 @@ class Attention(nn.Module):
         self.c_v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
         self.qk_norm = cfg.qk_norm
-        if cfg.qk_norm == "learned":  # a gain per head and dimension, so the logit cap (sqrt(head dim) at gains of
-            # one) is each head's own: sinks form head by head, and one gain shared by the heads would make every
-            # head of a layer as sharp as the one that needs it. Ones: step 0 is qk_norm=rms exactly.
+        if cfg.qk_norm == "learned":  # per head and dim: each head its own logit cap; ones: step 0 is qk_norm=rms
             self.q_gain = nn.Parameter(torch.ones(cfg.n_head, cfg.head_dim))
             self.k_gain = nn.Parameter(torch.ones(cfg.n_kv_head, cfg.head_dim))
         # zeros: the nothing slot starts as one more key with score 0, a 1/(n+1) share of n visible keys
@@ -188,17 +161,13 @@ class Attention(nn.Module):
             from .log_scaling import SSMAX_INIT
 
             self.ssmax = nn.Parameter(torch.full((cfg.n_head,), SSMAX_INIT))
-        # the scheme's own part of this layer (FoX: its forget gate), which reads the layer input
         self.pe_layer = None if pe is None else pe.layer_module()
         self.window = cfg.layer_window(layer_idx)
         self.nope = cfg.layer_nope(layer_idx)
         self.long = cfg.layer_long(layer_idx)
 
     def project(self, x):
-        """Queries, keys (QK-normed, not yet rotated) and values, each (B, heads, T, head dim).
-
-        One matrix multiply over the activations: the three weights are concatenated (a small copy), so they
-        stay three parameters (Muon orthogonalizes each; checkpoints keep their names)."""
+        """Queries, keys (QK-normed, unrotated) and values in one matmul; the weights stay three parameters (Muon)."""
         B, T, _ = x.shape
         w = torch.cat((self.c_q.weight, self.c_k.weight, self.c_v.weight))
         q, k, v = F.linear(x, w).split((self.c_q.out_features, self.c_k.out_features, self.c_v.out_features), -1)
@@ -208,20 +177,16 @@ class Attention(nn.Module):
         if self.qk_norm == "none":
             return q, k, v
         q, k = norm(q), norm(k)
-        if self.qk_norm == "learned":  # gains cast to the activations' dtype, so autocast keeps q and k in bf16
+        if self.qk_norm == "learned":  # cast, so autocast keeps q and k in bf16
             q, k = q * self.q_gain.to(q.dtype)[:, None], k * self.k_gain.to(k.dtype)[:, None]
         return q, k, v
 
     def own_plan(self, plan):
-        """This layer's plan out of the one the model made: its scheme's (plan.nope for an N layer of
-        positional.layers, plan.long for a full-attention layer at positional.global_base), and within that, its
-        window's."""
         plan = plan.nope if self.nope else plan.long if self.long else plan
         return plan if self.window is None else plan.windows[self.window]
 
     def forward(self, x, plan, step=None):
-        """x (B, T, D) -> (B, T, D) under the plan; step: a KV cache's Step (model/kv_cache.py), which stores this
-        step's keys, values and per-token state and returns all the layer attends over, rotated by the plan."""
+        """x (B, T, D) -> (B, T, D); step: a KV cache's Step, which stores this step's keys and returns all of them."""
         B, T, _ = x.shape
         plan = self.own_plan(plan)
         q, k, v = self.project(x)
@@ -230,16 +195,15 @@ class Attention(nn.Module):
             k = plan.keys(k)
         else:
             k, v, state = step.update(self.layer_idx, k, v, state, plan)
-        q = self.scale_queries(plan.queries(q), plan)  # a query's scale is its far logits' scale too (ReRoPE)
-        if plan.pe.content_weights is not None:  # the scheme gives the weights (CoPE, stick-breaking, PaTH)
+        q = self.scale_queries(plan.queries(q), plan)  # its far logits' scale too (ReRoPE)
+        if plan.pe.content_weights is not None:  # CoPE, stick-breaking, PaTH
             y = content_attention(q, k, v, plan, state, self.pe_layer)
         else:
             y = attend(q, k, v, plan, self.sink, self.content(q, state, plan))
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
     def scale_queries(self, q, plan):
-        """q (B, H, Tq, Dh) times the plan's log-length factor (Tq, 1) and SSMax's s_h ln n (H, Tq, 1), where on:
-        a query's scale is its logits' scale, and the keys (cached, shared by the queries) stay as they are."""
+        """q times the log-length factor and SSMax's s_h ln n: scaling queries leaves the cached keys as they are."""
         scale = plan.q_scale
         if self.ssmax is not None:
             learned = self.ssmax.float()[:, None, None] * plan.log_n
@@ -248,8 +212,6 @@ class Attention(nn.Module):
 
     @staticmethod
     def content(q, state, plan):
-        """This layer's content-dependent bias fn(b, h, i, j) (Shaw, FoX), or None: built per layer, since it reads
-        the layer's queries (rotated) and the state of every key it attends to."""
         return None if plan.pe.content_bias is None else plan.pe.content_bias(q, state, plan)
 
 
@@ -277,18 +239,16 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        # the scheme, and NoPE for the N layers of positional.layers (None without any)
         self.pe, self.pe_nope = positional.build_layers(
             cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model, checked=True
         )
-        if self.pe.content_weights is not None:  # it gives the weights: no softmax slot, no flex score_mod
+        if self.pe.content_weights is not None:  # no softmax slot, no flex score_mod
             if cfg.sink_logit:
                 raise ValueError(
                     f"model.sink_logit=true adds a slot to a softmax, and positional={self.pe.name} weighs the keys "
                     f"itself; pass model.sink_logit=false"
                 )
             check_backend(self.pe, cfg.attn_backend)
-        # and the scheme at positional.global_base for the full-attention layers (None without any)
         long = any(map(cfg.layer_long, range(cfg.n_layer)))
         self.pe_long = (
             positional.build_long(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model, True) if long else None
@@ -296,7 +256,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         schemes = [self.layer_scheme(i) for i in range(cfg.n_layer)]
         self.blocks = nn.ModuleList(Block(cfg, i, pe) for i, pe in enumerate(schemes))
-        # the distinct windows of each scheme's layers (N: positional.layers' NoPE), once: plan() runs per token
+        # each scheme's windows (True: the N layers'), found once, as plan() runs per token
         self.scheme_windows = {False: cfg.windows(False)}
         if any(map(cfg.layer_nope, range(cfg.n_layer))):
             self.scheme_windows[True] = cfg.windows(True)
@@ -304,8 +264,6 @@ class GPT(nn.Module):
         self._init_weights()
 
     def layer_scheme(self, layer: int):
-        """The scheme the layer's positions go through: NoPE (an N layer), the scheme at positional.global_base (a
-        full-attention layer), or the scheme."""
         c = self.cfg
         return self.pe_nope if c.layer_nope(layer) else self.pe_long if c.layer_long(layer) else self.pe
 
@@ -321,20 +279,14 @@ class GPT(nn.Module):
             nn.init.zeros_(block.mlp.c_proj.weight)
 
     def forward(self, idx, targets=None, pos=None, reduction: str = "mean", keep_from: int = 0, variant=None):
-        """idx (B, T) at positions pos (T,), default 0..T-1, or (axes, T) for a multi-axis scheme (rope2d, mrope) ->
-        logits (B, T, V), or the loss if targets given. Multi-axis positions say where a token sits (row, column),
-        not in what order it came: the causal mask and everything else that reads one position per token
-        (windows, log scaling) read the token order 0..T-1.
-
-        keep_from: only positions keep_from.. reach the head (and targets covers only them): a sliding evaluation
-        scores a window's last tokens, and the head is the largest part of a short window's forward.
-        variant: an evaluation variant (model/variant.py), None for the model as trained."""
+        """idx (B, T) at pos (T,) or (axes, T) -> logits (B, T, V) or the loss; mask and windows read token order.
+        keep_from: only positions keep_from.. reach the head (the head dominates a short sliding window's forward)."""
         if pos is None:
             pos = torch.arange(idx.size(1), device=idx.device)
         check_length(self.pe.check_axes(pos), idx.size(1))
         x = self.wte(idx)
         n_prefix = self.pe.n_prefix
-        if n_prefix:  # learned sink tokens sit just before the first position
+        if n_prefix:
             x = torch.cat((self.pe.prefix().to(x.dtype).expand(x.size(0), -1, -1), x), dim=1)
             pos = with_prefix(pos, n_prefix)
         order = pos if pos.dim() == 1 else torch.arange(-n_prefix, pos.size(-1) - n_prefix, device=pos.device)
@@ -345,13 +297,8 @@ class GPT(nn.Module):
         return self._head(x[:, n_prefix + keep_from :], targets, reduction)
 
     def decode(self, idx, cache, pos=None):
-        """Feed idx (B, T) through a KV cache and return logits (B, T, V) for these tokens, under the cache's variant.
-
-        The cache says how many tokens each exact step may take (a sink cache past its capacity takes one at a
-        time, since every new token re-indexes the window), so a long prompt is prefilled in as few steps as
-        exactness allows. pos: the tokens' multi-axis positions (axes, T) for a multi-axis scheme, kept in the
-        cache beside their keys; None: each token's place in the stream on every axis (text), as for any scheme.
-        """
+        """Feed idx (B, T) through a KV cache -> logits (B, T, V), in as few exact steps as cache.room() allows (a
+        full sink cache re-indexes every token, so takes one a step). pos: a multi-axis scheme's (axes, T)."""
         if pos is not None:
             if pos.dim() != 2 or self.pe.axes == 1:
                 raise PositionAxesError(
@@ -361,7 +308,7 @@ class GPT(nn.Module):
             check_length(self.pe.check_axes(pos), idx.size(1))
         x = self.wte(idx)
         skip = 0
-        if cache.length == 0 and self.pe.n_prefix:  # a stream starts with the learned sink tokens
+        if cache.length == 0 and self.pe.n_prefix:
             skip = self.pe.n_prefix
             x = torch.cat((self.pe.prefix().to(x.dtype).expand(x.size(0), -1, -1), x), dim=1)
             pos = None if pos is None else with_prefix(pos, skip)
@@ -379,18 +326,12 @@ class GPT(nn.Module):
         return self._head(torch.cat(outs, dim=1)[:, skip:])
 
     def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None, ids=None, variant=None):
-        """The attention plan every layer shares, with one per distinct sliding window (over window_k_pos, the keys
-        a cache keeps for its window layers, default k_pos), and plan.nope, the same for the N layers of
-        positional.layers (their own rotation state, NoPE's query temperature, and mask: no scheme bias), and
-        plan.long for the full-attention layers at positional.global_base (the scheme's rotation at that base).
-        q_pos and k_pos (T,) order the tokens (mask, windows); ids = (query ids, key ids) are the positions the
-        scheme rotates at, (axes, T) for a multi-axis one (default: q_pos and k_pos themselves). variant: an
-        evaluation variant (model/variant.py), the model as trained by default."""
+        """The plan every layer shares, with plan.windows (over window_k_pos: a cache's rings), plan.nope and
+        plan.long. q_pos, k_pos (T,) order the tokens; ids (query ids, key ids) are what the scheme rotates at."""
         c = self.cfg
         scaling, log_length = (variant.scaling, variant.log_length) if variant else (None, None)
         backend = backend or c.attn_backend
-        # the queries' log-length factors, made once from their positions for every layer (model/log_scaling.py)
-        q_scale = log_n = None
+        q_scale = log_n = None  # model/log_scaling.py
         if log_length is not None or c.ssmax:
             from .log_scaling import log_length_factor, log_positions
 
@@ -398,12 +339,12 @@ class GPT(nn.Module):
             log_n = log_positions(q_pos) if c.ssmax else None
         q_ids, k_ids = (q_pos, k_pos) if ids is None else ids
 
-        def rotary(pe):  # a scheme's rotation state under the variant, once per forward, and its far scores
+        def rotary(pe):
             rotation = partial(pe.rotation, scaling=scaling)
             q_rot = rotation(q_ids)
             rot = (q_rot, q_rot if k_ids is q_ids else rotation(k_ids))
             far = None
-            if scaling is not None and scaling.far is not None:  # ReRoPE: a second rotation, loaded when asked for
+            if scaling is not None and scaling.far is not None:  # ReRoPE
                 from .rerope_attention import Far
 
                 if pe.content_bias is not None:
@@ -421,27 +362,24 @@ class GPT(nn.Module):
             return plan
 
         plan = scheme_plan(self.pe, self.scheme_windows[False])
-        if True in self.scheme_windows:  # some layer is an N layer
+        if True in self.scheme_windows:
             plan.nope = scheme_plan(self.pe_nope, self.scheme_windows[True], nope=True)
-        if self.pe_long is not None:  # the full-attention layers at positional.global_base: no window
+        if self.pe_long is not None:
             plan.long = scheme_plan(self.pe_long, [])
         return plan
 
     def _head(self, x, targets=None, reduction="mean"):
-        """Softcapped fp32 logits, or the loss against targets computed in chunks of rows (model/fused.py)."""
         if targets is None:
             return softcapped_logits(norm(x), self.lm_head.weight, self.cfg.softcap)
         return head_loss(norm(x), self.lm_head.weight, targets, self.cfg.softcap, reduction)
 
     def flops_per_token(self, seq: int) -> float:
-        """Training FLOPs per token: 6 x matmul parameters + 12 L H Dh T for attention scores and values (scores over
-        the rotated width: PoPE's 2Dh makes it 18 L H Dh T)."""
+        """Training FLOPs per token: 6 x matmul parameters + 12 L H Dh T for attention (PoPE's 2Dh keys: 18)."""
         c = self.cfg
         width = self.pe.rotated_dim() + c.head_dim  # q.k, then probabilities x values
         return 6 * self.num_params(matmul_only=True) + 6 * c.n_layer * c.n_head * width * seq
 
     def num_params(self, matmul_only: bool = False) -> int:
-        """All parameters, or only those in matrix multiplies (for FLOPs: no embedding lookups, gains or logits)."""
         if matmul_only:
             return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         return sum(p.numel() for p in self.parameters())

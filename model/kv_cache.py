@@ -4,33 +4,9 @@ generate() samples tokens through either.
 python sample.py checkpoint=out/rope cache=dense            (DenseCache)
 python sample.py checkpoint=out/rope cache=sink cache.window=252   (SinkCache: 4 sinks + 252 recent tokens)
 python sample.py checkpoint=out/rope temperature=0.8 top_k=50      (generate; train.py prints a sample at the end)
-Both preallocate (layers, batch, kv heads, capacity, head dim) and never reallocate while decoding. The model
-drives a cache through two calls: room() (how many tokens the next exact step may append) and advance(n), which
-reserves slots and returns a Step: the slots, the new tokens' positions and every cached key's position. The plan is
-built from the step, and each layer calls step.update(layer, k, v, state, plan): store this step's keys, values and
-(for a scheme with per-token state, positional/base.py layer_module: FoX's log forget gates) state; return every
-cached key rotated by the plan (model/attention.py queries/keys; a layer's own scheme under positional.layers), the
-values, and the state in slot order (the scheme orders it by position). Everything a write needs is in its Step,
-so nothing about a step waits on the cache between the calls.
-A cache is made for one evaluation variant (model/variant.py): its keys are rotated under it. The dense cache
-stores keys rotated once, since a key's rotation depends on its own position alone; under far scores (ReRoPE) that
-is its near and far rotations side by side (the plan's new_keys), 1.5x the memory: re-rotating every cached key per
-step would cost as much as attending to it. The sink cache keeps raw keys and rotates them at read, at in-cache
-positions.
-A slot's position is its index in the cache minus the scheme's prefix length, so a full forward and a cache
-agree on positions.
-Multi-axis schemes (rope2d, mrope: positional/base.py axes > 1): advance(n, ids) also takes the new tokens' position
-ids (axes, n), kept per slot (default: the token's place in the stream on every axis, a text token); the Step
-carries the ids the scheme rotates this step's queries and every cached key at, while the slot positions still order
-the tokens (mask, windows). A sink cache re-indexes ids as it does positions: the sinks keep theirs and the window's
-are shifted, by one amount on every axis, so that its smallest id sits right after the sink slots: offsets within
-the window are kept, and a text stream gets exactly the 1D in-cache positions.
-Sliding-window layers (model.window): the dense cache keeps each a ring of the W most recent keys (rotated, at
-their positions) instead of a full row, so such a layer never holds more than W keys between steps; a step's
-queries see the ring plus the step's own keys, masked to the window. The sink cache keeps every layer's keys
-(constant memory anyway) and the window mask applies to their in-cache positions.
-Chunked layers (model.chunk=C) take a ring of C keys in the dense cache, masked to each query's chunk. The sink
-cache refuses them: its in-cache positions shift by one every step, and a chunk is a fixed span of the stream.
+Both preallocate and never reallocate. The model asks room() (how many tokens the next exact step may take), then
+advance(n) returns a Step, through which each layer stores its keys, values and per-token state and gets back all it
+attends over. A slot's position is its index minus the scheme's prefix length, as in a full forward.
 """
 
 from dataclasses import dataclass
@@ -54,19 +30,19 @@ EMPTY = 1 << 40  # the position of a ring slot not yet written: after every quer
 
 @dataclass
 class Step:
-    """One advance(): where its tokens go and every position its plan reads; the layers write through it."""
+    """One advance(): where its tokens go and every position its plan reads, so no write waits on the cache."""
 
     cache: "_Cache"
     slots: slice  # the slots its tokens take (a full sink cache: the one slot it overwrites)
-    q_pos: torch.Tensor  # the new tokens' positions (they order the tokens: mask, windows)
+    q_pos: torch.Tensor  # the new tokens' positions, which order them (mask, windows)
     k_pos: torch.Tensor  # every cached key's, in slot order
-    q_ids: torch.Tensor  # what the scheme rotates at: the positions, or a multi-axis scheme's (axes, n) ids
+    q_ids: torch.Tensor  # what the scheme rotates at: the positions, or a multi-axis scheme's (axes, n)
     k_ids: torch.Tensor
     window_k_pos: torch.Tensor | None = None  # a dense cache's window rings: the keys window layers attend over
     ring_slots: torch.Tensor | None = None  # where a ring keeps the step's last W keys
 
     def update(self, layer: int, k, v, state, plan):
-        """Store this step's keys, values and per-token state (or None); return all the layer attends over."""
+        """Store this step's keys, values and state; return all the layer attends over, keys rotated by plan."""
         return self.cache.write(self, layer, k, v, state, plan)
 
 
@@ -75,7 +51,7 @@ class _Cache:
 
     def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None, n_layer=None, variant=None):
         cfg = model.cfg
-        self.variant = variant  # the evaluation variant every key is rotated under (model/variant.py)
+        self.variant = variant  # every key is rotated under it (model/variant.py)
         device = device or model.lm_head.weight.device
         dtype = dtype or model.lm_head.weight.dtype
         shape = (cfg.n_layer if n_layer is None else n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
@@ -86,18 +62,17 @@ class _Cache:
         state = (cfg.n_layer, batch_size, model.pe.state_dim, capacity)  # fp32: FoX sums it over the whole cache
         self.state = torch.zeros(state, device=device) if model.pe.state_dim else None
         self.pe, self.capacity, self.length = model.pe, capacity, 0
-        self.offset = model.pe.n_prefix  # prefix tokens sit at negative positions, the text starts at 0
+        self.offset = model.pe.n_prefix  # prefix tokens sit at negative positions
         self.slot_pos = torch.arange(capacity, device=device) - self.offset
-        axes = model.pe.axes  # a multi-axis scheme's ids per slot, as given (a sink cache shifts them at read)
+        axes = model.pe.axes  # a multi-axis scheme's ids per slot (a sink cache shifts them at read)
         self.ids = torch.zeros(axes, capacity, dtype=torch.long, device=device) if axes > 1 else None
-        self.explicit_ids = False  # whether some step was given ids (static decoding reads slot positions only)
+        self.explicit_ids = False  # static decoding reads slot positions only
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.k, self.v, self.state) if t is not None)
 
     def write_state(self, step: Step, layer: int, state):
-        """Store the new tokens' per-token state (B, state_dim, n) as they are (a sink cache re-indexes at read, as it
-        does keys); return every cached token's, in slot order."""
+        """Store the new tokens' state (B, state_dim, n); return every cached token's, in slot order."""
         if state is None:
             return None
         self.state[layer, :, :, step.slots] = state
@@ -113,22 +88,23 @@ class _Cache:
         self.explicit_ids |= ids is not None
 
     def step(self, slots: slice, q_pos, k_pos, **rings) -> Step:
-        """A Step over these slots; its ids are the positions (one-axis schemes) or the kept ids."""
         if self.ids is None:
             return Step(self, slots, q_pos, k_pos, q_pos, k_pos, **rings)
         return Step(self, slots, q_pos, k_pos, self.ids[:, slots], self.ids[:, : self.length], **rings)
 
 
 class DenseCache(_Cache):
-    """Every token kept; keys stored already rotated, since their positions never change."""
+    """Every token kept, its key rotated once, as its position never changes. Under far scores (ReRoPE) near and far
+    rotations side by side: 1.5x the memory, as re-rotating every key per step would cost as much as attending to it.
+    A window layer keeps a ring of its W most recent keys (C for a chunk), masked to the window."""
 
     def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None, variant=None):
         if model.pe.max_positions is not None and capacity > model.pe.max_positions + model.pe.n_prefix:
-            capacity = model.pe.max_positions + model.pe.n_prefix  # the scheme cannot go further anyway
+            capacity = model.pe.max_positions + model.pe.n_prefix
         cfg = model.cfg
         windowed = [i for i in range(cfg.n_layer) if cfg.layer_window(i) is not None]
         full = [i for i in range(cfg.n_layer) if i not in windowed]
-        if windowed and model.pe.state_dim:  # a ring would have to keep the gates too, in its own slot order
+        if windowed and model.pe.state_dim:  # a ring would have to keep the gates too
             key = "model.chunk" if cfg.chunk is not None else "model.window"
             raise CacheError(
                 f"cache=dense keeps a ring of keys for {key} layers but not positional={model.pe.name}'s "
@@ -137,10 +113,9 @@ class DenseCache(_Cache):
         super().__init__(model, batch_size, capacity, dtype, device, n_layer=len(full), variant=variant)
         self.row = {layer: r for r, layer in enumerate(full)}  # a full layer's row of self.k
         self.ring = {layer: r for r, layer in enumerate(windowed)}  # a window layer's ring in self.wk
-        # a ring of W keys per window layer; a chunked layer's keys lie within the C positions up to its query
-        # (model/attention.py Chunk), so a ring of C keys holds them, and the chunk mask hides the older ones
+        # a chunked layer's keys lie within C positions of its query (Chunk): a ring of C, the mask hides the older
         self.window = cfg.window if cfg.chunk is None else cfg.chunk
-        self.wk = self.wv = None  # window rings of keys and values, where needed
+        self.wk = self.wv = None
         if windowed:
             shape = (len(windowed), *self.k.shape[1:3], self.window)
             self.wk = self.k.new_zeros(*shape, self.k.size(-1))
@@ -165,7 +140,7 @@ class DenseCache(_Cache):
         q_pos = self.slot_pos[slots]
         self.keep_ids(slots, ids, q_pos)
         rings = {}
-        if self.ring:  # window layers see their ring as it was plus this step's keys; the ring keeps the last W
+        if self.ring:  # window layers see the ring as it was plus this step's keys; it keeps the last W
             kept = q_pos[-self.window :]
             ring_slots = (kept + self.offset) % self.window
             rings = {"window_k_pos": torch.cat((self.ring_pos, q_pos)), "ring_slots": ring_slots}
@@ -178,8 +153,7 @@ class DenseCache(_Cache):
         return keys, values, self.write_state(step, layer, state)
 
     def _store(self, step: Step, layer: int, x, rows, rings):
-        """Write the new tokens' x (keys or values) into a full layer's row, or a window layer's ring (which then
-        returns its ring as it was plus the new ones); return all the layer attends over."""
+        """Write keys or values into a full layer's row or a window layer's ring; return all the layer attends over."""
         x = x.to(rows.dtype)
         if layer in self.ring:
             r, kept = self.ring[layer], slice(max(0, x.size(2) - self.window), None)
@@ -193,10 +167,8 @@ class DenseCache(_Cache):
 
 class SinkCache(_Cache):
     """The first `sinks` tokens forever plus a ring of the `window` most recent ones (sinks=0: a plain window).
-
-    Keys are stored before rotation and rotated at read time with positions inside the cache, as StreamingLLM
-    does: sinks at 0..sinks-1, then the window oldest to newest. Until it is full it equals a dense cache.
-    """
+    Raw keys, rotated at read at in-cache positions as in StreamingLLM: sinks at 0..sinks-1, then the window oldest to
+    newest (window layers mask those too). Until it is full it equals a dense cache."""
 
     raw_keys = True
 
@@ -240,7 +212,7 @@ class SinkCache(_Cache):
         age_rank = (self._ring - (oldest - self.sinks)) % self.window
         k_pos = torch.cat((self.slot_pos[: self.sinks], self.sinks + age_rank - self.offset))
         step = self.step(slots, self.slot_pos[self.capacity - 1 : self.capacity], k_pos)
-        if self.ids is not None:  # the ids re-indexed within the cache, as the positions are (module docstring)
+        if self.ids is not None:  # shifted on every axis so the window's smallest id follows the sinks
             window = self.ids[:, self.sinks :]
             shift = window.min() - self.slot_pos[self.sinks]
             step.q_ids, step.k_ids = step.q_ids - shift, torch.cat((self.ids[:, : self.sinks], window - shift), dim=1)
@@ -249,11 +221,11 @@ class SinkCache(_Cache):
     def write(self, step: Step, layer: int, k, v, state, plan):
         self.k[layer, :, :, step.slots] = k
         self.v[layer, :, :, step.slots] = v
-        keys = plan.keys(self.k[layer, :, :, : self.length])  # every kept key, at its in-cache position
+        keys = plan.keys(self.k[layer, :, :, : self.length])  # at in-cache positions
         return keys, self.v[layer, :, :, : self.length], self.write_state(step, layer, state)
 
     def token_indices(self) -> torch.Tensor:
-        """Which tokens (0-based, prefix included) the cache holds, in slot order; for tests and inspection."""
+        """Which tokens (0-based, prefix included) the cache holds, in slot order."""
         if self.seen <= self.capacity:
             return torch.arange(self.seen)
         oldest = self.seen - self.window
@@ -262,14 +234,12 @@ class SinkCache(_Cache):
 
 
 def cache_sizes(model, kind: str, train_length: int, sinks=None, window=None, max_len=None) -> dict:
-    """The cache's sizes from the config's choices (cache=dense|sink, cache.sinks, cache.window, cache.max_len) and
-    its capacity in tokens. Defaults match what the model saw in training: a sink cache holds as many tokens as a
-    training sequence (the scheme's learned sink tokens, or 4 sinks, plus the rest as window); a dense cache goes
-    as far as the scheme allows, or 16 x the training length."""
+    """The cache's sizes and capacity from cache=dense|sink and cache.*. Defaults: a sink cache holds a training
+    sequence (the scheme's sink tokens, or 4 sinks, then the window); a dense one 16 x that, or the scheme's limit."""
     prefix = model.pe.n_prefix
     if kind == "dense":
         capacity = (max_len or model.pe.max_positions or 16 * train_length) + prefix
-        if model.pe.max_positions is not None:  # the scheme cannot go further anyway
+        if model.pe.max_positions is not None:
             capacity = min(capacity, model.pe.max_positions + prefix)
         return {"capacity": capacity}
     if kind == "sink":
@@ -280,17 +250,14 @@ def cache_sizes(model, kind: str, train_length: int, sinks=None, window=None, ma
 
 
 def build_cache(model, kind: str, batch_size: int, sizes: dict, dtype=None, variant=None):
-    """A cache of cache_sizes' sizes, for one evaluation variant (model/variant.py; None: the model as trained)."""
     if kind == "dense":
         return DenseCache(model, batch_size, sizes["capacity"], dtype, variant=variant)
     return SinkCache(model, batch_size, sizes["sinks"], sizes["window"], dtype, variant=variant)
 
 
 def hold_matrices(model, dtype: torch.dtype):
-    """Keep every matrix weight (each nn.Linear: attention, MLP, the head) in dtype, for decoding under autocast to
-    dtype, which would otherwise cast each fp32 weight anew at every step: 6 bytes moved per weight where 2 suffice,
-    and a token's floor is reading them once. The same products, since autocast computes in dtype either way;
-    embeddings, a scheme's tensors and the cache's positions stay as they are. In place; returns the model."""
+    """Every nn.Linear weight in dtype, in place, for decoding under autocast, which would recast each fp32 weight
+    every step: 6 bytes moved per weight where 2 suffice. The same products, as autocast computes in dtype anyway."""
     if dtype != torch.float32:
         for module in model.modules():
             if isinstance(module, nn.Linear):
@@ -309,11 +276,10 @@ def generate(
     generator: torch.Generator | None = None,
     static: bool = False,
 ):
-    """Yield (B,) new token ids one step at a time; max_new_tokens < 0 means without end. static: decode each
-    new token with the compiled fixed-shape step (model/static_decode.py; CUDA graphs on a GPU)."""
+    """Yield (B,) token ids a step at a time, without end if max_new_tokens < 0; static: model/static_decode.py."""
     logits = model.decode(prompt, cache)[:, -1]  # the prompt: eager, in as few chunks as the cache allows
     step = lambda tok: model.decode(tok, cache)[:, -1]  # noqa: E731
-    if static:  # the compiled fixed-shape step, loaded when asked for
+    if static:
         from .static_decode import StaticDecoder
 
         step = StaticDecoder(model, cache)

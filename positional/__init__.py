@@ -1,26 +1,13 @@
 """Positional schemes by name: `positional=<name>` in any entry point picks one.
 
-A scheme is one file here, named as it is picked (positional/t5.py: positional=t5), with a Positional subclass and
-its options (a PositionalOptions subclass, its Options); SCHEMES finds it by that name and imports its module only
-when it is asked for, so a run loads its own scheme alone. Modules here that are not schemes are HELPERS.
-
-Per-layer schemes (iRoPE, Llama 4):
 python train.py positional=irope                                 (rope, positional.layers=PPPN: NoPE in every 4th layer)
 python train.py positional=alibi positional.layers=PPN           (any scheme that acts in attention)
-positional.layers is a pattern tiled over the layers, as model.window_pattern is: P a layer of the scheme, N a layer
-with no positions (NoPE), whose query temperature positional.attn_scale and positional.floor_scale set (nope.py).
-build_layers makes the two schemes; the model gives each layer its own and the attention plan one plan per scheme.
-
-Per-layer RoPE bases (Gemma 3): positional.global_base gives the full-attention layers (model.window_pattern's L, with
-model.window or model.chunk in the S layers) a base of their own; build_long makes that second instance of the scheme.
 python train.py experiment=gemma3                   (RoPE at base 10,000 in 5 sliding-window layers of 6, 1M in the 6th)
-
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4
-A spec may carry a RoPE extension made part of the model (SCALING_KEYS): build() gives it to the scheme, so
-every model built from a saved config (train, eval, sample) rotates at the same scaled frequencies.
-A spec (a composed config node, or a dict: a checkpoint's, a test's) is checked against its scheme's Options class by
-options(); an option it leaves out takes the constructor's default, what the scheme did before the option existed
-(sinusoidal.py's scale), so an older checkpoint builds as it was trained. A run's config holds every option.
+A scheme is one file here, named as it is picked; SCHEMES imports its module only when asked for. build() makes a
+scheme, build_layers() also NoPE for positional.layers' N layers, build_long() the scheme at positional.global_base
+for the full-attention layers. An option a spec leaves out takes the constructor's default, what the scheme did
+before the option existed, so an older checkpoint builds as it was trained.
 """
 
 import functools
@@ -83,16 +70,14 @@ __all__ = [
     "spec_of",
 ]
 NOPE_OPTIONS = ("attn_scale", "floor_scale")  # with positional.layers: the N layers' query temperature (nope.py)
-# positional.scaling (a rope_scaling kind), .scaling_factor (s) and .original_length (the length the unscaled
-# frequencies were trained at): options of the spec that no scheme's constructor takes
+# a RoPE extension trained into the model: options no scheme's constructor takes, build() passes a Scaling
 SCALING_KEYS = ("scaling", "scaling_factor", "original_length")
 SHARED = tuple(f.name for f in fields(PositionalOptions))  # the options every scheme has (base.py)
 
 
 def spec_of(opts) -> dict:
-    """A spec as a plain dict (of a composed node, a dataclass or a dict), less the shared options that are off: the
-    scaling keys at scaling none, and the N layers' options where they are null. What a model saves: its config holds
-    only what it uses, as it did before these options existed (so older checkpoints still resume)."""
+    """A spec as a plain dict, less the shared options that are off (scaling none, null layer options): a saved
+    config holds only what the model uses, so older checkpoints still resume."""
     if isinstance(opts, DictConfig):
         opts = OmegaConf.to_container(opts, resolve=True, enum_to_str=True)
     spec = asdict(opts) if is_dataclass(opts) else dict(opts)
@@ -103,9 +88,8 @@ def spec_of(opts) -> dict:
 
 
 def options(spec, key: str = "positional") -> dict:
-    """spec (a dict) checked against its scheme's Options class: each option it gives is one the scheme has, of its
-    type, in its range, and the class's rules hold. Returns the given options, as plain values; a ValueError (one line
-    naming key.<option>) otherwise."""
+    """spec checked against its scheme's Options class (names, types, ranges, rules) -> the given options as plain
+    values; else a ValueError, one line naming key.<option>."""
     name = spec.get("name")
     if name not in SCHEMES:
         raise ValueError(f"{key}.name={settings.show(name)} is not one of {', '.join(SCHEMES)}; pick one")
@@ -129,16 +113,15 @@ def rotary(spec: dict) -> bool:
 
 
 def build(spec, n_head: int, head_dim: int, d_model: int, key: str = "positional", checked=False) -> Positional:
-    """Make a scheme from its options (a composed node or a dict: {'name': 'rope', 'base': 10000, ...}). The options
-    that say which layers get which scheme (layers, global_base) are build_layers' and build_long's: ignored here, in
-    the model's own scheme, and refused in a wrapped one (no layer reads them there). checked: options() made spec."""
-    spec = dict(spec if checked else options(spec_of(spec), key))  # a copy: the options below are taken out of it
+    """Make a scheme from its options ({'name': 'rope', 'base': 10000, ...}). layers and global_base are build_layers'
+    and build_long's: ignored here, refused in a wrapped scheme. checked: options() made spec."""
+    spec = dict(spec if checked else options(spec_of(spec), key))  # a copy: options are popped below
     if spec.pop("global_base", None) is not None and key != "positional":
         raise ValueError(f"{key}.global_base is read from positional.global_base alone; set it there")
     scaling = {k: spec.pop(k) for k in SCALING_KEYS if k in spec}
     name = spec.pop("name")
     kind = scaling.get("scaling", "none")
-    # the options its constructor takes: its own, and for nope its query temperature (the N layers' elsewhere)
+    # its own options, and for nope its query temperature (the N layers' elsewhere)
     own = {k: v for k, v in spec.items() if k not in SHARED or name == "nope" and k in NOPE_OPTIONS}
     if name == "sink":  # a wrapper: its inner scheme is built from its own options, and takes the scaling
         own["inner"] = build(
@@ -155,16 +138,13 @@ def build(spec, n_head: int, head_dim: int, d_model: int, key: str = "positional
 
 
 def layer_pattern(spec: dict) -> str:
-    """positional.layers: P (the scheme) and N (NoPE) letters tiled over the layers (checked by options()); P, the
-    scheme everywhere, if not given."""
+    """positional.layers, P (the scheme) and N (NoPE) tiled over the layers; P if not given."""
     return spec.get("layers") or "P"
 
 
 def build_layers(spec, n_head: int, head_dim: int, d_model: int, checked=False) -> tuple[Positional, Positional | None]:
-    """The scheme, and the NoPE scheme of the N layers of positional.layers (None when the pattern has no N).
-
-    With positional.layers given, attn_scale and floor_scale are the N layers' options, not the scheme's."""
-    spec = dict(spec if checked else options(spec_of(spec)))  # a copy: the layers' options are taken out of it
+    """The scheme, and NoPE for positional.layers' N layers (None without), which take attn_scale and floor_scale."""
+    spec = dict(spec if checked else options(spec_of(spec)))  # a copy: options are popped below
     pattern = layer_pattern(spec)
     layered = "layers" in spec and spec["name"] != "nope"  # positional=nope's own temperature stays its own
     nope_spec = {k: spec.pop(k) for k in NOPE_OPTIONS if layered and k in spec}
@@ -187,13 +167,9 @@ def build_layers(spec, n_head: int, head_dim: int, d_model: int, checked=False) 
 
 
 def build_long(spec, n_head: int, head_dim: int, d_model: int, checked=False) -> Positional | None:
-    """The scheme of the full-attention layers where positional.global_base gives them a RoPE base of their own
-    (Gemma 3: 1,000,000 there, 10,000 in its sliding-window layers), else None.
-
-    A second instance of the scheme at that base, as build_layers makes NoPE for the N layers, rather than a base per
-    layer inside RoPE: its rotation() is the L layers' rotation state, made once per forward in a plan of its own
-    (model/gpt.py plan.long) as the scheme's own is, so the layers, both caches, every backend and the eval-time
-    scalings take it as they are. The rotary schemes hold no parameters, so it adds none."""
+    """The scheme at positional.global_base for the full-attention layers (Gemma 3: 1,000,000 there, 10,000 in its
+    sliding-window layers), else None. A second instance, not a base per layer, so its rotation gets a plan of its
+    own (plan.long) that caches, backends and scalings take as they are; rotary schemes add no parameters."""
     spec = dict(spec if checked else options(spec_of(spec)))
     base = spec.pop("global_base", None)
     return None if base is None else build({**spec, "base": base}, n_head, head_dim, d_model, checked=True)
