@@ -2,16 +2,10 @@
 
 python train.py train.seq_len=0          error: train.seq_len=0 must be >= 1; pass a positive length
 python train.py positional.bsae=1        error: positional.bsae is not an option of positional=rope (its options: ...)
-Every config group is a dataclass holding its defaults (utils/schema.py; the model's in model/gpt.py; each scheme's
-beside its class in positional/). A field with a range is declared with setting(default, hint, ge=1, ...), a field
-that holds a group's option with group(name); a check between fields is a Rule in the class's RULES, naming its
-fields by their paths from that class (a rule that needs a fact of a checkpoint, its training length, names it in
-needs, and is checked once the checkpoint is known). problem() walks a composed config (or a dataclass instance),
-builds each key from the tree it walks (train.seq_len), and returns the first value outside its range as one line; a
-rule naming a key that does not exist is a bug and raises. files_problem() then checks the paths (files=: what the
-filesystem must hold), after every range, so a bad value is named before a missing file. Types and choices
-(enum.StrEnum fields) are OmegaConf's to check, while Hydra composes; invalid() words its errors.
-The bottom layer: positional/, model/ and utils/ declare their options with it, and it imports none of them.
+A field is declared with setting(default, hint, ge=1, ...) or group(name); a check between fields is a Rule in its
+class's RULES. problem() walks a composed config and returns the first value outside its range as one line;
+files_problem() then checks paths, so a bad value is named before a missing file. Types and choices are OmegaConf's
+to check while Hydra composes; invalid() and unknown() word its errors. The bottom layer: it imports no project module.
 """
 
 import difflib

@@ -364,10 +364,12 @@ def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stop
         print(f"val loss {state.val_loss:.4f} (ppl {math.exp(state.val_loss):.1f}) at step {state.step}, {wall:.0f} s")
     sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN  # a sample per job: clutter
     if tr.sample_tokens > 0 and state.step == tr.max_steps and not s.train_rows.split.position_axes and not sweep:
-        # from the checkpoint the last step wrote: a whole model under DDP and FSDP alike (shards cannot decode
-        # alone), and the sample sample.py gives from it
-        model, ckpt = checkpoint.load_model(s.out_dir, s.rt.device)
-        print_sample(model, ckpt["tokenizer"], tr.sample_tokens, s.rt)
+        # the weights the last step saved: the model in memory, or under FSDP (whose shards cannot decode alone)
+        # the whole model from the checkpoint
+        model = s.model
+        if tr.parallel == "fsdp" and s.rt.distributed:
+            model, _ = checkpoint.load_model(s.out_dir, s.rt.device)
+        print_sample(model.eval(), s.match["tokenizer"], tr.sample_tokens, s.rt)
     wandb_files = wandb_where(logger.wandb)
     logger.close()
     print(f"metrics {logger.path}; checkpoint {s.out_dir / checkpoint.NAME} (step {state.saved}){wandb_files}")

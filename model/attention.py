@@ -4,8 +4,9 @@ python train.py          (every forward of every entry point: model/gpt.py makes
 make_plan picks a backend: sdpa (is_causal for plain causal attention, else a dense (H, Tq, Tk) bias, -inf where
 hidden), flex (compiled flex_attention, score_bias as score_mod and a block mask: CUDA, Tq >= 128, no dense H x T x T
 tensor) or reference (fp32 softmax, for tests). The plan holds the rotation state, made once per forward, and the
-plans of other layers: windows[W], nope (N layers), long (positional.global_base), far (ReRoPE). model.sink_logit
-adds a learned "nothing" slot to each head's softmax denominator (gpt-oss), exactly in every backend.
+plans of other layers: windows[W], nope (N layers), long (positional.global_base); an evaluation variant's plans
+subclass it (model/variant.py). model.sink_logit adds a learned "nothing" slot to each head's softmax denominator
+(gpt-oss), exactly in every backend.
 """
 
 from dataclasses import dataclass, field
@@ -55,20 +56,16 @@ class AttnPlan:
     windows: dict | None = None  # window -> the plan of the layers with that window (add_window)
     nope: "AttnPlan | None" = None  # positional.layers' N layers (NoPE), over the same positions
     long: "AttnPlan | None" = None  # the full-attention layers at positional.global_base (Gemma 3)
-    q_scale: torch.Tensor | None = None  # (Tq, 1) eval-time log-length factor (model/log_scaling.py)
     log_n: torch.Tensor | None = None  # (Tq, 1) ln(q_pos + 1), which model.ssmax multiplies by each head's s
-    far: object = None  # far scores (model/rerope_attention.py Far): a second rotation and its attention
     _key_order: tuple | None = field(default=None, repr=False)
 
     def queries(self, q):
-        """Queries (B, H, Tq, Dh) rotated at q_pos (with far scores, the far rotation beside them)."""
-        near = self.pe.rotate(q, self.q_pos, self.q_rot)
-        return near if self.far is None else torch.cat((near, self.far.queries(self.pe, q)), dim=-1)
+        """Queries (B, H, Tq, Dh) rotated at q_pos."""
+        return self.pe.rotate(q, self.q_pos, self.q_rot)
 
     def keys(self, k):
         """Keys (B, Hkv, Tk, Dh) rotated at k_pos."""
-        near = self.pe.rotate_key(k, self.k_pos, self.k_rot)
-        return near if self.far is None else torch.cat((near, self.far.keys(self.pe, k)), dim=-1)
+        return self.pe.rotate_key(k, self.k_pos, self.k_rot)
 
     @property
     def key_order(self):
@@ -80,8 +77,21 @@ class AttnPlan:
 
     def new_keys(self, k):
         """A decoding step's own keys, at the queries' positions: what a dense KV cache stores, rotated once."""
-        near = self.pe.rotate_key(k, self.q_pos, self.q_rot)
-        return near if self.far is None else torch.cat((near, self.far.new_keys(self.pe, k)), dim=-1)
+        return self.pe.rotate_key(k, self.q_pos, self.q_rot)
+
+    def attend(self, q, k, v, sink=None, content=None):
+        return attend_plain(q, k, v, self, sink, content)
+
+    def query_scale(self, ssmax):
+        """The factor on this plan's queries: SSMax's s_h ln n (model.ssmax: ssmax holds each head's s), or None."""
+        return None if ssmax is None else ssmax.float()[:, None, None] * self.log_n
+
+    def windowed(self, window: int, n_head: int, backend: str, sink: bool, k_pos, k_rot) -> "AttnPlan":
+        """The causal plan of a window's layers over the same queries (k_pos None: over this plan's keys)."""
+        k_pos, k_rot = (self.k_pos, self.k_rot) if k_pos is None else (k_pos, k_rot)
+        plan = make_plan(self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, (self.q_rot, k_rot))
+        plan.log_n = self.log_n  # the same queries: the same query state
+        return plan
 
 
 class Chunk(int):
@@ -133,15 +143,15 @@ def check_backend(pe, backend: str) -> None:
         )
 
 
-def make_plan(
-    pe, q_pos, k_pos, causal: bool, n_head: int, backend: str = "auto", sink=False, window=None, rot=None, far=None
-) -> AttnPlan:
+def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend="auto", sink=False, window=None, rot=None,
+              near=None, cls=AttnPlan) -> AttnPlan:  # fmt: skip
     """q_pos is k_pos (the same tensor) marks a full forward. sink: the layers pass a sink logit, an extra key column
-    that is_causal has no room for. rot: (q_rot, k_rot), default the scheme's own; far: model/rerope_attention.py."""
+    that is_causal has no room for. rot: (q_rot, k_rot), default the scheme's own. near: flex keeps only keys nearer
+    than it, the rest scored by another rotation (an evaluation variant's plan, cls: model/variant.py)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
     plain = pe.score_bias is None and pe.content_bias is None and not sink and (not causal or q_pos is k_pos)
-    plain = plain and window is None and far is None and pe.content_weights is None
+    plain = plain and window is None and near is None and pe.content_weights is None
     check_backend(pe, backend)
     if backend == "auto" and pe.content_weights is not None:  # it reads every score: a dense mask
         backend = "sdpa"
@@ -150,7 +160,6 @@ def make_plan(
     if rot is None:
         q_rot = pe.rotation(q_pos)
         rot = (q_rot, q_rot if k_pos is q_pos else pe.rotation(k_pos))
-    near = None if far is None else far.window  # with far scores, this plan's mask keeps only the near keys
     if backend == "flex":
         mask = flex_mask(pe, q_pos, k_pos, causal, window, near)
     elif backend == "sdpa" and plain:
@@ -159,20 +168,14 @@ def make_plan(
         own = pe.content_weights is not None  # content_attention takes every key for every query at once
         blocks = diagonal_blocks(len(q_pos)) if backend == "sdpa" and causal and q_pos is k_pos and not own else None
         mask = Mask(bias=dense_bias(pe, q_pos, k_pos, causal, n_head, window), blocks=blocks)
-    plan = AttnPlan(pe, q_pos, k_pos, backend, mask, *rot, window=window)
-    if far is not None:
-        plan.far = far.masked(plan)
-    return plan
+    return cls(pe, q_pos, k_pos, backend, mask, *rot, window=window)
 
 
 def add_window(plan: AttnPlan, window: int, n_head: int, backend: str, sink: bool, k_pos=None, k_rot=None):
     """plan.windows[window]: the causal plan of this window's layers over k_pos, default the plan's keys (a cache's
     ring gives its own k_pos and k_rot; causality hides its unfilled slots, which sit past every query)."""
     same = k_pos is None or k_pos is plan.k_pos
-    k_pos, k_rot = (plan.k_pos, plan.k_rot) if same else (k_pos, k_rot)
-    far = None if plan.far is None else plan.far.over(plan.pe, plan.q_pos, None if same else k_pos)
-    windowed = make_plan(plan.pe, plan.q_pos, k_pos, True, n_head, backend, sink, window, (plan.q_rot, k_rot), far)
-    windowed.q_scale, windowed.log_n = plan.q_scale, plan.log_n  # the same queries: the same query state
+    windowed = plan.windowed(window, n_head, backend, sink, None if same else k_pos, k_rot)
     plan.windows = {**(plan.windows or {}), window: windowed}
     return plan
 
@@ -196,15 +199,17 @@ def content_grid(content, batch: int, n_head: int, n_q: int, n_k: int, device) -
 def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
     """q (B, H, Tq, Dq), k (B, Hkv, Tk, Dq), v (B, Hkv, Tk, Dh), rotated by the plan -> (B, H, Tq, Dh). sink: the
     layer's sink logits (H,); content: its content bias fn(b, h, i, j) (Shaw, FoX), per layer, so not in the plan."""
+    return plan.attend(q, k, v, sink, content)
+
+
+def attend_plain(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
     gqa = q.size(1) != k.size(1)
-    if plan.backend == "flex" and plan.far is None:
+    if plan.backend == "flex":
         return _flex(q, k, v, plan, gqa, sink, content)
     bias = plan.mask.bias
     if content is not None:
         grid = content_grid(content, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
         bias = grid if bias is None else bias + grid
-    if plan.far is not None:
-        return plan.far.attend(q, k, v, plan, bias, sink)
     if plan.backend == "reference":
         return reference_attention(q, k, v, bias, sink)
     # 4-D: on the CPU a 3-D mask sends SDPA to its math path (the whole B x H x T x T matrix), a 4-D one to flash

@@ -11,7 +11,6 @@ scheme it is. An evaluation variant is passed into forward or held by the KV cac
 """
 
 from dataclasses import dataclass, field
-from functools import partial
 from typing import ClassVar
 
 import torch
@@ -195,7 +194,7 @@ class Attention(nn.Module):
             k = plan.keys(k)
         else:
             k, v, state = step.update(self.layer_idx, k, v, state, plan)
-        q = self.scale_queries(plan.queries(q), plan)  # its far logits' scale too (ReRoPE)
+        q = self.scale_queries(plan.queries(q), plan)
         if plan.pe.content_weights is not None:  # CoPE, stick-breaking, PaTH
             y = content_attention(q, k, v, plan, state, self.pe_layer)
         else:
@@ -203,11 +202,8 @@ class Attention(nn.Module):
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
     def scale_queries(self, q, plan):
-        """q times the log-length factor and SSMax's s_h ln n: scaling queries leaves the cached keys as they are."""
-        scale = plan.q_scale
-        if self.ssmax is not None:
-            learned = self.ssmax.float()[:, None, None] * plan.log_n
-            scale = learned if scale is None else learned * scale
+        """q times the plan's query factor: scaling queries leaves the cached keys as they are."""
+        scale = plan.query_scale(self.ssmax)
         return q if scale is None else q * scale.to(q.dtype)
 
     @staticmethod
@@ -327,36 +323,26 @@ class GPT(nn.Module):
 
     def plan(self, q_pos, k_pos, causal: bool, window_k_pos=None, backend=None, ids=None, variant=None):
         """The plan every layer shares, with plan.windows (over window_k_pos: a cache's rings), plan.nope and
-        plan.long. q_pos, k_pos (T,) order the tokens; ids (query ids, key ids) are what the scheme rotates at."""
+        plan.long. q_pos, k_pos (T,) order the tokens; ids (query ids, key ids) are what the scheme rotates at.
+        variant: an evaluation variant (model/variant.py), which gives each scheme's rotation and plans."""
         c = self.cfg
-        scaling, log_length = (variant.scaling, variant.log_length) if variant else (None, None)
         backend = backend or c.attn_backend
-        q_scale = log_n = None  # model/log_scaling.py
-        if log_length is not None or c.ssmax:
-            from .log_scaling import log_length_factor, log_positions
+        log_n = None
+        if c.ssmax:
+            from .log_scaling import log_positions
 
-            q_scale = None if log_length is None else log_length_factor(q_pos, log_length)
-            log_n = log_positions(q_pos) if c.ssmax else None
+            log_n = log_positions(q_pos)
         q_ids, k_ids = (q_pos, k_pos) if ids is None else ids
 
-        def rotary(pe):
-            rotation = partial(pe.rotation, scaling=scaling)
-            q_rot = rotation(q_ids)
-            rot = (q_rot, q_rot if k_ids is q_ids else rotation(k_ids))
-            far = None
-            if scaling is not None and scaling.far is not None:  # ReRoPE
-                from .rerope_attention import Far
-
-                if pe.content_bias is not None:
-                    raise ValueError(f"far scores (rope scaling {scaling.kind}) read no content bias ({pe.name})")
-                far = Far.at(pe, q_pos, k_pos, scaling)
-            return rotation, {"rot": rot, "far": far}
-
-        def scheme_plan(pe, windows, nope: bool = False):  # the N layers have no rotation to scale, nor far scores
-            rotate, own = (pe.rotation, {}) if nope else rotary(pe)
-            plan = make_plan(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit, **own)
-            plan.q_scale, plan.log_n = q_scale, log_n  # before add_window, which hands them on
-            ring_rot = None if window_k_pos is None else rotate(window_k_pos)
+        def scheme_plan(pe, windows, nope: bool = False):
+            rotation, make = (pe.rotation, make_plan) if variant is None else variant.hooks(pe, q_pos, k_pos, nope)
+            rot = None
+            if not nope:  # the N layers: NoPE's own state at q_pos and k_pos
+                q_rot = rotation(q_ids)
+                rot = (q_rot, q_rot if k_ids is q_ids else rotation(k_ids))
+            plan = make(pe, q_pos, k_pos, causal, c.n_head, backend, c.sink_logit, rot=rot)
+            plan.log_n = log_n  # before add_window, which hands it on
+            ring_rot = None if window_k_pos is None else rotation(window_k_pos)
             for w in windows:
                 add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos, ring_rot)
             return plan

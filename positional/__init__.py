@@ -10,51 +10,14 @@ for the full-attention layers. An option a spec leaves out takes the constructor
 before the option existed, so an older checkpoint builds as it was trained.
 """
 
-import functools
-import importlib
-from collections.abc import Mapping
 from dataclasses import asdict, fields, is_dataclass
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 import settings
 
-from .base import Positional, PositionalOptions, PositionAxesError, PositionLimitError
-
-HELPERS = ("base", "rope_scaling", "hf_rope_scaling", "rerope")  # modules here that are not schemes
-
-
-@functools.cache
-def names() -> tuple[str, ...]:
-    """Every scheme's name: each module of this folder but HELPERS."""
-    found = (p.stem for p in Path(__file__).parent.glob("*.py") if not p.stem.startswith("_"))
-    return tuple(sorted(n for n in found if n not in HELPERS))
-
-
-class Schemes(Mapping):
-    """name -> its Positional subclass (of="Options": its options' class), its module imported when first asked for."""
-
-    def __init__(self, of: str | None = None):
-        self.of = of
-
-    def __getitem__(self, name: str):
-        if name not in names():
-            raise KeyError(name)
-        module = importlib.import_module(f"{__name__}.{name}")
-        found = (c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Positional))
-        cls = next(c for c in found if c.name == name)
-        return getattr(cls, self.of) if self.of else cls
-
-    def __iter__(self):
-        return iter(names())
-
-    def __len__(self) -> int:
-        return len(names())
-
-
-SCHEMES = Schemes()
+from .base import SCHEMES, Positional, PositionalOptions, PositionAxesError, PositionLimitError, Schemes, names
 
 __all__ = [
     "SCALING_KEYS",
@@ -62,10 +25,12 @@ __all__ = [
     "PositionAxesError",
     "Positional",
     "PositionLimitError",
+    "Schemes",
     "build",
     "build_layers",
     "build_long",
     "layer_pattern",
+    "names",
     "options",
     "spec_of",
 ]

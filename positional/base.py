@@ -9,7 +9,11 @@ its file (positional/t5.py: positional=t5), its options a PositionalOptions subc
 RoPE), which Hydra checks as it composes (utils/schema.py SchemeGroup).
 """
 
+import functools
+import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -28,14 +32,10 @@ Trained = choices("Trained", "none", "linear", "ntk", "yarn", "yarn_released", "
 
 def rotates(name: str) -> bool:
     """Whether the named scheme rotates queries and keys (a sink's inner scheme is checked by build())."""
-    from positional import SCHEMES  # the registry, which imports this module first
-
     return name == "sink" or name not in SCHEMES or SCHEMES[name].rotary
 
 
 def is_scheme(name: str) -> bool:
-    from positional import names  # the registry, which imports this module first
-
     return name in names()
 
 
@@ -196,3 +196,37 @@ class Positional(nn.Module):
 
     def extra_repr(self) -> str:
         return f"relative={self.relative}, max_positions={self.max_positions}, n_prefix={self.n_prefix}"
+
+
+HELPERS = ("base", "rope_scaling", "hf_rope_scaling", "rerope")  # modules here that are not schemes
+
+
+@functools.cache
+def names() -> tuple[str, ...]:
+    """Every scheme's name: each module of this folder but HELPERS."""
+    found = (p.stem for p in Path(__file__).parent.glob("*.py") if not p.stem.startswith("_"))
+    return tuple(sorted(n for n in found if n not in HELPERS))
+
+
+class Schemes(Mapping):
+    """name -> its Positional subclass (of="Options": its options' class), its module imported when first asked for."""
+
+    def __init__(self, of: str | None = None):
+        self.of = of
+
+    def __getitem__(self, name: str):
+        if name not in names():
+            raise KeyError(name)
+        module = importlib.import_module(f"positional.{name}")
+        found = (c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Positional))
+        cls = next(c for c in found if c.name == name)
+        return getattr(cls, self.of) if self.of else cls
+
+    def __iter__(self):
+        return iter(names())
+
+    def __len__(self) -> int:
+        return len(names())
+
+
+SCHEMES = Schemes()

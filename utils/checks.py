@@ -1,17 +1,10 @@
-"""The checks an entry point makes before any work, each failure one line naming the key (utils/errors.py UserError).
+"""The checks an entry point makes before any work, each failure one line naming the key.
 
-python train.py train.seq_len=0     error: train.seq_len=0 must be >= 1; pass a positive length
-check() walks a composed config against every range and rule its dataclasses declare (utils/schema.py, settings.py);
-preflight() adds what needs more than the config: the paths it names, the model it would build (check_model, on the
-meta device: no memory, no data), and the rules that read a checkpoint it names (facts).
-Every job is checked before any runs: Check, a Hydra callback registered in each entry point's configs/<name>.yaml as
-hydra.callbacks.check, makes the entry point's preflight on the config of each job before Hydra makes its folder.
 python train.py -m train.seq_len=256,0     error: train.seq_len=0 must be >= 1; ... (job 2 of 2: ...), before job 1
 python train.py out_dir=notes.txt          error: out_dir=notes.txt is a file, not a folder; ...
-on_run_start checks the run's config and makes the folder Hydra would make next (hydra.run.dir: train.py's out_dir),
-so that a folder that cannot be made is one line naming out_dir; on_multirun_start composes every job of the sweep as
-the basic sweeper will (its params and the command line's overrides, crossed) and checks each, so a bad later job
-stops the sweep before the first trains.
+preflight() walks the config (settings.problem), then what needs more than the config: the paths it names, the model
+it would build (on the meta device: no memory, no data) and the rules that read a checkpoint it names (facts). Check,
+a Hydra callback (hydra.callbacks.check in each entry point's YAML), runs it on every job of a sweep before the first.
 """
 
 import copy

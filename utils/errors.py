@@ -1,13 +1,10 @@
 """One-line errors for bad input: raise UserError(message) anywhere; entry points print it and exit 2.
 
-The message says what is wrong and what to do, as `<key>=<value> ...; <what to do>` where a setting is at fault.
-Bugs still raise with a full traceback.
+The message says what is wrong and what to do (`<key>=<value> ...; <what to do>`); bugs still raise with a traceback.
     if __name__ == "__main__":
         hydra_cli(main)          # main: a @hydra.main function whose body calls cli(...)
-hydra_cli words a config that does not compose (a value of the wrong type, an unknown key or option, a
-malformed override) the same way: Hydra itself would print several lines and exit 1. It also prints the UserError
-of a check made before Hydra starts the run (utils/checks.py Check, a Hydra callback: every job of a sweep is checked
-before the first runs).
+hydra_cli words a config that does not compose (a wrong type, an unknown key or option, a malformed override) the
+same way, where Hydra would print several lines and exit 1.
 """
 
 import os

@@ -1,15 +1,10 @@
-"""Every setting of every entry point: a dataclass per config group, holding its defaults, descriptions and ranges.
+"""Every setting of train.py and data preparation: a dataclass per config group, with defaults, descriptions, ranges.
 
 python train.py --cfg job           every key of a run and its value (python eval.py --cfg job, ...)
-python train.py optim.lr=abc        error: optim.lr=abc must be a number; pass a positive learning rate
 python train.py train.seq_len=0     error: train.seq_len=0 must be >= 1; pass a positive length
 Each class is stored in Hydra's ConfigStore as schema/<entry point> or schema/<group>/<option> and named in the
-defaults list of the YAML that uses it (configs/train.yaml, configs/optim/muon.yaml, ...), so a value of the wrong
-type, a choice not offered (an enum.StrEnum field) or a misspelled key fails while the config composes. The network's
-settings are model/gpt.py's ModelConfig; each positional scheme's are beside its class (positional/<scheme>.py).
-configs/ keeps only presets (model sizes, data sets, experiments, sweeps) and the defaults lists. utils/checks.py
-then walks the composed config against every declared range and rule (settings.py) and builds the model on the meta
-device, so a bad value stops the run with one line before any data is read.
+defaults list of the YAML that uses it, so a wrong type, a choice not offered or a misspelled key fails while the
+config composes. The network's settings are model/gpt.py's ModelConfig; each scheme's sit beside its class.
 """
 
 import re
