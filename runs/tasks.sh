@@ -48,8 +48,9 @@ train() {  # run folder, then train.py overrides
   touch "$run/DONE"
 }
 
-evaluate() {  # run folder: scored as soon as it is trained, so a battery stopped midway has a report of what ran
-  evaluated "$1/eval/tasks.json" || "$PY" eval.py checkpoint="$1" eval.mode=tasks logger.wandb=false
+evaluate() {  # run folder, seed: scored as soon as it is trained, so a battery stopped midway has a report of what ran;
+  # on held-out samples of its own seed's draw (eval.seed), so the seeds of a group are independent trials
+  evaluated "$1/eval/tasks.json" || "$PY" eval.py checkpoint="$1" eval.mode=tasks eval.seed="$2" logger.wandb=false
 }
 
 for seed in $SEEDS; do
@@ -57,7 +58,7 @@ for seed in $SEEDS; do
     for scheme in $SCHEMES; do
       run="$TASKS/$task/$scheme-s$seed"
       train "$run" data.tasks="[$task]" positional="$scheme" seed="$seed" "$@"
-      evaluate "$run"
+      evaluate "$run" "$seed"
     done
     for scheme in $RANDOMIZED; do
       table=()
@@ -65,12 +66,12 @@ for seed in $SEEDS; do
       run="$TASKS/$task/$scheme-random-s$seed"
       train "$run" data.tasks="[$task]" positional="$scheme" seed="$seed" positional.random_positions="$RANGE" \
         "${table[@]}" "$@"
-      evaluate "$run"
+      evaluate "$run" "$seed"
     done
     for preset in $PRESETS; do
       run="$TASKS/$task/$preset-s$seed"
       EXPERIMENT="[tasks,$preset]" train "$run" data.tasks="[$task]" seed="$seed" "$@"
-      evaluate "$run"
+      evaluate "$run" "$seed"
     done
   done
 done
