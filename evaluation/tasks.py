@@ -123,10 +123,13 @@ def seed_groups(results: list[dict]) -> dict:
 
 def accuracy_draws(rows: list[dict], key) -> np.ndarray:
     """Bootstrap draws of a seed group's accuracy: each run's samples resampled (the same indices for the same samples,
-    so groups pair), then the runs (bootstrap.pick_runs)."""
+    so groups pair), then the runs (bootstrap.pick_runs). Where each seed scored its own samples (eval.seed), every
+    group picks the same seeds in a draw, so that its samples still pair with another group's."""
+    rows = sorted(rows, key=lambda r: r["draw"][0])
     per_run = [np.asarray(r["right"], dtype=np.float64)[bootstrap.block_draws(r["trials"], r["draw"])].mean(axis=1)
                for r in rows]  # fmt: skip
-    return bootstrap.pick_runs(np.array(per_run), key)
+    seeds = [r["draw"][0] for r in rows]
+    return bootstrap.pick_runs(np.array(per_run), [seeds, *key[1:]] if len(set(seeds)) > 1 else key)
 
 
 def group_cell(rows: list, key) -> tuple[dict | None, np.ndarray | None]:

@@ -126,6 +126,20 @@ def test_two_groups_on_the_same_samples_differ_by_a_paired_interval():
     assert [got["cells"]["copy"][g][8]["mark"] for g in ("rope", "alibi", "nope")] == ["*", "", "~"]
 
 
+def test_groups_whose_seeds_score_their_own_samples_pair_seed_by_seed():
+    """Each seed scored its own draw (eval.seed), at accuracies far apart (0.2, 0.5, 0.8), and rope is right on 3 of
+    50 samples more than alibi in every seed: paired seed by seed, the difference 0.06 excludes 0; seeds picked apart
+    for each group would mix the seeds' spread into it."""
+
+    def runs(scheme, extra):
+        return [fake_result(scheme, seed, [1] * (k + extra) + [0] * (50 - k - extra), eval_seed=seed)
+                for seed, k in ((1, 10), (2, 25), (3, 40))]  # fmt: skip
+
+    got = scoring.summary(runs("alibi", 0) + runs("rope", 3))
+    pair = next(p for p in got["pairs"] if (p["a"], p["b"]) == ("alibi", "rope"))
+    assert pair["diff"] == -0.06 and pair["hi"] < 0, pair
+
+
 def test_the_config_offers_exactly_the_tasks_data_tasks_generates():
     assert [t.value for t in schema.TaskName] == list(tasks.TASKS)
 
@@ -178,6 +192,8 @@ def test_the_battery_trains_each_task_scheme_and_random_variant_once_and_resumes
     assert all("experiment=tasks " in c for c in trains if c not in presets)
     evals = [c for c in calls if c.startswith("eval.py")]
     assert len(evals) == 16 and all("eval.mode=tasks" in c for c in evals)
+    words = [dict(w.split("=", 1) for w in c.split()[1:] if "=" in w) for c in evals]
+    assert all(w["checkpoint"].endswith(f"-s{w['eval.seed']}") for w in words)  # on its own seed's samples
     assert sum(c.startswith("-m evaluation.tasks") for c in calls) == 2  # the report, each time
     assert (tmp_path / "battery" / "add" / "rope-s1" / "eval" / "tasks.json").read_text() == RESULT
     record = (tmp_path / "battery" / "commands.txt").read_text().splitlines()  # each call, every variable it ran with
