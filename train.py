@@ -5,15 +5,10 @@ python train.py positional=alibi model=small train.max_steps=3000
 python train.py -m positional=learned,sinusoidal,alibi,rope,nope,sink      (a sweep; same as sweep=schemes)
 torchrun --nproc_per_node=8 train.py model=d12 train.total_batch_size=524288
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4
-    (a fine-tune from out/rope's weights, fresh optimizer and step: utils/finetune.py)
-Leaves out_dir/ckpt.pt (atomic, resumable with train.resume=true) and out_dir/metrics.jsonl.
-Read top to bottom: setup (data, model, optimizer, resume), then train(): one step, evaluate (with the probes of
-evaluation/probes.py), log, save; the loop's progress is a TrainState that each function takes and returns.
-
-What a fault leaves: a run holds out_dir/.lock while it runs (a second run into the same out_dir stops at once);
-SIGTERM or Ctrl-C saves and prints the command that resumes (exit status 0: a stop that was asked for); a full disk
-is one line and the checkpoint before it stays; a diverged run (a loss that is not finite, or no better than a
-uniform guess: see lost()) stops with exit status 2, and never writes its weights over the last good checkpoint.
+Read top to bottom: setup (data, model, optimizer, resume), then train(): step, evaluate, log, save, each taking and
+returning the TrainState. Leaves out_dir/ckpt.pt (written whole; train.resume=true goes on) and metrics.jsonl; a run
+holds out_dir/.lock; SIGTERM or Ctrl-C saves and stops; a diverged run (lost()) exits 2 and keeps its last good
+checkpoint.
 """
 
 import errno

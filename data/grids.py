@@ -1,6 +1,6 @@
 """Grids: elementary cellular automata written as token grids, with row and column position ids (offline, seeded).
 
-python train.py data=grids positional=rope2d         (utils/schema.py GridsData: 16 rows of 14 cells, 256 tokens)
+python train.py data=grids positional=rope2d         (GridsData below: 16 rows of 14 cells, 256 tokens)
 python eval.py checkpoint=out/rope2d eval.mode=grids  (held-out grids at the training size, taller, wider, both)
 A grid is one document: BOS, then `height` rows, each a left wall `|`, `width` cells (`.` dead, `#` alive) and a right
 wall (a newline, so decoding a document prints the grid). Row 0 is random (each cell alive with probability
@@ -18,12 +18,15 @@ its part: mrope and sinusoidal3d read all three, rope2d and sinusoidal2d (height
 
 import base64
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from data.loader import SPLITS, write_token_split
 from data.tokenizer import BOS
+from settings import setting
+from utils.schema import MAX_COUNT, Corpus, Source, fixed, folder_name, seed
 
 CHARS = ".#|\n"  # dead, alive, left wall, right wall; BOS is id len(CHARS)
 DEAD, ALIVE, LEFT, RIGHT = range(4)
@@ -82,3 +85,22 @@ def write_grids(tmp: Path, data: dict, log):
         meta["splits"][split] = write_token_split(tmp, split, docs, np.uint8, int(data.get("shard_tokens", 2**28)))
         log(f"  {split}: {n} grids of {height} x {width} (rule {rule}), {meta['splits'][split]['n_tokens']:,} tokens")
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+@dataclass
+class GridsData(Corpus):
+    """Elementary cellular automata as token grids with (temporal, height, width) position ids (data/grids.py):
+    python train.py data=grids positional=rope2d    (train.seq_len must be height x (width + 2): 256 here)"""
+
+    name: str = folder_name("grids")
+    source: Source = fixed("grids", "data")
+    height: int = setting(16, "pass at least 2 rows: row 0 is random, the rest follow the rule", ge=2, le=4096)
+    width: int = setting(14, "pass at least 1 cell per row", ge=1, le=4096)  # between a left and a right wall token
+    rule: int = setting(30, "pass an elementary automaton's number (e.g. 30, 90, 110)", ge=0, le=255)  # Wolfram's
+    density: float = setting(0.5, "pass a probability, e.g. 0.5", gt=0, lt=1)  # the chance a cell of row 0 lives
+    # training grids (400 steps of 32 rows read 12,800)
+    train_docs: int = setting(16000, "pass how many training grids to generate", ge=1, le=MAX_COUNT)
+    # held-out grids of the same size, for val_loss (eval.mode=grids draws its own, any size)
+    val_docs: int = setting(256, "pass how many held-out grids to generate", ge=1, le=MAX_COUNT)
+    seed: int = seed()  # grids from generators seeded by (seed, split)
+    bos_aligned: bool = True  # always: rows with position ids are whole documents (data/loader.py)

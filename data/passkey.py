@@ -17,12 +17,45 @@ training split only (its held-out works stay unseen, for evaluation).
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
 from data import tokenizer
 from data.loader import SPLITS, TokenSplit, load_meta, write_token_split
+from settings import Rule, group, setting
 from utils.errors import UserError
+from utils.schema import MAX_COUNT, MAX_TOKENS, Corpus, Source, fixed, folder_name, seed
+
+
+@dataclass
+class PasskeyData(Corpus):
+    """Passkey retrieval samples (Mohtashami & Jaggi 2023) over the training split of a corpus (this module)."""
+
+    name: str = folder_name("passkey")
+    source: Source = fixed("passkey", "data")
+    # the corpus: filler from its training split, and its tokenizer (configs/data/passkey.yaml)
+    base: Any = group("data")
+    # samples in the training split (16,948 rows of 256: a 1,200-step fine-tune of 32 rows reads each about 2.3 times)
+    train_docs: int = setting(20000, "pass how many samples to generate", ge=1, le=MAX_COUNT)
+    # for val_loss, over the same split
+    val_docs: int = setting(256, "pass how many samples to generate", ge=1, le=MAX_COUNT)
+    # sample lengths uniform in [min_tokens, max_tokens] tokens, BOS not counted; max: the training length by
+    # default, so a BOS-aligned row holds a sample whole
+    min_tokens: int = setting(64, "pass a sample length in tokens", ge=1, le=MAX_TOKENS)
+    max_tokens: int = setting("${oc.select:train.seq_len,256}", "pass a sample length in tokens", ge=1, le=MAX_TOKENS)
+    key_digits: int = setting(5, "pass how many digits the pass key has", ge=1, le=100)
+    seed: int = seed()  # keys, lengths, depths and filler positions
+    bos_aligned: bool = True  # every training row starts at a sample's BOS
+
+    RULES: ClassVar = (
+        Rule(
+            ("max_tokens", "min_tokens"),
+            lambda hi, lo: hi >= lo,
+            "{0} is below {1}; pass a range of sample lengths",
+        ),
+    )
+
 
 NEEDLE = (" The pass key is", ". Remember it.", " is the pass key.")  # KEY goes between them
 QUESTION = " What is the pass key? The pass key is"

@@ -36,6 +36,7 @@ import json
 import string
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,7 +45,9 @@ import torch
 
 from data.loader import SPLITS, write_token_split
 from data.tokenizer import BOS
+from settings import choices, setting
 from utils.errors import UserError
+from utils.schema import MAX_COUNT, Corpus, Source, folder_name, seed
 
 LOWER, UPPER, DIGITS = string.ascii_lowercase, string.ascii_uppercase, string.digits
 CHARS = LOWER + UPPER + DIGITS + "|.+=;:,?"  # BOS is id len(CHARS), PAD the next one
@@ -144,6 +147,26 @@ TASKS = {
     "vt": Task(vt, (4, 16), (16, 32, 64, 128)),
     "needle": Task(needle, (16, 64), (64, 128, 256, 512)),
 }
+
+
+TaskName = choices("TaskName", *TASKS)  # data.tasks: the tasks above
+
+
+@dataclass
+class TasksData(Corpus):
+    """Synthetic tasks with exact answers, trained short and tested long (data/tasks.py): copy, reverse, addition,
+    multi-query associative recall, variable tracking, multi-key needle; one task or a mixture:
+    python train.py experiment=tasks positional=alibi data.tasks=[copy,reverse]"""
+
+    name: str = folder_name("tasks")
+    source: Source = "tasks"
+    tasks: list[TaskName] = setting(  # a sample's task is drawn uniformly from these (one: a single-task run)
+        list(TASKS), "name one task or several", nonempty=True
+    )
+    train_docs: int = setting(64000, "pass how many training samples to generate", ge=1, le=MAX_COUNT)
+    val_docs: int = setting(512, "pass how many validation samples to generate", ge=1, le=MAX_COUNT)  # for val_loss
+    seed: int = seed()  # samples from generators seeded by (seed, split); eval.mode=tasks draws its own
+    bos_aligned: bool = True  # always: a row is one sample from its BOS (data/tasks.py TaskRows)
 
 
 def encode(prompt: str, answer: str) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from data import tokenizer
-from data.passkey import Template, draw, filler_stream
+from data.passkey import PasskeyData, Template, draw, filler_stream
 from evaluation import plots, report
 from evaluation.bootstrap import wilson
 from evaluation.heldout import held_out_works
@@ -27,7 +27,6 @@ from evaluation.variants import plan_variants
 from utils import checkpoint
 from utils.errors import UserError
 from utils.logger import progress, say
-from utils.schema import PasskeyData
 
 DEFAULT_DIGITS = PasskeyData.key_digits  # a checkpoint trained on other data: data=passkey's default
 

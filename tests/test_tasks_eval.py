@@ -13,7 +13,6 @@ from test_study import RESULT, fake_python
 
 from data import tasks
 from evaluation import tasks as scoring
-from utils import schema
 
 
 class Oracle(torch.nn.Module):
@@ -141,7 +140,7 @@ def test_groups_whose_seeds_score_their_own_samples_pair_seed_by_seed():
 
 
 def test_the_config_offers_exactly_the_tasks_data_tasks_generates():
-    assert [t.value for t in schema.TaskName] == list(tasks.TASKS)
+    assert list(config("data=tasks").data.tasks) == list(tasks.TASKS)
 
 
 def test_train_and_score_a_task_model_end_to_end(tmp_path):

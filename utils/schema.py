@@ -7,7 +7,9 @@ defaults list of the YAML that uses it, so a wrong type, a choice not offered or
 config composes. The network's settings are model/gpt.py's ModelConfig; each scheme's sit beside its class.
 """
 
+import importlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -29,8 +31,6 @@ WandbMode = choices("WandbMode", "auto", "online", "offline", "disabled")  # aut
 OptimName = choices("OptimName", "adamw", "muon")
 AdjustLR = choices("AdjustLR", "original", "match_rms_adamw")  # torch.optim.Muon's; null: original
 Source = choices("Source", "shakespeare", "text", "hf", "passkey", "grids", "tasks")
-# the length-generalization tasks of data/tasks.py (its TASKS; tests/test_tasks.py holds the two lists equal)
-TaskName = choices("TaskName", "copy", "reverse", "add", "mqar", "vt", "needle")
 TokenizerKind = choices("TokenizerKind", "bpe", "tiktoken")
 # upper bounds on what sizes one allocation or one loop: a value past them would exhaust memory or never end, and is
 # refused up front rather than found by the run (a real run stays far below each)
@@ -269,54 +269,6 @@ class HFData(Corpus):
     shard_tokens: int = setting(2**28, "pass tokens per shard file", ge=1, le=2**32)
 
 
-@dataclass
-class PasskeyData(Corpus):
-    """Passkey retrieval samples (Mohtashami & Jaggi 2023) over the training split of a corpus (data/passkey.py)."""
-
-    name: str = folder_name("passkey")
-    source: Source = fixed("passkey", "data")
-    # the corpus: filler from its training split, and its tokenizer (configs/data/passkey.yaml)
-    base: Any = group("data")
-    # samples in the training split (16,948 rows of 256: a 1,200-step fine-tune of 32 rows reads each about 2.3 times)
-    train_docs: int = setting(20000, "pass how many samples to generate", ge=1, le=MAX_COUNT)
-    # for val_loss, over the same split
-    val_docs: int = setting(256, "pass how many samples to generate", ge=1, le=MAX_COUNT)
-    # sample lengths uniform in [min_tokens, max_tokens] tokens, BOS not counted; max: the training length by
-    # default, so a BOS-aligned row holds a sample whole
-    min_tokens: int = setting(64, "pass a sample length in tokens", ge=1, le=MAX_TOKENS)
-    max_tokens: int = setting("${oc.select:train.seq_len,256}", "pass a sample length in tokens", ge=1, le=MAX_TOKENS)
-    key_digits: int = setting(5, "pass how many digits the pass key has", ge=1, le=100)
-    seed: int = seed()  # keys, lengths, depths and filler positions
-    bos_aligned: bool = True  # every training row starts at a sample's BOS
-
-    RULES: ClassVar = (
-        Rule(
-            ("max_tokens", "min_tokens"),
-            lambda hi, lo: hi >= lo,
-            "{0} is below {1}; pass a range of sample lengths",
-        ),
-    )
-
-
-@dataclass
-class GridsData(Corpus):
-    """Elementary cellular automata as token grids with (temporal, height, width) position ids (data/grids.py):
-    python train.py data=grids positional=rope2d    (train.seq_len must be height x (width + 2): 256 here)"""
-
-    name: str = folder_name("grids")
-    source: Source = fixed("grids", "data")
-    height: int = setting(16, "pass at least 2 rows: row 0 is random, the rest follow the rule", ge=2, le=4096)
-    width: int = setting(14, "pass at least 1 cell per row", ge=1, le=4096)  # between a left and a right wall token
-    rule: int = setting(30, "pass an elementary automaton's number (e.g. 30, 90, 110)", ge=0, le=255)  # Wolfram's
-    density: float = setting(0.5, "pass a probability, e.g. 0.5", gt=0, lt=1)  # the chance a cell of row 0 lives
-    # training grids (400 steps of 32 rows read 12,800)
-    train_docs: int = setting(16000, "pass how many training grids to generate", ge=1, le=MAX_COUNT)
-    # held-out grids of the same size, for val_loss (eval.mode=grids draws its own, any size)
-    val_docs: int = setting(256, "pass how many held-out grids to generate", ge=1, le=MAX_COUNT)
-    seed: int = seed()  # grids from generators seeded by (seed, split)
-    bos_aligned: bool = True  # always: rows with position ids are whole documents (data/loader.py)
-
-
 def check_grid_row(data, seq_len: int):
     """A training row holds exactly one grid: BOS, then height rows of width cells between two wall tokens
     (data/grids.py draws them so)."""
@@ -326,23 +278,6 @@ def check_grid_row(data, seq_len: int):
             f"train.seq_len={seq_len}: a row holds one grid, {data.height} rows of {data.width} cells and 2 "
             f"walls = {tokens} tokens after BOS; pass train.seq_len={tokens}"
         )
-
-
-@dataclass
-class TasksData(Corpus):
-    """Synthetic tasks with exact answers, trained short and tested long (data/tasks.py): copy, reverse, addition,
-    multi-query associative recall, variable tracking, multi-key needle; one task or a mixture:
-    python train.py experiment=tasks positional=alibi data.tasks=[copy,reverse]"""
-
-    name: str = folder_name("tasks")
-    source: Source = "tasks"
-    tasks: list[TaskName] = setting(  # a sample's task is drawn uniformly from these (one: a single-task run)
-        ["copy", "reverse", "add", "mqar", "vt", "needle"], "name one task or several", nonempty=True
-    )
-    train_docs: int = setting(64000, "pass how many training samples to generate", ge=1, le=MAX_COUNT)
-    val_docs: int = setting(512, "pass how many validation samples to generate", ge=1, le=MAX_COUNT)  # for val_loss
-    seed: int = seed()  # samples from generators seeded by (seed, split); eval.mode=tasks draws its own
-    bos_aligned: bool = True  # always: a row is one sample from its BOS (data/tasks.py TaskRows)
 
 
 @dataclass
@@ -378,56 +313,83 @@ class PrepareConfig:  # python -m data.prepare: a data set, and the tokenizer it
     tokenizer: Any = group("tokenizer")
 
 
+class Found(Mapping):
+    """option -> its class; one named "module:Class" is imported when first asked for."""
+
+    def __init__(self, where: dict):
+        self.where = where
+
+    def __getitem__(self, name: str):
+        cls = self.where[name]
+        if isinstance(cls, str):
+            module, _, attr = cls.partition(":")
+            cls = getattr(importlib.import_module(module), attr)
+        return cls
+
+    def __iter__(self):
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+
+class LazyGroup(dict):
+    """A ConfigStore group (a dict of <option>.yaml -> ConfigNode, read with `in`, [] and keys()) whose nodes are made
+    when Hydra first reads them, so that a run imports the modules of the options it picks alone."""
+
+    def __init__(self, group: str, options: Mapping, make=lambda cls, name: OmegaConf.structured(cls)):
+        super().__init__()
+        self.group, self.options, self.make = group, options, make
+
+    def __contains__(self, key) -> bool:
+        return str(key).removesuffix(".yaml") in self.options
+
+    def keys(self):
+        return [f"{name}.yaml" for name in self.options]
+
+    def __missing__(self, key: str) -> ConfigNode:
+        name = key.removesuffix(".yaml")
+        node = self.make(self.options[name], name)
+        self[key] = ConfigNode(name=key, node=node, group=self.group, package=None, provider="nanopos")
+        return self[key]
+
+
 ENTRY_POINTS = {  # schema/<entry point>, named first in the defaults list of configs/<entry point>.yaml
     "train": TrainConfig,
     "prepare": PrepareConfig,
 }  # and utils/eval_schema.py's, as it is imported: eval, sample, viz, longrope
 GROUPS = {  # schema/<group>/<option>, named by the defaults list of configs/<group>/<option>.yaml
     "optim": {"adamw": AdamW, "muon": Muon},
-    "data": {
-        "shakespeare": ShakespeareData,
-        "text": TextData,
-        "hf": HFData,
-        "passkey": PasskeyData,
-        "grids": GridsData,
-        "tasks": TasksData,
-    },
+    "data": Found(
+        {  # the generated data sets' settings sit beside their generators, imported when picked
+            "shakespeare": ShakespeareData,
+            "text": TextData,
+            "hf": HFData,
+            **{n: f"data.{n}:{n.capitalize()}Data" for n in ("passkey", "grids", "tasks")},
+        }
+    ),
     "tokenizer": {"bpe": BPETokenizer, "tiktoken": TiktokenTokenizer},
     "positional": positional.Schemes(of="Options"),  # each loaded when asked for (SchemeGroup)
 }
-
-
-class SchemeGroup(dict):
-    """ConfigStore's group positional/: an option per scheme (positional.names()), its node made from the scheme's
-    options when Hydra first reads it, so that a run imports its own scheme's module alone (ConfigStore keeps a
-    group as a dict of <option>.yaml -> ConfigNode, and reads it with `in`, [] and keys())."""
-
-    def __contains__(self, key) -> bool:
-        return super().__contains__(key) or str(key).removesuffix(".yaml") in positional.names()
-
-    def keys(self):
-        return [f"{name}.yaml" for name in positional.names()]
-
-    def __missing__(self, key: str) -> ConfigNode:
-        name = key.removesuffix(".yaml")
-        node = OmegaConf.structured(GROUPS["positional"][name](name=name))
-        self[key] = ConfigNode(name=key, node=node, group="positional", package=None, provider="nanopos")
-        return self[key]
 
 
 def register():
     cs = ConfigStore.instance()
     for name, node in ENTRY_POINTS.items():
         cs.store(group="schema", name=name, node=node)
-    for kind, options in GROUPS.items():
-        for name, node in options.items() if kind != "positional" else ():
+    for kind in ("optim", "tokenizer"):
+        for name, node in GROUPS[kind].items():
             cs.store(group=f"schema/{kind}", name=name, node=node)
-    cs.repo["positional"] = SchemeGroup()  # positional=<scheme>: no YAML, the scheme's file alone
+    cs.repo["schema"]["data"] = LazyGroup("schema/data", GROUPS["data"])
+    # positional=<scheme>: no YAML, the scheme's file alone
+    cs.repo["positional"] = LazyGroup(
+        "positional", GROUPS["positional"], lambda cls, name: OmegaConf.structured(cls(name=name))
+    )
     # the options a user picks (configs/<group>/<option>.yaml), for an unknown key's hint: data=hf is
     # data=fineweb_edu or data=tinystories
     hf = {"fineweb_edu": HFData, "tinystories": HFData}
-    settings.OPTIONS.update({k: {**{o: c for o, c in v.items() if c is not HFData}, **(hf if k == "data" else {})}
-                             for k, v in GROUPS.items() if k != "positional"})  # fmt: skip
+    data = Found({**{o: c for o, c in GROUPS["data"].where.items() if c is not HFData}, **hf})
+    settings.OPTIONS.update({"optim": GROUPS["optim"], "tokenizer": GROUPS["tokenizer"], "data": data})
     settings.OPTIONS["positional"] = GROUPS["positional"]
 
 
