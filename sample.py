@@ -49,8 +49,13 @@ def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     n, stopped = 0, None
     top_k = cfg.top_k if cfg.top_k else None
+    decoder = None
+    if static:  # the compiled fixed-shape step, loaded when asked for
+        from model.static_decode import StaticDecoder
+
+        decoder = StaticDecoder
     try:
-        for tok in generate(model, prompt, cache, cfg.max_new_tokens, cfg.temperature, top_k, generator, static):
+        for tok in generate(model, prompt, cache, cfg.max_new_tokens, cfg.temperature, top_k, generator, decoder):
             out.write(text.decode(enc.decode_single_token_bytes(tok.item())))
             out.flush()
             n += 1

@@ -274,15 +274,14 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
-    static: bool = False,
+    decoder=None,
 ):
-    """Yield (B,) token ids a step at a time, without end if max_new_tokens < 0; static: model/static_decode.py."""
+    """Yield (B,) token ids a step at a time, without end if max_new_tokens < 0. decoder(model, cache): the step
+    after the prompt (model/static_decode.py StaticDecoder); None: eager model.decode."""
     logits = model.decode(prompt, cache)[:, -1]  # the prompt: eager, in as few chunks as the cache allows
     step = lambda tok: model.decode(tok, cache)[:, -1]  # noqa: E731
-    if static:
-        from .static_decode import StaticDecoder
-
-        step = StaticDecoder(model, cache)
+    if decoder is not None:
+        step = decoder(model, cache)
     n = 0
     while max_new_tokens < 0 or n < max_new_tokens:
         tok = sample_next(logits, temperature, top_k, generator)
