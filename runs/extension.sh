@@ -98,7 +98,7 @@ length_eval "$EXT/drope" eval.log_scaling=true
 # A fine-tune at length L reads samples of min_tokens..L tokens, so at equal tokens per step it reads
 # (min_tokens + train_len) / (min_tokens + L) as many as one at the base length: it takes that many times the steps,
 # and every model reads about as many samples (RoPE+YaRN at 1024: 1200 x 1088 / 320 = 4080 steps).
-min_tokens=$("$PY" -c "from utils.schema import PasskeyData; print(PasskeyData.min_tokens)")
+min_tokens=$("$PY" -c "from data.passkey import PasskeyData; print(PasskeyData.min_tokens)")
 passkey() {  # passkey <run> <overrides...>: learn the task from <run>'s weights at its own length, then score it
   local run=$1 out="$EXT/$1-passkey" length=$train_len arg
   shift
