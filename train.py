@@ -362,7 +362,7 @@ def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stop
         # the weights the last step saved: the model in memory, or under FSDP (whose shards cannot decode alone)
         # the whole model from the checkpoint
         model = s.model
-        if tr.parallel == "fsdp" and s.rt.distributed:
+        if runtime.fsdp(tr.parallel):
             model, _ = checkpoint.load_model(s.out_dir, s.rt.device)
         print_sample(model.eval(), s.match["tokenizer"], tr.sample_tokens, s.rt)
     wandb_files = wandb_where(logger.wandb)

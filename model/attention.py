@@ -88,10 +88,14 @@ class AttnPlan:
 
     def windowed(self, window: int, n_head: int, backend: str, sink: bool, k_pos, k_rot) -> "AttnPlan":
         """The causal plan of a window's layers over the same queries (k_pos None: over this plan's keys)."""
-        k_pos, k_rot = (self.k_pos, self.k_rot) if k_pos is None else (k_pos, k_rot)
-        plan = make_plan(self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, (self.q_rot, k_rot))
+        same = k_pos is None
+        k_pos, k_rot = (self.k_pos, self.k_rot) if same else (k_pos, k_rot)
+        plan = self.remade(k_pos, n_head, backend, sink, window, (self.q_rot, k_rot), same)
         plan.log_n = self.log_n  # the same queries: the same query state
         return plan
+
+    def remade(self, k_pos, n_head, backend, sink, window, rot, same_keys: bool) -> "AttnPlan":
+        return make_plan(self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, rot)
 
 
 class Chunk(int):

@@ -55,7 +55,7 @@ class _Cache:
         device = device or model.lm_head.weight.device
         dtype = dtype or model.lm_head.weight.dtype
         shape = (cfg.n_layer if n_layer is None else n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
-        far = variant is not None and variant.scaling is not None and variant.scaling.far is not None
+        far = variant is not None and variant.far
         key_dim = cfg.head_dim if self.raw_keys else model.pe.rotated_dim() * (2 if far else 1)  # PoPE: wider
         self.k = torch.zeros(shape[:-1] + (key_dim,), dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

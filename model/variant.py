@@ -26,6 +26,11 @@ class Variant:
         if self.log_length is not None and self.log_length < 2:
             raise ValueError(f"log scaling needs a training length of at least 2 tokens, got {self.log_length}")
 
+    @property
+    def far(self) -> bool:
+        """Whether keys past a window score through a second rotation (ReRoPE: positional/rerope.py)."""
+        return self.scaling is not None and self.scaling.far is not None
+
     def hooks(self, pe, q_pos, k_pos, nope: bool):
         """(rotation, make_plan) for a scheme's layers: the scaled rotation, and plans that carry the queries'
         log-length factor and ReRoPE's far scores (the N layers keep their own rotation and take the factor alone)."""
@@ -34,7 +39,7 @@ class Variant:
             from .log_scaling import log_length_factor
 
             q_scale = log_length_factor(q_pos, self.log_length)
-        if not nope and self.scaling is not None and self.scaling.far is not None:
+        if not nope and self.far:
             from .rerope_attention import Far
 
             if pe.content_bias is not None:
@@ -85,10 +90,7 @@ class VariantPlan(AttnPlan):
             return super().attend(q, k, v, sink, content)
         return self.far.attend(q, k, v, self, self.mask.bias, sink)  # hooks() refused a content bias
 
-    def windowed(self, window, n_head, backend, sink, k_pos, k_rot):
-        far = None if self.far is None else self.far.over(self.pe, self.q_pos, k_pos)
-        k_pos, k_rot = (self.k_pos, self.k_rot) if k_pos is None else (k_pos, k_rot)
-        rot, q_scale = (self.q_rot, k_rot), self.q_scale
-        plan = self.make(self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, rot, far=far, q_scale=q_scale)
-        plan.log_n = self.log_n
-        return plan
+    def remade(self, k_pos, n_head, backend, sink, window, rot, same_keys):
+        far = None if self.far is None else self.far.over(self.pe, self.q_pos, None if same_keys else k_pos)
+        return self.make(self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, rot, far=far,
+                         q_scale=self.q_scale)  # fmt: skip

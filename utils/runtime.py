@@ -346,13 +346,13 @@ def sync_grads(runner, parallel: str, sync: bool):
     return nullcontext() if sync else runner.no_sync()
 
 
-def _fsdp(parallel: str) -> bool:
+def fsdp(parallel: str) -> bool:
     return parallel == "fsdp" and dist.is_initialized()
 
 
 def full_state(model, opts, parallel: str):
     """(model state, optimizer states), whole, on the CPU. Under FSDP a collective: every rank calls it."""
-    if not _fsdp(parallel):
+    if not fsdp(parallel):
         return model.state_dict(), [o.state_dict() for o in opts]
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
@@ -381,7 +381,7 @@ def load_state(model, opts, model_state: dict, opt_states: list, parallel: str, 
 
 
 def _load_state(model, opts, model_state: dict, opt_states: list, parallel: str):
-    if not _fsdp(parallel):
+    if not fsdp(parallel):
         model.load_state_dict(model_state)
         for opt, state in zip(opts, opt_states, strict=True):
             opt.load_state_dict(state)
