@@ -1,4 +1,4 @@
-"""The tables of README.md and docs/*.md that come from results/, written from the JSON stored there.
+"""The tables of README.md and docs/*.md that come from results/ (written from the JSON stored there) or positional/.
 
 python -m evaluation.doc_tables            rewrite every table in README.md and docs/*.md
 python -m evaluation.doc_tables --check    exit 1 and name each table that differs from what this script writes
@@ -224,6 +224,39 @@ def schemes() -> str:
     )
 
 
+HOOKS = {  # positional/base.py's hooks, in the order a forward meets them, and what each gives
+    "embed": "a vector per position added to the token embeddings",
+    "prefix": "learned tokens put before every row",
+    "rotation": "what rotate() reads, made once per forward (cos, sin)",
+    "rotate": "queries (and keys) turned by position",
+    "rotate_key": "keys, where they differ from queries",
+    "rotated_dim": "the width of rotated queries and keys",
+    "score_bias": "a bias on the scores from (head, query position, key position)",
+    "layer_module": "parameters each attention layer keeps",
+    "content_bias": "a bias on the scores that reads queries or the layer's input",
+    "content_weights": "the attention weights themselves, in place of the softmax",
+    "scaling_factors": "a RoPE scaling as LongRoPE's per-pair factors",
+    "fit_state": "a saved state fitted to this instance's sizes",
+}
+
+
+def hooks() -> str:
+    """Each hook of positional/base.py with the schemes whose class gives its own (found, not listed)."""
+    import positional
+    from positional.base import Positional
+
+    classes = {n: positional.SCHEMES[n] for n in positional.names()}
+    body = [
+        [
+            f"`{hook}`",
+            what,
+            ", ".join(f"`{n}`" for n, c in classes.items() if getattr(c, hook) is not getattr(Positional, hook)),
+        ]
+        for hook, what in HOOKS.items()
+    ]
+    return "\n".join(markdown(["hook", "what it gives", "schemes that give their own"], body, text_columns=3))
+
+
 # --- streams: evaluation/stream.py's stream.json ------------------------------------------------------------------
 
 
@@ -427,6 +460,7 @@ def tasks() -> str:
 
 TABLES = {
     "schemes": schemes,
+    "hooks": hooks,
     "core": core,
     "breadth": breadth,
     "content": content,

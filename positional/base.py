@@ -6,7 +6,8 @@ reads content is built per layer (layer_module, content_bias); a scheme whose we
 stick-breaking, PaTH) gives them itself (content_weights). Positions are explicit integer tensors, (T,) or (axes, T)
 for a multi-axis scheme (rope2d, mrope); a (T,) id sits on every axis, M-RoPE's rule for text. A scheme is named by
 its file (positional/t5.py: positional=t5), its options a PositionalOptions subclass beside it (RoPEOptions next to
-RoPE), which Hydra checks as it composes (utils/schema.py SchemeGroup).
+RoPE), which Hydra checks as it composes (utils/schema.py LazyGroup). docs/schemes.md lists each hook with the schemes
+that give it.
 """
 
 import functools

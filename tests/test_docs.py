@@ -334,3 +334,21 @@ def test_the_scheme_table_finds_every_scheme_in_its_own_file():
         assert positional.SCHEMES[name].__dict__.get("about"), f"positional/{name}.py says nothing in about"
         assert rows[name][0] == positional.SCHEMES[name].about
     assert rows["t5"][1] == "study" and rows["fire"][1] == "study-breadth" and rows["sinusoidal3d"][1] is None
+
+
+def test_every_hook_of_the_interface_is_listed_and_given_by_a_scheme():
+    """docs/schemes.md's hook table covers each hook of positional/base.py, and each hook is given by some scheme: a
+    hook no scheme needs is one to remove, a new one is listed where a reader looks."""
+    import positional
+    from positional.base import Positional
+
+    helpers = {"check_axes", "per_axis", "check_length", "extra_repr", "max_positions"}  # called, never overridden
+    found = {
+        n for n, v in vars(Positional).items() if n[0] != "_" and not isinstance(v, type) and (callable(v) or v is None)
+    }
+    assert found - helpers == set(doc_tables.HOOKS)
+    for hook in doc_tables.HOOKS:
+        givers = [
+            n for n in positional.names() if getattr(positional.SCHEMES[n], hook) is not getattr(Positional, hook)
+        ]
+        assert givers, f"no scheme gives {hook}: drop it from positional/base.py"

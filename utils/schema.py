@@ -369,7 +369,7 @@ GROUPS = {  # schema/<group>/<option>, named by the defaults list of configs/<gr
         }
     ),
     "tokenizer": {"bpe": BPETokenizer, "tiktoken": TiktokenTokenizer},
-    "positional": positional.Schemes(of="Options"),  # each loaded when asked for (SchemeGroup)
+    "positional": positional.Schemes(of="Options"),  # each loaded when asked for (LazyGroup)
 }
 
 
