@@ -10,10 +10,71 @@ import importlib.util
 import random
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from settings import setting
 from utils.errors import UserError
-from utils.files import text_files
+from utils.files import text_files, text_paths
+from utils.schema import MAX_COUNT, Corpus, Source, fixed, folder_name, seed
+
+
+def regex(text: str) -> bool:
+    """A regular expression that cuts text: it compiles, and matches at least one character (one that matches the
+    empty string would cut between every two characters)."""
+    try:
+        return re.compile(text).fullmatch("") is None
+    except re.error:
+        return False
+
+
+@dataclass
+class TextData(Corpus):
+    """Your own UTF-8 text: data=text data.path=<file, folder or glob>."""
+
+    name: str = folder_name("text")
+    source: Source = fixed("text", "data")
+    path: str = setting(MISSING, "give a text file, a folder or a glob of UTF-8 text", nonempty=True, files=text_paths)
+    doc_separator: str | None = setting(  # a regex that cuts files into documents (null: one document per file)
+        None,
+        "write it as Python's re module reads it, e.g. '\\n\\n\\n'",
+        test=regex,
+        must="be a regular expression that matches at least one character",
+    )
+    # documents held out (one document: its last tenth)
+    val_fraction: float = setting(0.1, "pass a fraction between 0 and 1", gt=0, lt=1)
+    seed: int = seed()
+
+
+SPLIT = r"[\w.\[\]:%+-]+"  # a split as datasets reads one: train, validation, train[:10%]
+SPLIT_MUST = "be a split name, e.g. train or train[:10%]"
+
+
+@dataclass
+class HFData(Corpus):
+    """A Hugging Face dataset, streamed (pip install datasets): configs/data/fineweb_edu.yaml, tinystories.yaml."""
+
+    source: Source = fixed("hf", "data")
+    hf_path: str = setting(MISSING, "pass a dataset of the Hugging Face hub, or a local folder", nonempty=True)
+    hf_name: str | None = setting(None, "pass the dataset's configuration name, or null", nonempty=True)
+    hf_split: str = setting("train", "pass a split of the dataset, e.g. train", match=SPLIT, must=SPLIT_MUST)
+    # null: hold out the first val_docs documents of val_min_chars or more
+    hf_val_split: str | None = setting(None, "pass a split, e.g. validation, or null", match=SPLIT, must=SPLIT_MUST)
+    data_files: Any = setting(  # datasets.load_dataset's data_files
+        None,
+        "e.g. data.data_files=data/*.jsonl, or null",
+        test=lambda v: isinstance(v, str | list | dict | DictConfig) or OmegaConf.is_list(v),
+        must="be a path, a list of paths or a {split: paths} mapping",
+    )
+    text_field: str = setting("text", "pass the column that holds the text", nonempty=True)
+    max_docs: int | None = setting(None, "pass a document count, or null for all", ge=1, le=10**9)
+    val_docs: int = setting(200, "pass how many documents to hold out", ge=1, le=MAX_COUNT)
+    val_min_chars: int = setting(0, "pass a character count, 0 for any", ge=0)
+    shard_tokens: int = setting(2**28, "pass tokens per shard file", ge=1, le=2**32)
+
 
 # First Folio file stems whose spelling differs from their modern-spelling twin; both go to the same split.
 FOLIO_TWINS = {

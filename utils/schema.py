@@ -8,21 +8,19 @@ config composes. The network's settings are model/gpt.py's ModelConfig; each sch
 """
 
 import importlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigNode, ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 import positional
 import settings
 from model.gpt import ModelConfig
 from settings import Rule, choices, fixed, group, setting
 from utils.checkpoint import run_checkpoint
-from utils.errors import UserError
-from utils.files import text_paths, writable_folder
+from utils.files import writable_folder
 
 DType = choices("DType", "auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
 Schedule = choices("Schedule", "cosine", "linear", "constant")
@@ -37,15 +35,6 @@ TokenizerKind = choices("TokenizerKind", "bpe", "tiktoken")
 MAX_TOKENS = 2**24  # a sequence, a table or a cache, in tokens
 MAX_COUNT = 10**7  # documents, trials, samples: items generated or scored one by one
 NAME = r"[\w.+-]+"  # a name that is also a folder name
-
-
-def regex(text: str) -> bool:
-    """A regular expression that cuts text: it compiles, and matches at least one character (one that matches the
-    empty string would cut between every two characters)."""
-    try:
-        return re.compile(text).fullmatch("") is None
-    except re.error:
-        return False
 
 
 def device():
@@ -163,7 +152,7 @@ class TrainConfig:
     model: ModelSize = field(default_factory=ModelSize)
     optim: Any = group("optim")  # typed by its group: AdamW, Muon
     positional: Any = group("positional")  # typed by its group: the scheme's options (positional/<scheme>.py)
-    data: Any = group("data")  # typed by its group's source: ShakespeareData, TextData, HFData, PasskeyData, GridsData
+    data: Any = group("data")  # typed by its source: ShakespeareData, data/sources.py TextData, HFData, ...
     tokenizer: Any = group("tokenizer")  # typed by its group: BPETokenizer, TiktokenTokenizer
 
     RULES: ClassVar = (
@@ -222,62 +211,6 @@ class ShakespeareData(Corpus):
     val_works: list[str] = setting(  # held out with their Folio twins
         ["hamlet", "othello", "coriolanus", "richard_iii"], "name the works to hold out", nonempty=True
     )
-
-
-@dataclass
-class TextData(Corpus):
-    """Your own UTF-8 text: data=text data.path=<file, folder or glob>."""
-
-    name: str = folder_name("text")
-    source: Source = fixed("text", "data")
-    path: str = setting(MISSING, "give a text file, a folder or a glob of UTF-8 text", nonempty=True, files=text_paths)
-    doc_separator: str | None = setting(  # a regex that cuts files into documents (null: one document per file)
-        None,
-        "write it as Python's re module reads it, e.g. '\\n\\n\\n'",
-        test=regex,
-        must="be a regular expression that matches at least one character",
-    )
-    # documents held out (one document: its last tenth)
-    val_fraction: float = setting(0.1, "pass a fraction between 0 and 1", gt=0, lt=1)
-    seed: int = seed()
-
-
-SPLIT = r"[\w.\[\]:%+-]+"  # a split as datasets reads one: train, validation, train[:10%]
-SPLIT_MUST = "be a split name, e.g. train or train[:10%]"
-
-
-@dataclass
-class HFData(Corpus):
-    """A Hugging Face dataset, streamed (pip install datasets): configs/data/fineweb_edu.yaml, tinystories.yaml."""
-
-    source: Source = fixed("hf", "data")
-    hf_path: str = setting(MISSING, "pass a dataset of the Hugging Face hub, or a local folder", nonempty=True)
-    hf_name: str | None = setting(None, "pass the dataset's configuration name, or null", nonempty=True)
-    hf_split: str = setting("train", "pass a split of the dataset, e.g. train", match=SPLIT, must=SPLIT_MUST)
-    # null: hold out the first val_docs documents of val_min_chars or more
-    hf_val_split: str | None = setting(None, "pass a split, e.g. validation, or null", match=SPLIT, must=SPLIT_MUST)
-    data_files: Any = setting(  # datasets.load_dataset's data_files
-        None,
-        "e.g. data.data_files=data/*.jsonl, or null",
-        test=lambda v: isinstance(v, str | list | dict | DictConfig) or OmegaConf.is_list(v),
-        must="be a path, a list of paths or a {split: paths} mapping",
-    )
-    text_field: str = setting("text", "pass the column that holds the text", nonempty=True)
-    max_docs: int | None = setting(None, "pass a document count, or null for all", ge=1, le=10**9)
-    val_docs: int = setting(200, "pass how many documents to hold out", ge=1, le=MAX_COUNT)
-    val_min_chars: int = setting(0, "pass a character count, 0 for any", ge=0)
-    shard_tokens: int = setting(2**28, "pass tokens per shard file", ge=1, le=2**32)
-
-
-def check_grid_row(data, seq_len: int):
-    """A training row holds exactly one grid: BOS, then height rows of width cells between two wall tokens
-    (data/grids.py draws them so)."""
-    tokens = data.height * (data.width + 2)
-    if seq_len != tokens:
-        raise UserError(
-            f"train.seq_len={seq_len}: a row holds one grid, {data.height} rows of {data.width} cells and 2 "
-            f"walls = {tokens} tokens after BOS; pass train.seq_len={tokens}"
-        )
 
 
 @dataclass
@@ -361,10 +294,10 @@ ENTRY_POINTS = {  # schema/<entry point>, named first in the defaults list of co
 GROUPS = {  # schema/<group>/<option>, named by the defaults list of configs/<group>/<option>.yaml
     "optim": {"adamw": AdamW, "muon": Muon},
     "data": Found(
-        {  # the generated data sets' settings sit beside their generators, imported when picked
+        {  # a source's settings beside its reader or generator, imported when picked
             "shakespeare": ShakespeareData,
-            "text": TextData,
-            "hf": HFData,
+            "text": "data.sources:TextData",
+            "hf": "data.sources:HFData",
             **{n: f"data.{n}:{n.capitalize()}Data" for n in ("passkey", "grids", "tasks")},
         }
     ),
@@ -387,8 +320,10 @@ def register():
     )
     # the options a user picks (configs/<group>/<option>.yaml), for an unknown key's hint: data=hf is
     # data=fineweb_edu or data=tinystories
-    hf = {"fineweb_edu": HFData, "tinystories": HFData}
-    data = Found({**{o: c for o, c in GROUPS["data"].where.items() if c is not HFData}, **hf})
+    where = GROUPS["data"].where
+    data = Found(
+        {**{o: c for o, c in where.items() if o != "hf"}, "fineweb_edu": where["hf"], "tinystories": where["hf"]}
+    )
     settings.OPTIONS.update({"optim": GROUPS["optim"], "tokenizer": GROUPS["tokenizer"], "data": data})
     settings.OPTIONS["positional"] = GROUPS["positional"]
 
