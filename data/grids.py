@@ -26,7 +26,6 @@ import numpy as np
 from data.loader import SPLITS, write_token_split
 from data.tokenizer import BOS
 from settings import setting
-from utils.errors import UserError
 from utils.schema import MAX_COUNT, Corpus, Source, fixed, folder_name, seed
 
 CHARS = ".#|\n"  # dead, alive, left wall, right wall; BOS is id len(CHARS)
@@ -105,14 +104,3 @@ class GridsData(Corpus):
     val_docs: int = setting(256, "pass how many held-out grids to generate", ge=1, le=MAX_COUNT)
     seed: int = seed()  # grids from generators seeded by (seed, split)
     bos_aligned: bool = True  # always: rows with position ids are whole documents (data/loader.py)
-
-
-def check_grid_row(data, seq_len: int):
-    """A training row holds exactly one grid: BOS, then height rows of width cells between two wall tokens
-    (tokens() writes them so)."""
-    tokens = data.height * (data.width + 2)
-    if seq_len != tokens:
-        raise UserError(
-            f"train.seq_len={seq_len}: a row holds one grid, {data.height} rows of {data.width} cells and 2 "
-            f"walls = {tokens} tokens after BOS; pass train.seq_len={tokens}"
-        )

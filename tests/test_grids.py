@@ -17,7 +17,7 @@ from evaluation.grids import held_out_grids, score_size, training_first_rows
 from model.kv_cache import DenseCache, SinkCache
 from model.static_decode import StaticDecoder
 from positional import PositionAxesError
-from utils import checks
+from utils import checks, schema
 from utils.errors import UserError
 
 T = 24
@@ -190,7 +190,7 @@ def test_grid_options_fail_with_one_line_naming_the_key():
     with pytest.raises(UserError, match="data.rule=300 must be <= 255"):
         checks.check(cfg)
     with pytest.raises(UserError, match="train.seq_len=28") as e:
-        grids.check_grid_row(OmegaConf.create({**GRID, "height": 5}), 28)
+        schema.check_grid_row(OmegaConf.create({**GRID, "height": 5}), 28)
     assert "\n" not in str(e.value)
     with pytest.raises(UserError, match="cannot read"):
         select_axes(grids.positions(2, 2), 4)

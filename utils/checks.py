@@ -28,6 +28,7 @@ from utils.schema import (
     CHECKPOINT_HINT,
     RUN,
     TrainConfig,
+    check_grid_row,
     model_config,
     plain,
 )
@@ -98,8 +99,6 @@ def preflight(cfg):
     if "model" in cfg and not (cfg.get("checkpoint") or cfg.get("sweep_dir")):  # a model it builds (train, viz)
         check_model(cfg)
     if kind is TrainConfig and cfg.data.source == "grids":
-        from data.grids import check_grid_row
-
         check_grid_row(cfg.data, cfg.train.seq_len)
     for path in checkpoints(cfg):
         if message := problem(cfg, facts={**dict.fromkeys(RUN, True), **facts(path)}):

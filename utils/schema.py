@@ -20,6 +20,7 @@ import settings
 from model.gpt import ModelConfig
 from settings import Rule, choices, fixed, group, setting
 from utils.checkpoint import run_checkpoint
+from utils.errors import UserError
 from utils.files import writable_folder
 
 DType = choices("DType", "auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
@@ -211,6 +212,17 @@ class ShakespeareData(Corpus):
     val_works: list[str] = setting(  # held out with their Folio twins
         ["hamlet", "othello", "coriolanus", "richard_iii"], "name the works to hold out", nonempty=True
     )
+
+
+def check_grid_row(data, seq_len: int):
+    """A training row holds exactly one grid: BOS, then height rows of width cells between two wall tokens
+    (data/grids.py draws them so)."""
+    tokens = data.height * (data.width + 2)
+    if seq_len != tokens:
+        raise UserError(
+            f"train.seq_len={seq_len}: a row holds one grid, {data.height} rows of {data.width} cells and 2 "
+            f"walls = {tokens} tokens after BOS; pass train.seq_len={tokens}"
+        )
 
 
 @dataclass
