@@ -4,7 +4,8 @@ python bench/decode_bench.py --checkpoint out/rope                       1K, 10K
 python bench/decode_bench.py --checkpoint out/rope --static              + the compiled fixed-shape step
 python bench/decode_bench.py --checkpoint out/rope --static-only         the compiled step alone (no eager rows)
 python bench/decode_bench.py --model tiny --positional rope --tokens 1000 10000 --device cpu   (random weights)
-python bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --profile 50    (where a step's time goes)
+python bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --profile 50    (where a step's time goes;
+                                                                         --static-only: the compiled step's)
 Generates greedily (batch 1) and reports, at each mark, the speed of the last block and the memory held: the sink
 cache should stay flat, the dense cache grows, re-computation pays a full forward of the window per token.
 """
@@ -16,7 +17,7 @@ from functools import partial
 import torch
 
 from bench.configs import SIZES, model_config
-from bench.table import publish
+from bench.table import print_profile, publish
 from model.gpt import GPT, GPTConfig
 from model.kv_cache import DenseCache, SinkCache, hold_matrices
 from model.static_decode import StaticDecoder
@@ -67,21 +68,14 @@ def run_recompute(model, window, n_tokens, block, device, autocast):
             t = time.perf_counter()
 
 
-@torch.no_grad()
-def profile(model, cache, n_steps, device, autocast, rows=25):
-    """Where an eager decoding step's time goes: the ops of n_steps tokens (after as many unprofiled) by self time."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    steps = iter(run_cached(model, cache, 2 * n_steps, 1, device, autocast))
+def profile(model, cache, n_steps, device, autocast, static: bool):
+    """Where a decoding step's time goes (the compiled step's with static): the ops of n_steps tokens, after as many
+    unprofiled (the compiled step compiles and records its graph in those)."""
+    n_tokens = 2 * n_steps + (WARM_STATIC if static else 0)  # the compiled step's warm tokens yield nothing
+    steps = iter(run_cached(model, cache, n_tokens, 1, device, autocast, static))
     for _ in range(n_steps):
         next(steps)
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-        for _ in range(n_steps):
-            next(steps)
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    print(prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=rows, max_name_column_width=50))
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50))
+    print_profile(lambda: [next(steps) for _ in range(n_steps)], device)
 
 
 def fmt(v) -> str:
@@ -114,7 +108,9 @@ def main():
         "--static", action="store_true", help="also time the compiled fixed-shape step (CUDA graphs on CUDA)"
     )
     ap.add_argument("--static-only", action="store_true", help="time only the compiled fixed-shape step")
-    ap.add_argument("--profile", type=int, default=0, help="profile this many eager sink-cache steps, print, exit")
+    ap.add_argument(
+        "--profile", type=int, default=0, help="profile this many sink-cache steps (--static-only: compiled), exit"
+    )
     ap.add_argument("--no-record", dest="record", action="store_false")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -132,7 +128,8 @@ def main():
         "dense": (lambda: DenseCache(model, 1, n_dense + 1, dtype), n_dense),
     }
     if args.profile:
-        return profile(model, caches[f"sink {args.sinks}+{window}"][0](), args.profile, device, autocast)
+        sink = caches[f"sink {args.sinks}+{window}"][0]()
+        return profile(model, sink, args.profile, device, autocast, args.static_only)
     statics = [True] if args.static_only else [False, True] if args.static else [False]
 
     def cached(make, count, static):  # the cache is built only when its turn comes, so memory reads true

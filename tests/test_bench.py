@@ -1,5 +1,6 @@
 """The benchmarks read configs/ (one source of truth) and count FLOPs the same way as the model."""
 
+import re
 import time
 from contextlib import nullcontext
 
@@ -86,3 +87,33 @@ def test_the_compiled_decoding_step_compiles_before_its_clock_starts(monkeypatch
     assert len(blocks) == 4
     assert graphs_at_each_reading[0] == counters["stats"]["unique_graphs"] > 0  # no compile once the clock ran
     torch._dynamo.reset()
+
+
+def test_a_profiled_row_prints_where_its_training_steps_spend_their_time(capsys):
+    """train_bench --profile: after a row's clock, the ops of its own training steps (forward, backward, optimizer)."""
+    from types import SimpleNamespace
+
+    from bench import train_bench
+
+    args = SimpleNamespace(
+        model="tiny", seq=64, vocab=512, batch_tokens=128, steps=1, warmup=0, eval_len=0, compile=False, profile=1
+    )
+    row = train_bench.bench_one("t5", args, torch.device("cpu"), torch.float32, peak=1e12)
+    out = capsys.readouterr().out
+    assert row["scheme"] == "t5" and "profile of 1 steps: t5, T=64" in out
+    assert "aten::mm" in out and "Optimizer.step#AdamW.step" in out  # the matrix products and the optimizer step
+
+
+def test_the_compiled_decoding_step_is_profiled_after_its_warm_tokens(capsys):
+    """decode_bench --static-only --profile n: n tokens of the compiled step, after its warm-up tokens (which yield
+    no reading) and n more: the profile sees the compiled region, never eager decoding or the compile."""
+    from bench import decode_bench
+    from model.kv_cache import SinkCache
+
+    model = random_model("rope")
+    torch._dynamo.reset()
+    decode_bench.profile(model, SinkCache(model, 1, 4, 28), 2, torch.device("cpu"), nullcontext(), static=True)
+    out = capsys.readouterr().out
+    torch._dynamo.reset()
+    region = re.search(r"Torch-Compiled Region: 0/0\s+((\S+\s+){5})(\d+)", out)  # its columns, then # of Calls
+    assert region and region.group(3) == "2"  # the 2 profiled tokens, each one call of the compiled step
