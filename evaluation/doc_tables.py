@@ -224,20 +224,10 @@ def schemes() -> str:
     )
 
 
-HOOKS = {  # positional/base.py's hooks, in the order a forward meets them, and what each gives
-    "embed": "a vector per position added to the token embeddings",
-    "prefix": "learned tokens put before every row",
-    "rotation": "what rotate() reads, made once per forward (cos, sin)",
-    "rotate": "queries (and keys) turned by position",
-    "rotate_key": "keys, where they differ from queries",
-    "rotated_dim": "the width of rotated queries and keys",
-    "score_bias": "a bias on the scores from (head, query position, key position)",
-    "layer_module": "parameters each attention layer keeps",
-    "content_bias": "a bias on the scores that reads queries or the layer's input",
-    "content_weights": "the attention weights themselves, in place of the softmax",
-    "scaling_factors": "a RoPE scaling as LongRoPE's per-pair factors",
-    "fit_state": "a saved state fitted to this instance's sizes",
-}
+HOOKS = (  # positional/base.py's hooks, in the order a forward meets them (what each gives: base.py)
+    *("embed", "prefix", "rotation", "rotate", "rotate_key", "rotated_dim", "score_bias", "layer_module"),
+    *("content_bias", "content_weights", "scaling_factors", "fit_state"),
+)
 
 
 def hooks() -> str:
@@ -246,15 +236,9 @@ def hooks() -> str:
     from positional.base import Positional
 
     classes = {n: positional.SCHEMES[n] for n in positional.names()}
-    body = [
-        [
-            f"`{hook}`",
-            what,
-            ", ".join(f"`{n}`" for n, c in classes.items() if getattr(c, hook) is not getattr(Positional, hook)),
-        ]
-        for hook, what in HOOKS.items()
-    ]
-    return "\n".join(markdown(["hook", "what it gives", "schemes that give their own"], body, text_columns=3))
+    givers = {h: [n for n, c in classes.items() if getattr(c, h) is not getattr(Positional, h)] for h in HOOKS}
+    body = [[f"`{h}`", ", ".join(f"`{n}`" for n in names)] for h, names in givers.items()]
+    return "\n".join(markdown(["hook", "schemes that give their own"], body, text_columns=2))
 
 
 # --- streams: evaluation/stream.py's stream.json ------------------------------------------------------------------
@@ -356,21 +340,10 @@ def sinks() -> str:
 # --- passkey: evaluation/passkey.py's passkey.json ----------------------------------------------------------------
 
 PASSKEY = [  # files under results/extension, in the order shown
-    "rope-passkey/eval/passkey.json",
-    "rope-passkey/eval/passkey-rerope.json",
-    "rope-passkey/eval/passkey-leaky_rerope.json",
-    "rope-passkey/eval/passkey-yarn.json",
-    "rope-passkey/eval/passkey-ntk.json",
-    "rope-passkey-600/eval/passkey.json",
-    "rope-passkey-rms/eval/passkey.json",
-    "rope-yarn4-passkey/eval/passkey.json",
-    "rope-yarn4-passkey-1200/eval/passkey.json",
-    "alibi-passkey/eval/passkey.json",
-    "alibi-passkey-rms/eval/passkey.json",
-    "drope-passkey/eval/passkey.json",
-    "drope-passkey-rms/eval/passkey.json",
-    "nope-passkey/eval/passkey.json",
-    "nope-passkey-rms/eval/passkey.json",
+    *(f"rope-passkey/eval/passkey{v}.json" for v in ("", "-rerope", "-leaky_rerope", "-yarn", "-ntk")),
+    *(f"{run}/eval/passkey.json" for run in ("rope-passkey-600", "rope-passkey-rms", "rope-yarn4-passkey")),
+    *(f"{run}/eval/passkey.json" for run in ("rope-yarn4-passkey-1200", "alibi-passkey", "alibi-passkey-rms")),
+    *(f"{run}/eval/passkey.json" for run in ("drope-passkey", "drope-passkey-rms", "nope-passkey", "nope-passkey-rms")),
 ]
 MODELS = {"rope": "RoPE", "alibi": "ALiBi", "nope": "NoPE", "nope[dropped rope]": "DroPE"}
 MODELS["rope[yarn x4 from 256]"] = "RoPE + YaRN x4"
