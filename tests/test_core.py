@@ -10,6 +10,7 @@ interpreter, as a user runs it, and reports the project's modules it loaded.
 """
 
 import json
+import re
 
 import pytest
 from conftest import ROOT, TINY, run
@@ -76,6 +77,18 @@ def test_training_loads_its_scheme_alone_and_nothing_around_the_core(trained):
     assert not around(modules), around(modules)
     schemes = {m.split(".")[1] for m in modules if m.startswith("positional.")} & set(positional.names())
     assert schemes == {"alibi"}, schemes
+
+
+def test_the_reading_guide_lists_the_files_a_run_loads(trained):
+    """docs/training.md's table of the files a training run executes names exactly the project files it loaded (less
+    empty package markers): a file added to the core, or one left out of it, shows in the guide."""
+    _, modules = trained
+    files = {ROOT / (m.replace(".", "/") + ".py") for m in modules}
+    files |= {ROOT / m.replace(".", "/") / "__init__.py" for m in modules}
+    loaded = {str(f.relative_to(ROOT)) for f in files if f.is_file() and f.stat().st_size}
+    text = (ROOT / "docs" / "training.md").read_text().split("## Reading the code a run executes")[1].split("\n## ")[0]
+    listed = set(re.findall(r"^\| `([\w/]+\.py)` \|", text, re.M))
+    assert listed == loaded, (sorted(listed - loaded), sorted(loaded - listed))
 
 
 def test_the_length_table_and_sampling_load_nothing_around_the_core(trained, tmp_path):
