@@ -147,6 +147,10 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
     if tr.resume:
         state = resume(out_dir, match, model, opts, scaler, tr.parallel, say)
     if runtime.should_compile(cfg.compile, rt.device, say):
+        # a fresh cache: the recompile limit is per code object, and an in-process sweep's (-m) earlier models
+        # would use it up; past the limit, an error rather than a run left eager with a warning
+        torch._dynamo.reset()
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
         runner = torch.compile(runner)
     train_rows = row_sampler(cfg, data_dir, "train", cfg.seed, bos_aligned, model.pe.axes)
     val_rows = row_sampler(cfg, data_dir, "val", 0, False, model.pe.axes)

@@ -73,6 +73,22 @@ class RandomRows:
         return None  # text: positions 0..T-1, as a RowSampler gives them
 
 
+def test_each_compiled_run_of_an_in_process_sweep_compiles_afresh(monkeypatch, tmp_path, shakespeare_dir):
+    """`python train.py -m positional=...` runs its jobs in one process, and torch.compile's recompile limit is per
+    code object, shared by every model instance: a later scheme's graphs pass it unless each run starts from a fresh
+    cache, and then run eagerly (or fail, as the tests ask). Here the limit is 2, a run's training and no-grad
+    evaluation graphs, so the second scheme passes it at once; Dynamo's eager backend keeps the compiles fast."""
+    from torch._dynamo.utils import counters
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend="eager", **kw))
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for name in ("rope", "alibi"):
+            counters.clear()
+            train(config(*TINY, "train.max_steps=1", "compile=true", f"positional={name}"), tmp_path / name)
+            assert counters["stats"]["unique_graphs"] > 0, f"{name} compiled nothing"
+
+
 def test_fp16_scales_the_loss_so_small_gradients_survive():
     """Under fp16 autocast the backward matmuls run in fp16, where gradients below 6e-8 flush to zero: a small
     loss then trains nothing. train.py's GradScaler scales the loss up first and the gradients back down."""
