@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from bench.configs import SIZES, model_config
-from bench.table import print_profile, publish
+from bench.table import print_profile, publish, sync
 from model.gpt import GPT, GPTConfig
 from model.kv_cache import DenseCache, SinkCache, hold_matrices
 from model.static_decode import StaticDecoder
@@ -25,11 +25,6 @@ from utils import checkpoint
 from utils.runtime import keep_freed_memory, peak_memory_mb
 
 WARM_STATIC = 3  # untimed tokens before a compiled step's clock starts
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 @torch.no_grad()

@@ -38,6 +38,12 @@ def publish(rows: list[dict], fmt, details: str, device: torch.device, record: b
         write_text(path, recorded(path.read_text(), Path(sys.argv[0]).stem, note, table, summary))
 
 
+def sync(device: torch.device):
+    """Wait for the device's queued work, so a clock read after it counts that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def print_profile(run, device: torch.device, rows: int = 25):
     """Where run()'s time goes: its ops by self time on the device (the GPU's kernels on CUDA), by input shape, then by
     self CPU time (the host's share: launches, Python). Printed only, never recorded: a profile is no figure."""
@@ -46,8 +52,7 @@ def print_profile(run, device: torch.device, rows: int = 25):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=rows, max_name_column_width=50))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50))

@@ -17,15 +17,10 @@ import traceback
 import torch
 
 from bench.configs import SCHEMES, SIZES, model_config
-from bench.table import fmt, print_profile, publish
+from bench.table import fmt, print_profile, publish, sync
 from model.attention import make_plan
 from model.gpt import GPT, GPTConfig
 from utils.runtime import datasheet_peak, keep_freed_memory
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def peak_flops(device, dtype) -> float:
