@@ -10,10 +10,11 @@ evaluation/<mode>.py; this file checks the config, walks a sweep, and compares. 
 """
 
 import importlib
+import sys
 from pathlib import Path
 
 import hydra
-import torch._dynamo
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -94,7 +95,8 @@ def evaluate_all(cfg, rt, paths: list[Path]) -> list[dict]:
     results, eta = [], Eta(len(paths))
     try:
         for p in paths:
-            torch._dynamo.reset()  # each model's compiled flex versions must not add up to the recompile cap
+            if "torch._dynamo" in sys.modules:  # loaded by a compile alone (importing it costs 2 s): else none to reset
+                torch.compiler.reset()  # each model's compiled flex versions must not add up to the recompile cap
             which = f" (run {eta.done + 1} of {len(paths)})" if len(paths) > 1 else ""
             results.append(evaluate_one(p, cfg, rt, which))
             if len(paths) > 1:
