@@ -298,13 +298,15 @@ def cannot_write(e: OSError, out_dir: Path, state: TrainState, rt) -> UserError:
 
 def save(s: Setup, state: TrainState, evaluated: bool) -> TrainState:
     """Every rank takes part (FSDP gathers the shards); rank 0 writes, and only finite weights, and past warmup only
-    weights that beat a uniform guess on the validation rows (lost(), measured here unless this step evaluated them
-    already): a run that diverged keeps its last good checkpoint. A failed write (a full disk) is one line."""
+    weights that beat a uniform guess on the validation rows (lost()): a run that diverged keeps its last good
+    checkpoint. The validation loss is measured here unless this step evaluated it already, so that the checkpoint
+    and the closing line give the saved weights' own (a run stopped between evaluations). A failed write (a full
+    disk) is one line."""
     tr = s.cfg.train
-    if state.step > tr.warmup_steps:
-        held_out = state.val_loss if evaluated else evaluate(s.runner, s.val_rows, tr.eval_batches, tr.batch_size, s.rt)
-        if lost(held_out, s.vocab_size, state.step, tr.warmup_steps):
-            raise diverged(f"validation loss {held_out:.4f}: {no_better(s.vocab_size)}", state.step, s, state)
+    if not evaluated:
+        state = replace(state, val_loss=evaluate(s.runner, s.val_rows, tr.eval_batches, tr.batch_size, s.rt))
+    if lost(state.val_loss, s.vocab_size, state.step, tr.warmup_steps):
+        raise diverged(f"validation loss {state.val_loss:.4f}: {no_better(s.vocab_size)}", state.step, s, state)
     model_state, opt_states = runtime.full_state(s.model, s.opts, tr.parallel)
     if runtime.any_rank(s.rt.master and not all(t.isfinite().all() for t in model_state.values()), s.rt.device):
         raise diverged("weights became non-finite", state.step, s, state)

@@ -54,6 +54,20 @@ def test_end_of_run_sample_fits_its_cache(scheme, tmp_path, shakespeare_dir, cap
     assert "--- sample ---" in capsys.readouterr().out
 
 
+def test_a_run_stopped_between_evaluations_reports_the_saved_weights_validation_loss(tmp_path, shakespeare_dir, capsys):
+    """train.time_limit_min=0 stops after step 1, where train.eval_interval=4 measures nothing: the checkpoint and the
+    closing line give the validation loss of the weights saved at step 1, as a run that evaluated there gives it
+    (they gave the last evaluation's, or none)."""
+    stop = [*TINY, "train.max_steps=8", "train.time_limit_min=0", "train.sample_tokens=0"]
+    train(config(*stop, "train.eval_interval=1"), tmp_path / "evaluated")
+    capsys.readouterr()
+    summary = train(config(*stop, "train.eval_interval=4"), tmp_path / "stopped")
+    want = torch.load(tmp_path / "evaluated" / "ckpt.pt", weights_only=True)["val_loss"]
+    got = torch.load(tmp_path / "stopped" / "ckpt.pt", weights_only=True)["val_loss"]
+    assert got is not None and got == pytest.approx(want, abs=1e-6) and summary["val_loss"] == got
+    assert f"val loss {got:.4f} (ppl {math.exp(got):.1f}) at step 1," in capsys.readouterr().out
+
+
 def test_muon_trains(tmp_path, shakespeare_dir):
     cfg = config(*TINY, "optim=muon", "train.max_steps=30", "train.warmup_steps=5", "train.eval_interval=30")
     summary = train(cfg, tmp_path)
