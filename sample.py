@@ -134,7 +134,8 @@ def sample(cfg: DictConfig):
                 break
     dt, peak = time.time() - t0, runtime.peak_memory_mb(rt.device)
     print(
-        f"{total} tokens in {dt:.1f} s: {total / dt:.1f} tokens/s (prefill included), cache={cfg.cache.kind} "
+        f"{total} tokens in {dt:.1f} s: {total / dt:.1f} tokens/s (prefill{' and compiling the step' * cfg.static} "
+        f"included), cache={cfg.cache.kind} "
         f"holding {cache.capacity} tokens ({cache.nbytes() / 2**20:.1f} MiB), peak memory {peak:.0f} MiB "
         f"{'GPU' if rt.device.type == 'cuda' else 'RSS'}"
     )

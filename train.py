@@ -190,6 +190,7 @@ def resume(out_dir: Path, match: dict, model, opts, scaler, parallel_mode: str, 
         scaler.load_state_dict(ckpt["scaler"])
     say(f"resuming {out_dir} at step {ckpt['step']}")
     kept = {"wandb_id": ckpt.get("wandb_id"), "init_from": ckpt.get("init_from"), "saved": ckpt["step"]}
+    kept["val_loss"] = ckpt.get("val_loss")  # what a run resumed at its last step reports
     return TrainState(ckpt["step"], ckpt["rows"], **kept)
 
 
@@ -203,7 +204,7 @@ def start_logger(s: Setup, state: TrainState, group: str | None) -> tuple[Logger
         name = f"{s.model.pe.name}-{s.out_dir.name}"
         wandb_run = start_wandb(lg.project, s.out_dir, s.resolved, lg.mode, group, name, state.wandb_id)
     logger = Logger(s.out_dir, wandb_run, resume_step=state.step if s.cfg.train.resume else None)
-    return logger, replace(state, wandb_id=wandb_run.id if wandb_run else None)
+    return logger, replace(state, wandb_id=wandb_run.id if wandb_run else state.wandb_id)  # kept for a later resume
 
 
 def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, tr, rt, scaler) -> tuple[float, float]:
@@ -416,17 +417,17 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
         while state.step < tr.max_steps:
             state = step(s, state)
             last = state.step == tr.max_steps
+            out_of_time = tr.time_limit_min is not None and time.time() - t_start > 60 * tr.time_limit_min
+            halt = runtime.any_rank(stop.requested or out_of_time, rt.device)  # the step it saves is evaluated, logged
             measured, probed = None, ""
-            if state.step % tr.eval_interval == 0 or last:
+            if state.step % tr.eval_interval == 0 or last or halt:
                 with meter.paused():  # tokens/s counts training time only
                     state = replace(state, val_loss=evaluate(s.runner, s.val_rows, tr.eval_batches, tr.batch_size, rt))
                     measured, probed = measure(probes, s.model, held_out, rt) if probes else ({}, "")
             elapsed = time.time() - t_start
             if logger and (state.step % tr.log_interval == 0 or measured is not None):
                 eta = elapsed / (state.step - first) * (tr.max_steps - state.step)  # at this run's pace so far
-                log(logger, metrics(state, meter, elapsed, measured), tr.max_steps, probed, eta)
-            out_of_time = tr.time_limit_min is not None and elapsed > 60 * tr.time_limit_min
-            halt = runtime.any_rank(stop.requested or out_of_time, rt.device)
+                log(logger, metrics(state, meter, elapsed, measured, tr.seq_len), tr.max_steps, probed, eta)
             if state.step % tr.ckpt_interval == 0 or last or halt:
                 with meter.paused():
                     state = save(s, state, evaluated=measured is not None)

@@ -197,7 +197,7 @@ def stream_table(result: dict, rows: int = 10) -> str:
     for b in picks:
         cells = [_cell(math.exp(m["nll"][b]), m.get("ci", [None] * (b + 1))[b]) if b < len(m["nll"]) else "-"
                  for m in methods.values()]  # fmt: skip
-        table.append((f"{(b + 1) * result['block']:,}", cells))
+        table.append((f"{min((b + 1) * result['block'], result['stream_tokens']):,}", cells))  # a last block's end
     table.append(("mean", [_cell(m["mean"]["ppl"], m["mean"]["ci"]) if "mean" in m else "-" for m in methods.values()]))
     width = max([len(n) for n in names] + [len(c) for _, cells in table for c in cells]) + 2
     lines = [

@@ -388,3 +388,13 @@ def test_static_decoding_from_an_empty_cache(name):
     for t in range(steps.size(1)):
         want = model.decode(steps[:, t : t + 1], eager)[:, -1]
         assert torch.allclose(decoder(steps[:, t : t + 1]), want, atol=1e-5), t
+
+
+def test_a_last_partial_block_is_labelled_at_the_stream_s_end():
+    """eval.stream_tokens need not be a multiple of eval.block: the last block ends at the stream's end."""
+    from evaluation.stream import stream_table
+
+    method = {"nll": [1.0, 1.0], "mean": {"ppl": 2.7, "ci": [2.6, 2.8]}}
+    result = {"scheme": "rope", "block": 256, "stream_tokens": 300, "train_length": 64, "methods": {"dense": method}}
+    rows = [line.split()[0] for line in stream_table(result).splitlines()[2:4]]
+    assert rows == ["256", "300"]

@@ -66,6 +66,25 @@ def test_a_run_stopped_between_evaluations_reports_the_saved_weights_validation_
     got = torch.load(tmp_path / "stopped" / "ckpt.pt", weights_only=True)["val_loss"]
     assert got is not None and got == pytest.approx(want, abs=1e-6) and summary["val_loss"] == got
     assert f"val loss {got:.4f} (ppl {math.exp(got):.1f}) at step 1," in capsys.readouterr().out
+    assert metrics(tmp_path / "stopped")[-1]["val_loss"] == pytest.approx(got, abs=1e-5)  # logged as it is saved
+
+
+def test_a_resume_keeps_the_data_position_the_val_loss_and_the_wandb_id(tmp_path, shakespeare_dir, capsys):
+    """metrics.jsonl's tokens count the rows read, also after a resume with another batch size; a run resumed at its
+    last step reports its saved validation loss; a resume that logs without wandb keeps the run's wandb id for a later
+    one that logs with it."""
+    out = tmp_path / "run"
+    train(config(*TINY, "train.max_steps=4", "train.time_limit_min=0", "train.log_interval=1"), out)  # stops at 1
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    torch.save({**ckpt, "wandb_id": "abc123"}, out / "ckpt.pt")
+    summary = train(
+        config(*TINY, "train.max_steps=4", "train.batch_size=4", "train.resume=true", "train.log_interval=1"), out
+    )
+    assert [m["tokens"] for m in metrics(out)] == [8 * 32, 8 * 32 + 4 * 32, 8 * 32 + 8 * 32, 8 * 32 + 12 * 32]
+    assert torch.load(out / "ckpt.pt", weights_only=True)["wandb_id"] == "abc123"
+    capsys.readouterr()
+    again = train(config(*TINY, "train.max_steps=4", "train.batch_size=4", "train.resume=true"), out)
+    assert again["val_loss"] == pytest.approx(summary["val_loss"]) and "val loss " in capsys.readouterr().out
 
 
 def test_muon_trains(tmp_path, shakespeare_dir):
@@ -529,10 +548,10 @@ def test_fsdp_matches_ddp_and_resumes(tmp_path, shakespeare_dir):
     run(*launch, "train.parallel=fsdp", f"out_dir={stopped}", "train.resume=true", timeout=300, check=True)
     a, b = metrics(tmp_path / "fsdp"), metrics(stopped)
     assert [m["step"] for m in b] == [m["step"] for m in a]
-    for x, y in zip(a, b, strict=True):
-        assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-4) and x.get("val_loss") == pytest.approx(
-            y.get("val_loss"), abs=1e-4
-        )
+    for x, y in zip(a, b, strict=True):  # the stopped run also measured its step 1, the step it saved
+        assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-4)
+        assert "val_loss" not in x or x["val_loss"] == pytest.approx(y["val_loss"], abs=1e-4)
+    assert "val_loss" in b[0] and "val_loss" not in a[0]
     proc = run("train.py", *TINY, "train.parallel=fsdp", "optim=muon", f"out_dir={tmp_path / 'x'}")
     assert proc.returncode == 2 and "use train.parallel=ddp" in proc.stderr
 

@@ -149,15 +149,16 @@ class Meter:
         return {"tokens_per_sec": tokens_per_sec, "tflops_per_sec": float(f"{flops / 1e12:.4g}"), "mfu": mfu}
 
 
-def metrics(state, meter: Meter, elapsed: float, measured: dict | None) -> dict:
-    """A logged step's metrics, with val loss and probes at an evaluation."""
+def metrics(state, meter: Meter, elapsed: float, measured: dict | None, seq_len: int) -> dict:
+    """A logged step's metrics, with val loss and probes at an evaluation. tokens: the rows read so far (the data
+    position, right after a resume with another batch size or process count) times their length."""
     m = {
         "step": state.step,
         "train_loss": state.train_loss,
         "lr": state.lr,
         "grad_norm": state.grad_norm,
         **meter.read(state.step),
-        "tokens": state.step * meter.tokens_per_step,
+        "tokens": state.rows * seq_len,
         "elapsed_s": round(elapsed, 2),
     }
     if measured is not None:
