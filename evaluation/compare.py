@@ -167,22 +167,24 @@ def compare(results: list[dict], out_dir: Path) -> str:
             rows.append(row)
             draws.append(d)
     pairs = mark_noise(rows, draws)
-    for row in rows:
-        row.pop("pieces_key")
+    same_text = len({row.pop("pieces_key") for row in rows}) <= 1
     lengths = sorted({r["length"] for r in rows})
     train_lengths = sorted({res["train_length"] for res in results})
     title = f"perplexity by evaluation length (trained at {', '.join(map(str, train_lengths))})"
-    text = report.table(rows, lengths, title) + "\n" + legend(groups)
+    text = report.table(rows, lengths, title, same_text) + "\n" + legend(groups, same_text)
     summary = [{"label": g["label"], "seeds": g["seeds"], "runs": [r["checkpoint"] for r in g["runs"]]} for g in groups]
     result = {"runs": [res["checkpoint"] for res in results], "groups": summary, "results": rows, "pairs": pairs}
     report.write_result(out_dir, "compare", result, partial(plots.plot_compare, rows, train_lengths[0]), text)
     return text
 
 
-def legend(groups: list[dict]) -> str:
+def legend(groups: list[dict], same_text: bool = True) -> str:
+    how = "paired bootstrap difference in mean NLL, the same pieces drawn for both"
+    if not same_text:  # runs of other training lengths scored other pieces: their draws are independent
+        how = "bootstrap difference in mean NLL, unpaired between runs that scored different pieces"
     lines = [
-        "*: lowest in its column; ~: within noise of it (the 95% interval of the paired bootstrap difference in "
-        "mean NLL, the same pieces drawn for both and a seed group's runs resampled, holds 0); ±: sd over seeds"
+        f"*: lowest in its column; ~: within noise of it (the 95% interval of the {how} and a seed group's runs "
+        "resampled, holds 0); ±: sd over seeds"
     ]
     for g in groups:
         seeds = ", ".join(str(s) for s in g["seeds"])

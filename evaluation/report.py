@@ -55,8 +55,9 @@ def fmt_ppl(row: dict) -> str:
     return f"{_num(row['ppl'])}{spread}{ci}{row.get('mark', '')}"
 
 
-def table(rows: list[dict], lengths: list[int], title: str) -> str:
-    """One line per (scheme + variant, mode), one column per length; n/a cells explained underneath."""
+def table(rows: list[dict], lengths: list[int], title: str, same_text: bool = True) -> str:
+    """One line per (scheme + variant, mode), one column per length; n/a cells explained underneath. same_text: whether
+    every row scored the same pieces (runs trained at different lengths score different ones)."""
     names = list(dict.fromkeys(label(r) for r in rows))
     keys = sorted({(label(r), r["mode"]) for r in rows}, key=lambda k: (names.index(k[0]), k[1]))
     cells = {(label(r), r["mode"], r["length"]): fmt_ppl(r) for r in rows}
@@ -68,7 +69,9 @@ def table(rows: list[dict], lengths: list[int], title: str) -> str:
             f"{name:<{width}}  {mode:<10}" + "".join(f"{cells.get((name, mode, n), '-'):>{col}}" for n in lengths)
         )
     counts = {r["tokens"] for r in rows if r.get("tokens")}
-    if len(counts) == 1:
+    if counts and not same_text:
+        lines.append("the runs scored different held-out pieces (trained at different lengths): rows are not paired")
+    elif len(counts) == 1:
         lines.append(f"every cell scored the same {counts.pop():,} held-out tokens")
     elif counts:
         lines.append(

@@ -109,3 +109,15 @@ def test_reports_name_a_scheme_by_its_config_not_its_module():
     longer = {"model_config": rope, "seq_len": 1024, "init_from": {"path": "out/rope", "seq_len": 256}}
     assert scheme_label(longer) == "rope[at 1024 from 256]"
     assert scheme_label({**longer, "seq_len": 256}) == "rope"  # at its own length (a passkey fine-tune): rope
+
+
+def test_runs_that_scored_other_pieces_are_said_to_be_unpaired(tmp_path):
+    """Runs trained at other lengths score other held-out pieces, though as many tokens: the table does not say they
+    scored the same tokens, and the noise marks say they are unpaired."""
+    other = fake_run("alibi", 1, 0.5)
+    other["pieces"] = [{**p, "start": p["start"] + 1} for p in PIECES]
+    text = compare([fake_run("rope", 1, 0.0), other], tmp_path)
+    assert "every cell scored the same" not in text and "rows are not paired" in text and "unpaired" in text
+    assert [p["paired"] for p in json.loads((tmp_path / "compare.json").read_text())["pairs"]] == [False]
+    same = compare([fake_run("rope", 1, 0.0), fake_run("alibi", 1, 0.5)], tmp_path / "same")
+    assert "every cell scored the same 1,024 held-out tokens" in same and "unpaired" not in same
