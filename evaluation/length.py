@@ -85,6 +85,8 @@ def score(model, regions: list[Region], length: int, mode: str, stride: int, bat
     """Sum the NLL of the scored tokens over all windows of one (length, mode) into a Cell, batching windows of equal
     length and first scored index."""
     cell = Cell(piece_nll=np.zeros(len(regions)), piece_tokens=np.zeros(len(regions), dtype=np.int64))
+    if rt.device.type == "cuda":  # the cell's own peak (on the CPU the process's peak RSS, which never falls)
+        torch.cuda.reset_peak_memory_stats(rt.device)
     t0 = time.time()
     if mode == "nonoverlap":
         cell.by_position, cell.position_count = np.zeros(length), np.zeros(length)

@@ -141,10 +141,28 @@ def made_by(folder: Path) -> list[str]:
             *record.read_text().splitlines(), "```", ""]  # fmt: skip
 
 
+VOLATILE = ("seconds", "peak_memory_mb")  # differ from run to run: not a different result
+
+
+def without_volatile(tree):
+    if isinstance(tree, dict):
+        return {k: without_volatile(v) for k, v in tree.items() if k not in VOLATILE}
+    return [without_volatile(v) for v in tree] if isinstance(tree, list) else tree
+
+
+def same_result(path: Path, content: str) -> bool:
+    """Whether path holds this result, its timings and memory aside."""
+    try:
+        return without_volatile(json.loads(path.read_text())) == without_volatile(json.loads(content))
+    except (OSError, ValueError):  # unreadable or cut short: a different file, kept
+        return False
+
+
 def keep_earlier(path: Path, content: str) -> str:
-    """Before a result replaces a different one of the same name, link the earlier one's files into
-    <folder>/earlier/<stem>-<its time>.*, so no result is lost to the next; returns the words that say so, or ''."""
-    if not path.exists() or path.read_text(errors="replace") == content:
+    """Before a result replaces a different one of the same name (timings and memory aside), link the earlier one's
+    files into <folder>/earlier/<stem>-<its time>.*, so no result is lost to the next; returns the words that say so,
+    or ''."""
+    if not path.exists() or same_result(path, content):
         return ""
     when = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(path.stat().st_mtime))
     earlier = path.parent / "earlier"

@@ -455,6 +455,18 @@ def test_an_output_folder_that_cannot_be_written_fails_before_any_scoring(tiny_c
     assert "ppl" not in proc.stdout and (run_dir / "eval").read_text() == "notes"
 
 
+def test_an_evaluation_that_repeats_the_numbers_keeps_no_earlier_copy(tmp_path):
+    """Only another result is kept in eval/earlier/: the same numbers in another time and memory are not."""
+    from evaluation.report import write_result
+
+    row = {"length": 32, "ppl": 40.0, "seconds": 1.0, "peak_memory_mb": 100.0}
+    write_result(tmp_path, "length", {"seconds": 3.0, "results": [row]})
+    write_result(tmp_path, "length", {"seconds": 4.0, "results": [{**row, "seconds": 2.0, "peak_memory_mb": 9.0}]})
+    assert not (tmp_path / "earlier").exists()
+    write_result(tmp_path, "length", {"seconds": 4.0, "results": [{**row, "ppl": 41.0}]})
+    assert [p.suffix for p in (tmp_path / "earlier").iterdir()] == [".json"]
+
+
 def test_a_second_evaluation_keeps_the_first_result(tiny_checkpoint, tmp_path):
     """eval.py at other lengths over a run already evaluated: the new result takes the names, the first one's files
     stay in eval/earlier/, and the output says where. Fails on the code before: the first result was replaced."""
