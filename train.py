@@ -189,8 +189,8 @@ def resume(out_dir: Path, match: dict, model, opts, scaler, parallel_mode: str, 
     if ckpt.get("scaler"):  # empty where the run had no fp16 loss scaling
         scaler.load_state_dict(ckpt["scaler"])
     say(f"resuming {out_dir} at step {ckpt['step']}")
-    kept = {"wandb_id": ckpt.get("wandb_id"), "init_from": ckpt.get("init_from"), "saved": ckpt["step"]}
-    kept["val_loss"] = ckpt.get("val_loss")  # what a run resumed at its last step reports
+    kept = {k: ckpt.get(k) for k in ("wandb_id", "init_from", "val_loss")}  # val_loss: a finished run reports it
+    kept["saved"] = ckpt["step"]
     return TrainState(ckpt["step"], ckpt["rows"], **kept)
 
 
@@ -297,15 +297,11 @@ def cannot_write(e: OSError, out_dir: Path, state: TrainState, rt) -> UserError:
     return UserError(f"cannot write {e.filename or out_dir} ({e.strerror}); {kept(out_dir, state)}; {fix}, then {then}")
 
 
-def save(s: Setup, state: TrainState, evaluated: bool) -> TrainState:
+def save(s: Setup, state: TrainState) -> TrainState:
     """Every rank takes part (FSDP gathers the shards); rank 0 writes, and only finite weights, and past warmup only
-    weights that beat a uniform guess on the validation rows (lost()): a run that diverged keeps its last good
-    checkpoint. The validation loss is measured here unless this step evaluated it already, so that the checkpoint
-    and the closing line give the saved weights' own (a run stopped between evaluations). A failed write (a full
-    disk) is one line."""
+    weights that beat a uniform guess on the validation rows (lost(), on the val loss train() measured at this step):
+    a run that diverged keeps its last good checkpoint. A failed write (a full disk) is one line."""
     tr = s.cfg.train
-    if not evaluated:
-        state = replace(state, val_loss=evaluate(s.runner, s.val_rows, tr.eval_batches, tr.batch_size, s.rt))
     if lost(state.val_loss, s.vocab_size, state.step, tr.warmup_steps):
         raise diverged(f"validation loss {state.val_loss:.4f}: {no_better(s.vocab_size)}", state.step, s, state)
     model_state, opt_states = runtime.full_state(s.model, s.opts, tr.parallel)
@@ -418,9 +414,10 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
             state = step(s, state)
             last = state.step == tr.max_steps
             out_of_time = tr.time_limit_min is not None and time.time() - t_start > 60 * tr.time_limit_min
-            halt = runtime.any_rank(stop.requested or out_of_time, rt.device)  # the step it saves is evaluated, logged
+            halt = runtime.any_rank(stop.requested or out_of_time, rt.device)
+            saving = state.step % tr.ckpt_interval == 0 or last or halt
             measured, probed = None, ""
-            if state.step % tr.eval_interval == 0 or last or halt:
+            if state.step % tr.eval_interval == 0 or saving:  # a checkpoint holds, and the log shows, its own val loss
                 with meter.paused():  # tokens/s counts training time only
                     state = replace(state, val_loss=evaluate(s.runner, s.val_rows, tr.eval_batches, tr.batch_size, rt))
                     measured, probed = measure(probes, s.model, held_out, rt) if probes else ({}, "")
@@ -428,9 +425,9 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
             if logger and (state.step % tr.log_interval == 0 or measured is not None):
                 eta = elapsed / (state.step - first) * (tr.max_steps - state.step)  # at this run's pace so far
                 log(logger, metrics(state, meter, elapsed, measured, tr.seq_len), tr.max_steps, probed, eta)
-            if state.step % tr.ckpt_interval == 0 or last or halt:
+            if saving:
                 with meter.paused():
-                    state = save(s, state, evaluated=measured is not None)
+                    state = save(s, state)
             if halt:
                 stopped = stop.name or f"train.time_limit_min={tr.time_limit_min}"
                 break
