@@ -1,8 +1,13 @@
 """Shared helpers: tiny random models, composed configs, and running the entry points as a user would."""
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -145,14 +150,56 @@ def config(*overrides):
 
 
 def run(*args, timeout=300, env=None, check=False) -> subprocess.CompletedProcess:
-    """Run `python <args>` from the repo root, as a user would."""
+    """Run `python <args>` from the repo root, as a user would: forked from a process that has torch imported
+    (tests/forks.py), or a fresh interpreter where env sets what python reads as it starts (PYTHONPATH)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
-    proc = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env
-    )
+    if any(k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in env or {}):
+        proc = subprocess.run(
+            [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=full_env
+        )
+    else:
+        proc = FORKS.run(list(args), full_env, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+class Forks:
+    """This worker's tests/forks.py process, started on first use."""
+
+    proc = None
+
+    def run(self, args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+        if self.proc is None or self.proc.poll() is not None:
+            server_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            self.proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "forks.py")],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, env=server_env, text=True,
+            )  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp, "out"), Path(tmp, "err")
+            request = {"args": args, "env": env, "cwd": str(ROOT), "stdout": str(out), "stderr": str(err)}
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            pid = json.loads(self.proc.stdout.readline())["pid"]
+            killed = []
+
+            def kill():
+                killed.append(pid)
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+            timer = threading.Timer(timeout, kill)
+            timer.start()
+            status = json.loads(self.proc.stdout.readline())["status"]
+            timer.cancel()
+            done = subprocess.CompletedProcess([sys.executable, *args], status, out.read_text(), err.read_text())
+        if killed:
+            raise subprocess.TimeoutExpired(done.args, timeout, done.stdout, done.stderr)
+        return done
+
+
+FORKS = Forks()
 
 
 @pytest.fixture(scope="package")
