@@ -23,7 +23,8 @@ from omegaconf import DictConfig
 import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
 from utils import checkpoint, checks, files, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
-from utils.logger import Eta, start_wandb
+from utils.logger import start_wandb
+from utils.progress import Eta
 
 OWN_DATA = ("grids", "tasks")  # modes that score only models of their own data= (and those models only them)
 

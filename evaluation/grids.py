@@ -20,7 +20,7 @@ from evaluation import bootstrap, report
 from evaluation.compare import group_runs
 from utils import checkpoint
 from utils.errors import UserError
-from utils.logger import say
+from utils.progress import say
 
 
 def default_sizes(data: dict) -> list[list[int]]:

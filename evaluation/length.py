@@ -24,7 +24,7 @@ from evaluation.variants import note_search_overlap, plan_variants
 from positional import hf_rope_scaling
 from utils import checkpoint, runtime
 from utils.errors import UserError
-from utils.logger import Eta, progress, say
+from utils.progress import Eta, progress, say
 
 
 @dataclass

@@ -32,7 +32,7 @@ from model.variant import Variant
 from positional.rope_scaling import Scaling, longrope_scale
 from utils import checkpoint, checks, runtime
 from utils.errors import UserError, cli, hydra_cli
-from utils.logger import progress, say
+from utils.progress import progress, say
 
 SEEDS = ("linear", "ntk", "yarn")  # the closed-form kinds the initial population starts from (the paper's PI/NTK/YaRN)
 NOVEL_TRIES = 50  # draws a mutation gets to find a candidate not seen before, before a repeat is let through

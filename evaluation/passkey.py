@@ -26,7 +26,7 @@ from evaluation.report import model_label, scheme_label
 from evaluation.variants import plan_variants
 from utils import checkpoint
 from utils.errors import UserError
-from utils.logger import progress, say
+from utils.progress import progress, say
 
 DEFAULT_DIGITS = PasskeyData.key_digits  # a checkpoint trained on other data: data=passkey's default
 

@@ -27,7 +27,7 @@ from evaluation.sink_mass import describe, first_token_attention
 from model.kv_cache import CacheError, DenseCache, SinkCache
 from utils import checkpoint
 from utils.errors import UserError
-from utils.logger import progress
+from utils.progress import progress
 
 
 def held_out_stream(ckpt: dict, n_tokens: int, allow_prepare: bool) -> tuple[np.ndarray, list[dict]]:

@@ -25,7 +25,7 @@ from evaluation.bootstrap import wilson
 from evaluation.compare import group_runs
 from utils import checkpoint, files
 from utils.errors import UserError, cli
-from utils.logger import progress, say
+from utils.progress import progress, say
 
 BATCH = 32  # samples per forward
 

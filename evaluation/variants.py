@@ -15,7 +15,7 @@ from positional import hf_rope_scaling, rerope
 from positional.rope_scaling import KINDS, SEARCHED, Scaling, refusal
 from utils import checkpoint
 from utils.errors import UserError
-from utils.logger import say
+from utils.progress import say
 
 LOG = "log"  # the variant row of eval.log_scaling
 

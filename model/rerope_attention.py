@@ -22,18 +22,8 @@ import torch.nn.functional as F
 
 from positional import rerope
 
-from .attention import (
-    block_mask,
-    dot_scores,
-    flex_call,
-    flex_positions,
-    outside,
-    sdpa,
-    softmax_weights,
-    weighted_values,
-    with_nothing_slot,
-    without_nothing,
-)
+from .attention import dot_scores, outside, sdpa, softmax_weights, weighted_values, with_nothing_slot
+from .flex import block_mask, flex_call, flex_positions, without_nothing
 
 
 @dataclass

@@ -296,7 +296,7 @@ def test_rope_scaling_changes_the_model_past_the_training_length(scheme, kind):
 def test_progress_bar_is_drawn_on_a_terminal_only():
     import io
 
-    from utils.logger import progress
+    from utils.progress import progress
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -3,7 +3,7 @@
 python -m pytest -q tests/test_flex_compile.py
 torch.compile keeps at most 8 versions per code object; with a version per (batch, Tq, Tk), an eval over a few
 lengths of two biased schemes passed the cap and flex then ran eagerly, building the dense scores. Flex now runs
-at lengths padded to a power of two (model/attention.py flex_length).
+at lengths padded to a power of two (model/flex.py flex_length).
 """
 
 import pytest
@@ -12,17 +12,18 @@ from conftest import random_model
 from torch._dynamo.utils import counters
 
 from model import attention
+from model import flex as flex_backend
 
 LENGTHS = (130, 160, 200, 256, 300, 420)  # six eval or prefill lengths in two padded sizes, 256 and 512
 
 
 def test_flex_length_pads_to_a_power_of_two_block():
     lengths = (1, 24, 128, 129, 256, 300, 4096, 4097)
-    assert [attention.flex_length(n) for n in lengths] == [128, 128, 128, 256, 256, 512, 4096, 8192]
+    assert [flex_backend.flex_length(n) for n in lengths] == [128, 128, 128, 256, 256, 512, 4096, 8192]
 
 
 def test_six_lengths_compile_one_version_per_padded_length(monkeypatch):
-    monkeypatch.setattr(attention, "COMPILE_ON_CPU", True)
+    monkeypatch.setattr(flex_backend, "COMPILE_ON_CPU", True)
     counters.clear()
     flex, ref = random_model("alibi", attn_backend="flex"), random_model("alibi", attn_backend="reference")
     for n in LENGTHS:

@@ -6,14 +6,14 @@ CUDA lowering refuses a score_mod that indexes one such tensor twice (FoX's cumu
 key row, once) or computes on it before indexing: training a scheme so failed on the GPU, while every CPU path
 passed. A tensor read whole, never indexed, gets a gradient per score that no scatter sums: refused here too. In
 training a learned position bias (T5, KERPLE, FIRE) reaches flex as one table of one entry per score
-(model/attention.py bias_table); the tests below hold that and its gradients. The check is torch's own
+(model/flex.py bias_table); the tests below hold that and its gradients. The check is torch's own
 (validate_joint_graph), run here on the joint graph that torch.compile traces for the model, so no GPU is needed."""
 
 import pytest
 import torch
 from conftest import SCHEMES, assert_same_logits_and_grads, random_model
 
-from model import attention
+from model import flex as flex_backend
 
 flex_api = pytest.importorskip("torch.nn.attention.flex_attention")
 flex_lowering = pytest.importorskip("torch._inductor.kernel.flex.flex_attention")
@@ -76,7 +76,7 @@ def unreduced_gradients(graph) -> list:
     return [g for g in returned[1:] if g is not None and g.target is not scatter]  # [0]: the score's own
 
 
-LEARNED = [name for name in FLEX if attention.learned_bias(random_model(name).pe)]
+LEARNED = [name for name in FLEX if flex_backend.learned_bias(random_model(name).pe)]
 
 
 @pytest.mark.parametrize("name", LEARNED)

@@ -171,12 +171,12 @@ def test_preparing_a_corpus_prints_a_few_lines_not_the_tokenizers_progress(tmp_p
 def test_a_stream_shows_its_progress(monkeypatch, capsys):
     """Each cache of eval.mode=stream takes minutes on a long stream: it says how far it is (here a line per token,
     as a log file gets one every 30 s)."""
-    import utils.logger
+    import utils.progress
     from evaluation.stream import stream_nll
     from model.kv_cache import DenseCache
     from utils import runtime
 
-    monkeypatch.setattr(utils.logger, "EVERY", 0.0)
+    monkeypatch.setattr(utils.progress, "EVERY", 0.0)
     model, tokens = random_model("rope").eval(), torch.randint(0, 97, (10,))
     nll, stopped = stream_nll(
         model, tokens, DenseCache(model, 1, 16), runtime.Runtime(torch.device("cpu"), torch.float32), "dense"

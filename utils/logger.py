@@ -1,9 +1,8 @@
-"""Metrics to out_dir/metrics.jsonl (one JSON object per logged step) and wandb; progress bars and lines.
+"""Metrics to out_dir/metrics.jsonl (one JSON object per logged step) and wandb, and the step lines train.py prints.
 
 python train.py logger.wandb=false          (jsonl only)
 python train.py train.resume=true           (metrics.jsonl cut at the checkpoint's step)
 wandb is online when an API key is configured, else offline: it never waits on a login prompt.
-Progress: a bar on a terminal, elsewhere a line every half minute, `dense: 2,560/12,800 tok, eta 1:23`.
 """
 
 import json
@@ -13,8 +12,6 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-
-from tqdm import tqdm
 
 from utils.errors import UserError
 from utils.files import write_text
@@ -189,47 +186,7 @@ def wandb_where(run) -> str:
     )
 
 
-# ---- progress: a bar on a terminal, a line every half minute elsewhere ----
-
-EVERY = 30.0  # seconds between progress lines where no bar is drawn
-
-
-def progress(iterable, desc: str, total: int | None = None, unit: str = "it", file=None):
-    bar = tqdm(iterable, desc=desc, total=total, unit=unit, disable=None, leave=False, dynamic_ncols=True, file=file)
-    if not bar.disable or iterable is None:
-        return bar
-    return lines(iterable, desc, total if total is not None else len(iterable), unit)
-
-
-def lines(iterable, desc: str, total: int, unit: str):
-    eta, shown = Eta(total), time.time()
-    for item in iterable:
-        yield item
-        done = eta.step(unit)
-        if time.time() - shown >= EVERY:
-            shown = time.time()
-            say(f"  {desc}: {done}")
-
-
-class Eta:
-    """step("cells") -> '3/12 cells, eta 1:05', at the pace so far."""
-
-    def __init__(self, total: int):
-        self.total, self.done, self.start = total, 0, time.time()
-
-    def step(self, unit: str = "") -> str:
-        self.done += 1
-        left = (time.time() - self.start) / self.done * (self.total - self.done)
-        return f"{self.done:,}/{self.total:,}{' ' + unit if unit else ''}, eta {clock(left)}"
-
-
 def clock(seconds: float) -> str:
     """h:mm:ss, or m:ss under an hour."""
     m, sec = divmod(round(seconds), 60)
     return f"{m // 60}:{m % 60:02d}:{sec:02d}" if m >= 60 else f"{m}:{sec:02d}"
-
-
-def say(line: str):
-    """Print without tearing a progress bar."""
-    tqdm.write(line, file=sys.stdout)
-    sys.stdout.flush()
