@@ -142,15 +142,14 @@ def check_backend(pe, backend: str) -> None:
         )
 
 
-def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend="auto", sink=False, window=None, rot=None,
-              near=None, cls=AttnPlan) -> AttnPlan:  # fmt: skip
+def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend="auto", sink=False, window=None, rot=None):
     """q_pos is k_pos (the same tensor) marks a full forward. sink: the layers pass a sink logit, an extra key column
-    that is_causal has no room for. rot: (q_rot, k_rot), default the scheme's own. near: flex keeps only keys nearer
-    than it, the rest scored by another rotation (an evaluation variant's plan, cls: model/variant.py)."""
+    that is_causal has no room for (or another reason to keep a mask: model/variant.py). rot: (q_rot, k_rot), default
+    the scheme's own."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend '{backend}'; choose one of: {', '.join(BACKENDS)}")
     plain = pe.score_bias is None and pe.content_bias is None and not sink and (not causal or q_pos is k_pos)
-    plain = plain and window is None and near is None and pe.content_weights is None
+    plain = plain and window is None and pe.content_weights is None
     check_backend(pe, backend)
     if backend == "auto" and pe.content_weights is not None:  # it reads every score: a dense mask
         backend = "sdpa"
@@ -162,14 +161,14 @@ def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend="auto", sink=
     if backend == "flex":
         from .flex import flex_mask  # CUDA's backend: a CPU run never loads it
 
-        mask = flex_mask(pe, q_pos, k_pos, causal, window, near)
+        mask = flex_mask(pe, q_pos, k_pos, causal, window)
     elif backend == "sdpa" and plain:
         mask = Mask(is_causal=causal)
     else:
         own = pe.content_weights is not None  # content_attention takes every key for every query at once
         blocks = diagonal_blocks(len(q_pos)) if backend == "sdpa" and causal and q_pos is k_pos and not own else None
         mask = Mask(bias=dense_bias(pe, q_pos, k_pos, causal, n_head, window), blocks=blocks)
-    return cls(pe, q_pos, k_pos, backend, mask, *rot, window=window)
+    return AttnPlan(pe, q_pos, k_pos, backend, mask, *rot, window=window)
 
 
 def add_window(plan: AttnPlan, window: int, n_head: int, backend: str, sink: bool, k_pos=None, k_rot=None):

@@ -110,25 +110,29 @@ def bias_score_mod(pe, q_pos, k_pos, table=None):
     return score_mod
 
 
-def flex_mask(pe, q_pos, k_pos, causal, window=None, near=None) -> Mask:
-    """flex's score_mod, block mask and padding. near: keep only keys at distance < near (far scores' near keys)."""
+def flex_mask(pe, q_pos, k_pos, causal, window=None) -> Mask:
+    """flex's score_mod, block mask and padding."""
     table = bias_table(pe, q_pos, k_pos)
     q_pos, k_pos, pads = flex_positions(q_pos, k_pos)
     score_mod = None if pe.score_bias is None else bias_score_mod(pe, q_pos, k_pos, table)
     options = None if table is None else TABLE_KERNEL
-    if not (causal or pads[1] or near is not None):
+    if not (causal or pads[1]):
         return Mask(score_mod=score_mod, flex_pad=pads, kernel_options=options)
+    mask = block_mask(visible_mod(q_pos, k_pos, causal, window), q_pos, k_pos)
+    return Mask(score_mod=score_mod, block_mask=mask, flex_pad=pads, kernel_options=options)
+
+
+def visible_mod(q_pos, k_pos, causal: bool, window=None):
+    """The mask_mod over padded positions (flex_positions): keys at or before the query and inside its window or
+    chunk, or, not causal, every real key."""
 
     def mask_mod(b, h, q_idx, kv_idx):
+        if not causal:
+            return k_pos[kv_idx] < PAD_POSITION
         visible = k_pos[kv_idx] <= q_pos[q_idx]
-        if window is not None:
-            visible = visible & ~outside(window, q_pos[q_idx], k_pos[kv_idx])
-        visible = visible if causal else k_pos[kv_idx] < PAD_POSITION
-        return visible if near is None else visible & (q_pos[q_idx] - k_pos[kv_idx] < near)
+        return visible if window is None else visible & ~outside(window, q_pos[q_idx], k_pos[kv_idx])
 
-    return Mask(
-        score_mod=score_mod, block_mask=block_mask(mask_mod, q_pos, k_pos), flex_pad=pads, kernel_options=options
-    )
+    return mask_mod
 
 
 _COMPILED = {}

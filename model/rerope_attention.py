@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from positional import rerope
 
 from .attention import dot_scores, outside, sdpa, softmax_weights, weighted_values, with_nothing_slot
-from .flex import block_mask, flex_call, flex_positions, without_nothing
+from .flex import block_mask, flex_call, flex_positions, visible_mod, without_nothing
 
 
 @dataclass
@@ -111,6 +111,17 @@ def far_block_mask(q_pos, k_pos, w: int, window: int | None):
         return far if window is None else far & ~outside(window, q_pos[q_idx], k_pos[kv_idx])
 
     return block_mask(far_mod, q_pos, k_pos)
+
+
+def near_block_mask(q_pos, k_pos, w: int, window: int | None, causal: bool):
+    """flex's block mask of the near keys: what the plan shows (visible_mod), at distance d < w."""
+    q_pos, k_pos, _ = flex_positions(q_pos, k_pos)
+    visible = visible_mod(q_pos, k_pos, causal, window)
+
+    def near_mod(b, h, q_idx, kv_idx):
+        return visible(b, h, q_idx, kv_idx) & (q_pos[q_idx] - k_pos[kv_idx] < w)
+
+    return block_mask(near_mod, q_pos, k_pos)
 
 
 def split_blocks(q, k, v, plan, bias, sink=None):

@@ -7,7 +7,7 @@ builds none of this. A KV cache is made for one variant (its keys are rotated un
 changes, so variants scored in any order give the numbers each gives alone.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import partial
 
 import torch
@@ -62,9 +62,15 @@ class VariantPlan(AttnPlan):
 
     @classmethod
     def make(cls, pe, q_pos, k_pos, causal, n_head, backend="auto", sink=False, window=None, rot=None, *, far, q_scale):
-        near = None if far is None else far.window  # flex: this plan's mask keeps only the near keys
-        plan = make_plan(pe, q_pos, k_pos, causal, n_head, backend, sink, window, rot, near, cls)
-        plan.far, plan.q_scale = None if far is None else far.masked(plan), q_scale
+        keep = sink or far is not None  # far scores read the plan's mask, where plain causal attention has none
+        plan = make_plan(pe, q_pos, k_pos, causal, n_head, backend, keep, window, rot)
+        plan = cls(**{f.name: getattr(plan, f.name) for f in fields(AttnPlan)}, q_scale=q_scale)
+        if far is not None:
+            plan.far = far.masked(plan)
+            if plan.backend == "flex":  # the plan's own call keeps the near keys only
+                from .rerope_attention import near_block_mask
+
+                plan.mask = replace(plan.mask, block_mask=near_block_mask(q_pos, k_pos, far.window, window, causal))
         return plan
 
     def queries(self, q):
