@@ -226,7 +226,7 @@ def schemes() -> str:
 
 HOOKS = (  # positional/base.py's hooks, in the order a forward meets them (what each gives: base.py)
     *("embed", "prefix", "rotation", "rotate", "rotate_key", "rotated_dim", "score_bias", "layer_module"),
-    *("content_bias", "content_weights", "scaling_factors", "fit_state"),
+    *("content_bias", "content_weights", "fit_state"),
 )
 
 

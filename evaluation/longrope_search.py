@@ -29,7 +29,7 @@ from evaluation.heldout import held_out_works
 from evaluation.length import score
 from evaluation.pieces import Region, default_lengths
 from model.variant import Variant
-from positional.rope_scaling import Scaling, longrope_scale
+from positional.rope_scaling import Scaling, longrope_scale, scheme_factors
 from utils import checkpoint, checks, runtime
 from utils.errors import UserError, cli, hydra_cli
 from utils.progress import progress, say
@@ -180,7 +180,7 @@ def search(cfg: DictConfig, rt) -> dict:
         return value
 
     t0 = time.time()
-    seeds = [space.snap(pe.scaling_factors(kind, factor, train_length), space.starts[0]) for kind in SEEDS]
+    seeds = [space.snap(scheme_factors(pe, kind, factor, train_length), space.starts[0]) for kind in SEEDS]
     rng = np.random.default_rng(s.seed)
     result = evolve(seeds, fitness, space, s, rng)
     bar.close()

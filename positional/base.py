@@ -179,10 +179,6 @@ class Positional(nn.Module):
     def prefix(self) -> torch.Tensor | None:
         return None
 
-    def scaling_factors(self, kind: str, factor: float, original_length: int):
-        """A closed-form rope scaling as LongRoPE factors, one per rotated pair (the LongRoPE search starts here)."""
-        raise ValueError(f"rope scaling applies to rotary schemes, not positional={self.name}")
-
     def fit_state(self, state: dict, prefix: str) -> None:
         """Fit a saved state dict's entries under prefix to this instance's sizes, in place (init_from at another
         length: Learned resizes its table). Default: nothing depends on the length."""

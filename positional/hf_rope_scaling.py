@@ -168,7 +168,7 @@ def as_dict(hf) -> dict:
 
 def rotary_pairs(pe) -> int:
     """The pairs a rotary scheme turns per head: one longrope factor each."""
-    return len(pe.scaling_factors("none", 1.0, 2))
+    return len(rope_scaling.scheme_factors(pe, "none", 1.0, 2))
 
 
 def yarn_attention(factor: float, attention_factor, mscale, mscale_all_dim) -> float:

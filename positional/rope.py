@@ -128,9 +128,6 @@ class RoPE(Positional):
         inv_freq, pos_scale, cos_scale = scaling.frequencies(self.freq_dim(), self.base)
         return self.arrange(inv_freq).float(), pos_scale, cos_scale
 
-    def scaling_factors(self, kind, factor, original_length):
-        return rope_scaling.equivalent_factors(kind, self.freq_dim(), self.base, float(factor), int(original_length))
-
     def rotation(self, pos, scaling=None):
         """(cos, sin), each (T, Dh/2), under a Scaling (None: the one built in). An eval-time scaling replaces the
         built-in one, never composes with it."""

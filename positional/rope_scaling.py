@@ -233,6 +233,12 @@ def equivalent_factors(kind: str, head_dim: int, base: float, factor: float, ori
     return base_inv_freq(head_dim, base) / (inv_freq * pos_scale)
 
 
+def scheme_factors(pe, kind: str, factor: float, original_length: int) -> torch.Tensor:
+    """equivalent_factors for a rotary scheme (or a sink over one): one per pair it rotates (LongRoPE's search)."""
+    rope = getattr(pe, "inner", pe)
+    return equivalent_factors(kind, rope.freq_dim(), rope.base, float(factor), int(original_length))
+
+
 def refusal(key: str, kind: str, pe, trained: str | None, off: str | None = None) -> str | None:
     """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None; eval.py's and
     sample.py's wording. trained: the model's built-in positional.scaling; off: how to ask for none instead."""

@@ -68,6 +68,3 @@ class Sink(Positional):
 
     def rotated_dim(self):
         return self.inner.rotated_dim()
-
-    def scaling_factors(self, *args):
-        return self.inner.scaling_factors(*args)

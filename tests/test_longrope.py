@@ -33,7 +33,7 @@ def compose_cfg(name: str, *overrides):
 
 
 def pairs(model) -> int:
-    return len(model.pe.scaling_factors("linear", 4.0, TRAIN_LEN))
+    return len(rope_scaling.scheme_factors(model.pe, "linear", 4.0, TRAIN_LEN))
 
 
 @pytest.mark.parametrize("scheme", ["rope", "sink"])
