@@ -93,27 +93,23 @@ class AttnPlan:
         return make_plan(self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, rot)
 
 
-class Chunk(int):
-    """model.chunk=C: a query sees only its own chunk of C positions, causally (Llama 4). As an int it is C, so
-    every bound a window of C keys sets holds for it too; it never equals a window, so each has its own plan."""
+@dataclass(frozen=True, order=True)
+class Chunk:
+    """model.chunk=C: a query sees only its own chunk of C positions, causally (Llama 4). A layer's window is an int
+    W or a Chunk: never equal, so each has its own plan."""
 
-    def __eq__(self, other):
-        return isinstance(other, Chunk) and int(self) == int(other)
-
-    def __ne__(self, other):
-        return not self == other
-
-    def __hash__(self):
-        return hash((Chunk, int(self)))
-
-    def __repr__(self):
-        return f"Chunk({int(self)})"
+    size: int
 
 
-def outside(window: int, q_pos, k_pos):
+def reach(window) -> int:
+    """The most positions back a query sees, itself counted: W for a window, C for a chunk (its last position)."""
+    return window.size if isinstance(window, Chunk) else window
+
+
+def outside(window, q_pos, k_pos):
     """True where a key at or before its query is hidden: W or more back for a window W, another chunk for a Chunk."""
     if isinstance(window, Chunk):
-        return q_pos // int(window) != k_pos // int(window)  # floor division: chunks stay aligned below position 0
+        return q_pos // window.size != k_pos // window.size  # floor division: chunks stay aligned below position 0
     return q_pos - k_pos >= window
 
 
@@ -226,7 +222,7 @@ def attend_plain(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tens
 
         def block(s, e):  # queries s..e-1 see keys 0..e-1, which follow the n leading slots
             t = n + e  # and a window drops the keys before s - W + 1 too (all of them without a leading slot)
-            lo = max(0, s - plan.window + 1) if plan.window and not n else 0
+            lo = max(0, s - reach(plan.window) + 1) if plan.window and not n else 0
             return F.scaled_dot_product_attention(
                 q[:, :, s:e], k[:, :, lo:t], v[:, :, lo:t], attn_mask=mask[:, :, s:e, lo:t], enable_gqa=gqa
             )

@@ -105,7 +105,7 @@ class GPTConfig(ModelConfig):
     def head_dim(self) -> int:
         return self.d_model // self.n_head
 
-    def layer_window(self, layer: int) -> int | None:
+    def layer_window(self, layer: int) -> "int | Chunk | None":
         """model.window, or a Chunk of model.chunk, where the tiled pattern says S; else None (full attention)."""
         short = self.window_pattern[layer % len(self.window_pattern)] == "S"
         return (self.window if self.chunk is None else Chunk(self.chunk)) if short else None
@@ -119,7 +119,7 @@ class GPTConfig(ModelConfig):
         long = self.positional.get("global_base") is not None
         return long and not self.layer_nope(layer) and self.layer_window(layer) is None
 
-    def windows(self, nope: bool = False) -> list[int]:
+    def windows(self, nope: bool = False) -> list:
         """The distinct sliding windows and chunks of the scheme's layers (nope: of the N layers)."""
         layers = [i for i in range(self.n_layer) if self.layer_nope(i) == nope]
         return sorted({w for w in map(self.layer_window, layers) if w is not None})

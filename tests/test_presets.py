@@ -37,7 +37,7 @@ def layout(model: GPT) -> list[tuple]:
     rows = []
     for i, block in enumerate(model.blocks):
         pe, w = model.layer_scheme(i), block.attn.window
-        sees = "all" if w is None else f"chunk {int(w)}" if isinstance(w, Chunk) else f"window {w}"
+        sees = "all" if w is None else f"chunk {w.size}" if isinstance(w, Chunk) else f"window {w}"
         rows.append((pe.name, getattr(pe, "base", None), sees))
     return rows
 
