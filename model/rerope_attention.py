@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from positional import rerope
 
-from .attention import dot_scores, outside, sdpa, softmax_weights, weighted_values, with_nothing_slot
+from .attention import dot_scores, sdpa, softmax_weights, weighted_values, with_nothing_slot
 from .flex import block_mask, flex_call, flex_positions, visible_mod, without_nothing
 
 
@@ -73,7 +73,7 @@ class Far:
         """A copy that knows which of plan's keys take far scores, in the form plan's backend reads."""
         far, q_pos, k_pos, w = replace(self), plan.q_pos, plan.k_pos, self.window
         if plan.backend == "flex":
-            far.block_mask = far_block_mask(q_pos, k_pos, w, plan.window)
+            far.block_mask = split_block_mask(q_pos, k_pos, w, plan.window, True, far=True)
             return far
         far.mask = q_pos[:, None] - k_pos[None, :] >= w
         if plan.mask.blocks:
@@ -101,27 +101,17 @@ class Far:
         return out if sink is None else without_nothing(out, total, sink)
 
 
-def far_block_mask(q_pos, k_pos, w: int, window: int | None):
-    """flex's block mask of the far keys: d >= w >= 1 (causal, never a padded key or query), in the window or chunk."""
+def split_block_mask(q_pos, k_pos, w: int, window: int | None, causal: bool, far: bool):
+    """flex's block mask of the far keys (d >= w) or of the near ones (d < w), among those the plan shows
+    (visible_mod; a far key, at d >= w >= 1, is at or before its query and never padding)."""
     q_pos, k_pos, _ = flex_positions(q_pos, k_pos)
+    visible = visible_mod(q_pos, k_pos, causal or far, window)
 
-    def far_mod(b, h, q_idx, kv_idx):
+    def split_mod(b, h, q_idx, kv_idx):
         distance = q_pos[q_idx] - k_pos[kv_idx]
-        far = distance >= w
-        return far if window is None else far & ~outside(window, q_pos[q_idx], k_pos[kv_idx])
+        return visible(b, h, q_idx, kv_idx) & ((distance >= w) if far else (distance < w))
 
-    return block_mask(far_mod, q_pos, k_pos)
-
-
-def near_block_mask(q_pos, k_pos, w: int, window: int | None, causal: bool):
-    """flex's block mask of the near keys: what the plan shows (visible_mod), at distance d < w."""
-    q_pos, k_pos, _ = flex_positions(q_pos, k_pos)
-    visible = visible_mod(q_pos, k_pos, causal, window)
-
-    def near_mod(b, h, q_idx, kv_idx):
-        return visible(b, h, q_idx, kv_idx) & (q_pos[q_idx] - k_pos[kv_idx] < w)
-
-    return block_mask(near_mod, q_pos, k_pos)
+    return block_mask(split_mod, q_pos, k_pos)
 
 
 def split_blocks(q, k, v, plan, bias, sink=None):

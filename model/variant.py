@@ -68,9 +68,10 @@ class VariantPlan(AttnPlan):
         if far is not None:
             plan.far = far.masked(plan)
             if plan.backend == "flex":  # the plan's own call keeps the near keys only
-                from .rerope_attention import near_block_mask
+                from .rerope_attention import split_block_mask
 
-                plan.mask = replace(plan.mask, block_mask=near_block_mask(q_pos, k_pos, far.window, window, causal))
+                near = split_block_mask(q_pos, k_pos, far.window, window, causal, far=False)
+                plan.mask = replace(plan.mask, block_mask=near)
         return plan
 
     def queries(self, q):
