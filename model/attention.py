@@ -101,11 +101,6 @@ class Chunk:
     size: int
 
 
-def reach(window) -> int:
-    """The most positions back a query sees, itself counted: W for a window, C for a chunk (its last position)."""
-    return window.size if isinstance(window, Chunk) else window
-
-
 def outside(window, q_pos, k_pos):
     """True where a key at or before its query is hidden: W or more back for a window W, another chunk for a Chunk."""
     if isinstance(window, Chunk):
@@ -219,10 +214,11 @@ def attend_plain(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tens
         k, v, mask = with_nothing_slot(k, v, mask, sink.to(q.dtype), q.size(2))
         n = 1
     if plan.mask.blocks:  # keys past a block's last query are masked for all of it: leave them out
+        reach = plan.window.size if isinstance(plan.window, Chunk) else plan.window  # positions a query sees
 
         def block(s, e):  # queries s..e-1 see keys 0..e-1, which follow the n leading slots
             t = n + e  # and a window drops the keys before s - W + 1 too (all of them without a leading slot)
-            lo = max(0, s - reach(plan.window) + 1) if plan.window and not n else 0
+            lo = max(0, s - reach + 1) if plan.window and not n else 0
             return F.scaled_dot_product_attention(
                 q[:, :, s:e], k[:, :, lo:t], v[:, :, lo:t], attn_mask=mask[:, :, s:e, lo:t], enable_gqa=gqa
             )
