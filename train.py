@@ -185,6 +185,7 @@ def resume(out_dir: Path, match: dict, model, opts, scaler, parallel_mode: str, 
     """Weights, optimizer moments, loss scale and data position from out_dir's checkpoint, which must match the run."""
     ckpt = checkpoint.load(out_dir)
     checkpoint.check_resume(ckpt, match, out_dir / checkpoint.NAME)
+    checkpoint.check_weights(model, ckpt)
     runtime.load_state(model, opts, ckpt["model"], ckpt["optimizer"], parallel_mode, out_dir / checkpoint.NAME)
     if ckpt.get("scaler"):  # empty where the run had no fp16 loss scaling
         scaler.load_state_dict(ckpt["scaler"])

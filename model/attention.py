@@ -9,6 +9,7 @@ variant's plans subclass it (model/variant.py). model.sink_logit adds a learned 
 denominator (gpt-oss), exactly in every backend.
 """
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -108,6 +109,11 @@ def outside(window, q_pos, k_pos):
     return q_pos - k_pos >= window
 
 
+def hiding(window):
+    """outside() for this window, or None for full attention."""
+    return None if window is None else functools.partial(outside, window)
+
+
 def dense_bias(pe, q_pos, k_pos, causal: bool, n_head: int, window: int | None = None) -> torch.Tensor | None:
     qp, kp = q_pos[None, :, None], k_pos[None, None, :]
     bias = None
@@ -152,7 +158,7 @@ def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend="auto", sink=
     if backend == "flex":
         from .flex import flex_mask  # CUDA's backend: a CPU run never loads it
 
-        mask = flex_mask(pe, q_pos, k_pos, causal, window)
+        mask = Mask(**flex_mask(pe, q_pos, k_pos, causal, hiding(window)))
     elif backend == "sdpa" and plain:
         mask = Mask(is_causal=causal)
     else:

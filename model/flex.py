@@ -9,8 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
-from .attention import AttnPlan, Mask, outside
-
 FLEX_BLOCK = 128  # flex_attention's block size: the shortest length flex is padded to
 PAD_POSITION = 1 << 40  # padded keys sit at +PAD_POSITION, padded queries at -PAD_POSITION
 # flex backward over a bias table, head size 128: 3 stages ask 236,544 bytes of shared memory, an H100 has 232,448
@@ -22,7 +20,7 @@ def flex_length(n: int) -> int:
     return max(FLEX_BLOCK, 1 << (n - 1).bit_length())
 
 
-def flex_call(q, k, v, plan: AttnPlan, block_mask, score_mod, lse: bool = False):
+def flex_call(q, k, v, plan, block_mask, score_mod, lse: bool = False):
     """flex_attention at the padded lengths -> out (and lse) of the real query rows; blocks of padding are skipped."""
     pad_q, pad_k = plan.mask.flex_pad
     n_q = q.size(2)
@@ -46,7 +44,7 @@ def without_nothing(out, lse, sink):
     return out * torch.sigmoid(lse - sink.float()[:, None]).unsqueeze(-1).to(out.dtype)
 
 
-def attend_flex(q, k, v, plan: AttnPlan, gqa: bool, sink=None, content=None):
+def attend_flex(q, k, v, plan, gqa: bool, sink=None, content=None):
     """flex_attention under the plan's mask; a content bias reads rows clamped to the real ones (padding is masked)."""
     n_q, n_k = q.size(2), k.size(2)
     score_mod = plan.mask.score_mod
@@ -110,27 +108,27 @@ def bias_score_mod(pe, q_pos, k_pos, table=None):
     return score_mod
 
 
-def flex_mask(pe, q_pos, k_pos, causal, window=None) -> Mask:
-    """flex's score_mod, block mask and padding."""
+def flex_mask(pe, q_pos, k_pos, causal, hidden=None) -> dict:
+    """flex's score_mod, block mask and padding: the fields of model/attention.py's Mask. hidden(q_pos, k_pos): true
+    where a window or chunk hides a key at or before its query."""
     table = bias_table(pe, q_pos, k_pos)
     q_pos, k_pos, pads = flex_positions(q_pos, k_pos)
     score_mod = None if pe.score_bias is None else bias_score_mod(pe, q_pos, k_pos, table)
-    options = None if table is None else TABLE_KERNEL
-    if not (causal or pads[1]):
-        return Mask(score_mod=score_mod, flex_pad=pads, kernel_options=options)
-    mask = block_mask(visible_mod(q_pos, k_pos, causal, window), q_pos, k_pos)
-    return Mask(score_mod=score_mod, block_mask=mask, flex_pad=pads, kernel_options=options)
+    mask = {"score_mod": score_mod, "flex_pad": pads, "kernel_options": None if table is None else TABLE_KERNEL}
+    if causal or pads[1]:
+        mask["block_mask"] = block_mask(visible_mod(q_pos, k_pos, causal, hidden), q_pos, k_pos)
+    return mask
 
 
-def visible_mod(q_pos, k_pos, causal: bool, window=None):
-    """The mask_mod over padded positions (flex_positions): keys at or before the query and inside its window or
-    chunk, or, not causal, every real key."""
+def visible_mod(q_pos, k_pos, causal: bool, hidden=None):
+    """The mask_mod over padded positions (flex_positions): keys at or before the query and not hidden by its window
+    or chunk, or, not causal, every real key."""
 
     def mask_mod(b, h, q_idx, kv_idx):
         if not causal:
             return k_pos[kv_idx] < PAD_POSITION
         visible = k_pos[kv_idx] <= q_pos[q_idx]
-        return visible if window is None else visible & ~outside(window, q_pos[q_idx], k_pos[kv_idx])
+        return visible if hidden is None else visible & ~hidden(q_pos[q_idx], k_pos[kv_idx])
 
     return mask_mod
 

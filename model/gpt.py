@@ -141,6 +141,23 @@ def check_length(pos, n_tokens: int):
         raise PositionAxesError(f"positions of shape {tuple(pos.shape)} for {n_tokens} tokens: give one per token")
 
 
+def schemes(cfg: GPTConfig) -> tuple:
+    """(the scheme, NoPE for positional.layers' N layers, the scheme at positional.global_base for the full-attention
+    layers), None where no layer uses one, refusing what the scheme cannot do in this network. Built alone on the meta
+    device, they check a model config before any data is read, without building the network (utils/checks.py)."""
+    pe, pe_nope = positional.build_layers(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model, checked=True)
+    if pe.content_weights is not None:  # no softmax slot, no flex score_mod
+        if cfg.sink_logit:
+            raise ValueError(
+                f"model.sink_logit=true adds a slot to a softmax, and positional={pe.name} weighs the keys itself; "
+                f"pass model.sink_logit=false"
+            )
+        check_backend(pe, cfg.attn_backend)
+    long = any(map(cfg.layer_long, range(cfg.n_layer)))
+    pe_long = positional.build_long(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model, True) if long else None
+    return pe, pe_nope, pe_long
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig, layer_idx: int, pe=None):
         super().__init__()
@@ -235,23 +252,9 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.pe, self.pe_nope = positional.build_layers(
-            cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model, checked=True
-        )
-        if self.pe.content_weights is not None:  # no softmax slot, no flex score_mod
-            if cfg.sink_logit:
-                raise ValueError(
-                    f"model.sink_logit=true adds a slot to a softmax, and positional={self.pe.name} weighs the keys "
-                    f"itself; pass model.sink_logit=false"
-                )
-            check_backend(self.pe, cfg.attn_backend)
-        long = any(map(cfg.layer_long, range(cfg.n_layer)))
-        self.pe_long = (
-            positional.build_long(cfg.positional, cfg.n_head, cfg.head_dim, cfg.d_model, True) if long else None
-        )
+        self.pe, self.pe_nope, self.pe_long = schemes(cfg)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        schemes = [self.layer_scheme(i) for i in range(cfg.n_layer)]
-        self.blocks = nn.ModuleList(Block(cfg, i, pe) for i, pe in enumerate(schemes))
+        self.blocks = nn.ModuleList(Block(cfg, i, self.layer_scheme(i)) for i in range(cfg.n_layer))
         # each scheme's windows (True: the N layers'), found once, as plan() runs per token
         self.scheme_windows = {False: cfg.windows(False)}
         if any(map(cfg.layer_nope, range(cfg.n_layer))):

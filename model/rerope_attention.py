@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from positional import rerope
 
-from .attention import dot_scores, sdpa, softmax_weights, weighted_values, with_nothing_slot
+from .attention import dot_scores, hiding, sdpa, softmax_weights, weighted_values, with_nothing_slot
 from .flex import block_mask, flex_call, flex_positions, visible_mod, without_nothing
 
 
@@ -105,7 +105,7 @@ def split_block_mask(q_pos, k_pos, w: int, window: int | None, causal: bool, far
     """flex's block mask of the far keys (d >= w) or of the near ones (d < w), among those the plan shows
     (visible_mod; a far key, at d >= w >= 1, is at or before its query and never padding)."""
     q_pos, k_pos, _ = flex_positions(q_pos, k_pos)
-    visible = visible_mod(q_pos, k_pos, causal or far, window)
+    visible = visible_mod(q_pos, k_pos, causal or far, hiding(window))
 
     def split_mod(b, h, q_idx, kv_idx):
         distance = q_pos[q_idx] - k_pos[kv_idx]

@@ -108,13 +108,20 @@ def problem(ckpt: dict) -> str | None:
     if why := spec_problem(ckpt["tokenizer"]):
         return f"holds a tokenizer that {why}"
     try:
-        with torch.device("meta"):  # shapes only
-            model = GPT(GPTConfig(**ckpt["model_config"]))
+        GPTConfig(**ckpt["model_config"])  # its settings; the weights are checked against the model built from it
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         return f"holds a model_config that builds no model ({' '.join(str(e).split())})"
-    if why := weights_problem(model, ckpt["model"]):
-        return f"holds the weights of another model than its model_config ({model.pe.name}): {why}"
     return None
+
+
+def check_weights(model, ckpt: Checkpoint, state: dict | None = None):
+    """Refuse a checkpoint whose weights (or state, made from them) are not those of model, built from its
+    model_config: the one check that needs the network, made where a reader builds it."""
+    if why := weights_problem(model, ckpt["model"] if state is None else state):
+        raise UserError(
+            f"checkpoint {ckpt.path} holds the weights of another model than its model_config ({model.pe.name}): "
+            f"{why}; {FIX}"
+        )
 
 
 def weights_problem(model, state: dict, most: int = 3) -> str | None:
@@ -145,6 +152,7 @@ def load_model(path, device="cpu"):
     """(model in eval mode on device, checkpoint); only the weights are read from the mapped file."""
     ckpt = load(path, mmap=True)
     model = build_model(ckpt["model_config"])
+    check_weights(model, ckpt)
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), ckpt
 

@@ -3,8 +3,9 @@
 python train.py -m train.seq_len=256,0     error: train.seq_len=0 must be >= 1; ... (job 2 of 2: ...), before job 1
 python train.py out_dir=notes.txt          error: out_dir=notes.txt is a file, not a folder; ...
 preflight() walks the config (settings.problem), then what needs more than the config: the paths it names, the model
-it would build (on the meta device: no memory, no data) and the rules that read a checkpoint it names (facts). Check,
-a Hydra callback (hydra.callbacks.check in each entry point's YAML), runs it on every job of a sweep before the first.
+it would build (its schemes on the meta device: no memory, no data) and the rules that read a checkpoint it names
+(facts). Check, a Hydra callback (hydra.callbacks.check in each entry point's YAML), runs it on every job of a sweep
+before the first.
 """
 
 import copy
@@ -19,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 import positional
-from model.gpt import GPT, GPTConfig
+from model.gpt import GPTConfig, schemes
 from settings import config_type, files_problem, problem
 from utils import checkpoint
 from utils.errors import UserError, cli, compose_message
@@ -107,9 +108,10 @@ def preflight(cfg):
 
 
 def check_model(cfg):
-    """Build the model on the meta device (no memory, no time), so that every constraint its code derives (a
-    scheme's options against its class, the layer pattern, a table covering train.seq_len, and the range
-    positional.random_positions draws from) fails before data is read."""
+    """The model's config, and its schemes built on the meta device (no memory, no time; model/gpt.py schemes), so
+    that every constraint their code derives (a scheme's options against its class, the layer pattern, a table
+    covering train.seq_len, and the range positional.random_positions draws from) fails before data is read. The
+    network itself is built once, by the entry point."""
     model = json.dumps(model_config(plain(cfg), vocab_size=512), sort_keys=True)
     fit_model(model, cfg.train.seq_len, cfg.positional.get("random_positions"))
 
@@ -118,14 +120,14 @@ def check_model(cfg):
 def fit_model(model: str, seq_len: int, drawn: int | None):
     try:
         with torch.device("meta"):
-            built = GPT(GPTConfig(**json.loads(model)))
+            pe = schemes(GPTConfig(**json.loads(model)))[0]
     except NotImplementedError:  # a module that cannot be built without data: checked at its real build
         return
     except ValueError as e:  # positional/ and GPTConfig word theirs as one line naming the key
         raise UserError(str(e)) from None
-    built.pe.check_length(seq_len)
+    pe.check_length(seq_len)
     if drawn is not None:
-        built.pe.check_length(drawn)
+        pe.check_length(drawn)
 
 
 # ---- every job of a run or a sweep, before Hydra starts one ----

@@ -105,13 +105,8 @@ def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
         if isinstance(module, Positional):
             module.fit_state(state, f"{name}.")
     state.update({k: v for k, v in model.state_dict().items() if k.endswith(added)})  # WIDENING's, as built
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
-        raise UserError(
-            f"init_from={path} does not fit this run's model ({first}); pass the options it was trained with"
-        ) from None
+    checkpoint.check_weights(model, init, state)  # check_compatible passed: a difference left is init's own
+    model.load_state_dict(state)
     info = {"path": str(checkpoint.checkpoint_path(path)), "step": init["step"], "seq_len": init["seq_len"]}
     stays_nope = run["model_config"]["positional"]["name"] == "nope"
     dropped = dropped or (stays_nope and (init.get("init_from") or {}).get("dropped"))  # a DroPE model's fine-tunes
