@@ -42,21 +42,30 @@ AROUND = (
 PROJECT = ("settings", "train", "eval", "sample", *(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()))
 HARNESS = """
 import atexit, json, os, runpy, sys
+import model.gpt
+built, init = [], model.gpt.GPT.__init__
+def counted(self, *args, **kwargs):
+    built.append(1)
+    init(self, *args, **kwargs)
+model.gpt.GPT.__init__ = counted
 def report():
     with open(os.environ["LOADED"], "w") as f:
-        json.dump(sorted(sys.modules), f)
+        json.dump({"modules": sorted(sys.modules), "built": len(built)}, f)
 atexit.register(report)
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
+BUILT = {}  # entry point -> how many times its run built the network (GPT)
 
 
 def loaded(tmp_path, *args) -> set[str]:
-    """The project's modules that `python <args>` loaded."""
+    """The project's modules that `python <args>` loaded (and, in BUILT, how often it built the network)."""
     out = tmp_path / "loaded.json"
     proc = run("-c", HARNESS, *args, env={"LOADED": str(out)})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return {m for m in json.loads(out.read_text()) if m.split(".")[0] in PROJECT}
+    report = json.loads(out.read_text())
+    BUILT[args[0]] = report["built"]
+    return {m for m in report["modules"] if m.split(".")[0] in PROJECT}
 
 
 def around(modules: set[str]) -> list[str]:
@@ -99,3 +108,13 @@ def test_the_length_table_and_sampling_load_nothing_around_the_core(trained, tmp
     ):
         modules = loaded(tmp_path, *args)
         assert not around(modules), (args[0], around(modules))
+
+
+def test_each_entry_point_builds_the_network_once(trained, tmp_path):
+    """A model config is checked with its schemes alone on the meta device, and a checkpoint's weights against the
+    network its reader builds: no entry point builds the network twice (train.py, eval.py and sample.py each built it
+    two to four times, on the meta device to check it)."""
+    out, _ = trained
+    loaded(tmp_path, "eval.py", f"checkpoint={out}", "eval.lengths=[32]", "eval.tokens=64", "logger.wandb=false")
+    loaded(tmp_path, "sample.py", f"checkpoint={out}", "max_new_tokens=2", "device=cpu")
+    assert BUILT == {"train.py": 1, "eval.py": 1, "sample.py": 1}, BUILT

@@ -56,3 +56,40 @@ def test_the_walk_finds_every_layer():
     """A renamed or moved folder would leave its modules unchecked."""
     found = {layer_of(p) for p in modules()}
     assert found == RANK.keys(), sorted(RANK.keys() - found)
+
+
+def module_name(path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path, known: set[str]) -> set[str]:
+    """The project modules a file imports, by their full names (a relative import resolved in its package)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                root = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{root}.{base}".strip(".")
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    return (found & known) - {name}
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle inside a layer either (model/attention.py and model/flex.py imported each other): follow
+    every import statement, deferred ones too, from every module, and never come back to where it started."""
+    paths = {module_name(p): p for p in modules()}
+    graph = {name: imports(path, set(paths)) for name, path in paths.items()}
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            name = todo.pop()
+            assert name != start, f"{start} imports itself through {sorted(seen)}"
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph[name])
