@@ -164,6 +164,26 @@ def test_a_damaged_checkpoint_is_one_line_and_changes_nothing(damage, reader, tr
     assert snapshot(tmp_path) == before
 
 
+def test_a_checkpoint_read_once_is_read_again_when_it_changes(trained, tmp_path, capsys):
+    """An entry point's checks and its own reads share one mapped read of a checkpoint; a file written over since (a
+    run saving again, a damage) is read and checked afresh: the same bytes read twice are one read, other bytes never
+    the earlier ones."""
+    from utils import checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    first = checkpoint.load(run, mmap=True)
+    assert checkpoint.load(run, mmap=True) is first
+    ckpt = copy.deepcopy(torch.load(run / "ckpt.pt", weights_only=True))
+    ckpt["seq_len"] = 48
+    torch.save(ckpt, run / "ckpt.pt")
+    assert checkpoint.load(run, mmap=True)["seq_len"] == 48
+    other_scheme(ckpt)
+    torch.save(ckpt, run / "ckpt.pt")
+    line = refused(sample(run, tmp_path), capsys)
+    assert "the weights of another model than its model_config (rope)" in line, line
+
+
 @pytest.fixture
 def metrics_run(trained, tmp_path):
     run = tmp_path / "run"

@@ -6,6 +6,7 @@ sampling memory-map it and read only the weights. A write goes to .ckpt.pt.tmp<p
 a process killed midway leaves the old checkpoint loadable, and the next save removes the temp file.
 """
 
+import functools
 import os
 import pickle
 import shlex
@@ -16,7 +17,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 
 import settings
-from model.gpt import GPT, GPTConfig
+from model.gpt import GPT, GPTConfig, schemes
 from utils import runtime
 from utils.errors import UserError
 from utils.files import remove_stale_temps, replacing, shape_problem, spec_problem, unreadable
@@ -68,21 +69,34 @@ FIX = "restore a good copy, or train again into a new out_dir"
 
 
 class Checkpoint(dict):
-    """A loaded checkpoint: a missing key is a one-line error naming the file."""
+    """A loaded checkpoint: a missing key is a one-line error naming the file. config: its model_config, checked."""
 
-    def __init__(self, values: dict, path: Path):
+    def __init__(self, values: dict, path: Path, config: GPTConfig):
         super().__init__(values)
-        self.path = path
+        self.path, self.config = path, config
 
     def __missing__(self, key):
         raise UserError(f"checkpoint {self.path} has no {key!r} (damaged, or not written by train.py); {FIX}")
 
 
 def load(path, map_location="cpu", mmap: bool = False) -> Checkpoint:
-    """The checkpoint, checked. mmap=True reads only the tensors used (eval never reads the optimizer state)."""
+    """The checkpoint, checked. mmap=True reads only the tensors used (eval never reads the optimizer state), once per
+    process: an entry point's checks and its own reads share one read of each file as it is."""
     path = checkpoint_path(path)
     if not path.exists():
         raise UserError(f"no checkpoint at {path}; train one first (python train.py out_dir={path.parent})")
+    if mmap:
+        stat = path.stat()
+        return _mapped(str(path), stat.st_mtime_ns, stat.st_size)
+    return _read(path, map_location)
+
+
+@functools.lru_cache(maxsize=8)  # mapped: the tensors stay on disk
+def _mapped(path: str, mtime_ns: int, size: int) -> Checkpoint:
+    return _read(Path(path), "cpu", mmap=True)
+
+
+def _read(path: Path, map_location, mmap: bool = False) -> Checkpoint:
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
@@ -91,11 +105,18 @@ def load(path, map_location="cpu", mmap: bool = False) -> Checkpoint:
         raise UserError(f"{path} is not a nanopos checkpoint (version {VERSION}); train again with this version")
     if why := problem(ckpt):
         raise UserError(f"checkpoint {path} {why}; {FIX}")
-    return Checkpoint(ckpt, path)
+    try:  # its settings and schemes; the weights are checked against the model a reader builds (check_weights)
+        config = GPTConfig(**ckpt["model_config"])
+        with torch.device("meta"):
+            schemes(config)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        why = f"holds a model_config that builds no model ({' '.join(str(e).split())})"
+        raise UserError(f"checkpoint {path} {why}; {FIX}") from None
+    return Checkpoint(ckpt, path, config)
 
 
 def problem(ckpt: dict) -> str | None:
-    """What is wrong with a checkpoint's content (keys, types, tokenizer, model_config, weights), or None."""
+    """What is wrong with a checkpoint's content (keys, types, tokenizer), or None."""
     if missing := [k for k in REQUIRED if k not in ckpt]:
         return f"has no {missing[0]!r} (damaged, or not written by train.py)"
     present = {k: t for k, t in TYPES.items() if k in ckpt}
@@ -107,10 +128,6 @@ def problem(ckpt: dict) -> str | None:
         return "holds weights that are not tensors"
     if why := spec_problem(ckpt["tokenizer"]):
         return f"holds a tokenizer that {why}"
-    try:
-        GPTConfig(**ckpt["model_config"])  # its settings; the weights are checked against the model built from it
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        return f"holds a model_config that builds no model ({' '.join(str(e).split())})"
     return None
 
 
@@ -151,7 +168,7 @@ def build_model(model_config: dict) -> GPT:
 def load_model(path, device="cpu"):
     """(model in eval mode on device, checkpoint); only the weights are read from the mapped file."""
     ckpt = load(path, mmap=True)
-    model = build_model(ckpt["model_config"])
+    model = GPT(ckpt.config)
     check_weights(model, ckpt)
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), ckpt

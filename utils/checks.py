@@ -19,7 +19,6 @@ from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-import positional
 from model.gpt import GPTConfig, schemes
 from settings import config_type, files_problem, problem
 from utils import checkpoint
@@ -48,11 +47,8 @@ def facts(path) -> dict:
 @functools.lru_cache(maxsize=64)
 def _facts(path: str, mtime: int) -> tuple:
     ckpt = checkpoint.load(path, mmap=True)
-    cfg = ckpt["model_config"]
     with torch.device("meta"):
-        pe, _ = positional.build_layers(
-            cfg["positional"], cfg["n_head"], cfg["d_model"] // cfg["n_head"], cfg["d_model"]
-        )
+        pe = schemes(ckpt.config)[0]
     run = str(Path(path).parent)
     return tuple(
         dict(train_length=ckpt["seq_len"], max_positions=pe.max_positions, n_prefix=pe.n_prefix, run=run).items()
