@@ -2,6 +2,7 @@
 
 python train.py model=tiny positional=alibi
 python train.py model.qk_norm=learned model.sink_logit=true      (the options that let a head form a sink)
+python train.py model.attn_gate=true                              (a gate on each head's output, as Qwen3-Next)
 python train.py model.window=64 model.window_pattern=SSSL         (sliding windows in 3 layers of 4, as nanochat)
 python train.py positional=irope                                  (RoPE, and NoPE in every 4th layer, as Llama 4)
 python eval.py checkpoint=out/rope eval.rope_scaling=rerope       (an evaluation variant: model/variant.py)
@@ -44,6 +45,8 @@ class ModelConfig:
     attn_backend: Backend = "auto"
     qk_norm: QKNorm = "rms"
     sink_logit: bool = False  # true: a learned per-head logit for attending to nothing (gpt-oss), in every backend
+    # true: each head's output times sigmoid(x w_h), x the block's normed input (Qiu et al. 2025's headwise gate)
+    attn_gate: bool = False
     window: int | None = setting(  # W: sliding-window attention over the W most recent keys in the S layers
         None, "pass a positive window in tokens, or null for full attention", ge=1, le=2**24
     )
@@ -166,7 +169,7 @@ class Attention(nn.Module):
         self.c_k = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_v = nn.Linear(cfg.d_model, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.d_model, bias=False)
-        self.qk_norm = cfg.qk_norm
+        self.qk_norm, self.gate = cfg.qk_norm, nn.Linear(cfg.d_model, cfg.n_head, bias=False) if cfg.attn_gate else None
         if cfg.qk_norm == "learned":  # per head and dim: each head its own logit cap; ones: step 0 is qk_norm=rms
             self.q_gain = nn.Parameter(torch.ones(cfg.n_head, cfg.head_dim))
             self.k_gain = nn.Parameter(torch.ones(cfg.n_kv_head, cfg.head_dim))
@@ -178,9 +181,7 @@ class Attention(nn.Module):
 
             self.ssmax = nn.Parameter(torch.full((cfg.n_head,), SSMAX_INIT))
         self.pe_layer = None if pe is None else pe.layer_module()
-        self.window = cfg.layer_window(layer_idx)
-        self.nope = cfg.layer_nope(layer_idx)
-        self.long = cfg.layer_long(layer_idx)
+        self.window, self.nope, self.long = (f(layer_idx) for f in (cfg.layer_window, cfg.layer_nope, cfg.layer_long))
 
     def project(self, x):
         """Queries, keys (QK-normed, unrotated) and values in one matmul; the weights stay three parameters (Muon)."""
@@ -216,6 +217,8 @@ class Attention(nn.Module):
             y = content_attention(q, k, v, plan, state, self.pe_layer)
         else:
             y = attend(q, k, v, plan, self.sink, self.content(q, state, plan))
+        if self.gate is not None:  # after the softmax: a head can give out nothing without a sink to park on
+            y = y * torch.sigmoid(self.gate(x)).transpose(1, 2).to(y.dtype)[..., None]
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
     def scale_queries(self, q, plan):
@@ -271,7 +274,8 @@ class GPT(nn.Module):
         nn.init.normal_(self.wte.weight, std=1.0)
         nn.init.normal_(self.lm_head.weight, std=0.001)
         for block in self.blocks:
-            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+            # and the gate, where there is one: x w_h then spreads as a query's entries do
+            for lin in filter(None, (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc, block.attn.gate)):
                 bound = 3**0.5 * lin.in_features**-0.5  # uniform with std 1/sqrt(fan_in)
                 nn.init.uniform_(lin.weight, -bound, bound)
             nn.init.zeros_(block.attn.c_proj.weight)

@@ -1,9 +1,14 @@
-"""model.qk_norm and model.sink_logit: each changes what it should and nothing else, in every attention backend,
-decoding path and diagnostic."""
+"""model.qk_norm, model.sink_logit and model.attn_gate: each changes what it should and nothing else, in every
+attention backend, decoding path and diagnostic."""
 
 import pytest
 import torch
-from conftest import assert_same_logits_and_grads, layer_outputs_from_probs, random_model
+from conftest import (
+    assert_decoding_equals_full_forward,
+    assert_same_logits_and_grads,
+    layer_outputs_from_probs,
+    random_model,
+)
 
 from evaluation.sink_mass import attention_probs
 from model.attention import attend, make_plan, reference_attention
@@ -245,3 +250,82 @@ def test_sink_mass_counts_the_nothing_slot():
             block.attn.sink.fill_(-1e4)
     p, without = probs[0], attention_probs(model, idx)[0]  # the first layer: its input is the same
     assert torch.allclose(p / p.sum(-1, keepdim=True), without, atol=1e-6)
+
+
+# ---- attention output gate --------------------------------------------------------------------------------------
+
+
+def test_attn_gate_is_each_heads_output_times_sigmoid_of_the_normed_input():
+    """Qiu et al. 2025's headwise gate at their G1 position: Y' = Y * sigmoid(X W), X the block's normed input, Y a
+    head's attention output, before the output projection. Recomposed in float64 from the probabilities the sink
+    probe reads; a gate of all zeros halves every head's output."""
+    model, idx = random_model("rope", attn_gate=True), tokens(12)
+    seen = []
+    hooks = [b.attn.register_forward_hook(lambda m, args, out: seen.append((args[0], out))) for b in model.blocks]
+    try:
+        probs = attention_probs(model, idx)
+    finally:
+        for h in hooks:
+            h.remove()
+    for attn, p, (x, out) in zip([b.attn for b in model.blocks], probs, seen, strict=True):
+        B, T, _ = x.shape
+        x = x.double()
+        v = (x @ attn.c_v.weight.double().T).view(B, T, attn.n_kv_head, -1).transpose(1, 2)
+        y = p.double() @ v.repeat_interleave(attn.n_head // attn.n_kv_head, 1)  # (B, H, T, Dh)
+        gate = torch.sigmoid(x @ attn.gate.weight.double().T)  # (B, T, H)
+        want = (y * gate.transpose(1, 2)[..., None]).transpose(1, 2).reshape(B, T, -1) @ attn.c_proj.weight.double().T
+        assert torch.allclose(out.double(), want, atol=1e-5 * want.abs().max().item())
+    plain = GPT(GPTConfig(**{**model.cfg.__dict__, "attn_gate": False})).eval()
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and unexpected == [f"blocks.{i}.attn.gate.weight" for i in range(2)]  # one (H, D) matrix each
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.gate.weight.zero_()
+            block.attn.c_proj.weight.mul_(2)
+    assert torch.allclose(model(idx), plain(idx), atol=1e-5)  # sigmoid(0) = 1/2, made up by a doubled projection
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5", "sink", "cope"])
+def test_attn_gate_backends_agree_and_the_gate_learns(name):
+    """Every backend gives the fp32 reference's logits and gradients with the gate; the gate's gradient is not zero."""
+    reference = random_model(name, attn_backend="reference", attn_gate=True)
+    assert_same_logits_and_grads(random_model(name, attn_backend="sdpa", attn_gate=True), reference, tokens(40))
+    assert reference.blocks[0].attn.gate.weight.grad.abs().min() > 0
+    if name != "cope":  # flex's forward, run eagerly (the CPU has no flex backward); CoPE weighs keys itself
+        flex = random_model(name, attn_backend="flex", attn_gate=True)
+        with torch.no_grad():
+            assert torch.allclose(flex(tokens(40)), reference(tokens(40)), atol=2e-4)
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "sink", "learned", "fox"])
+def test_attn_gate_decoding_equals_full_forward(name):
+    """A dense cache token by token and in chunks, and the static step, give the full forward's logits: the gate reads
+    each step's own input, nothing the cache holds."""
+    assert_decoding_equals_full_forward(random_model(name, attn_gate=True), tokens(24))
+
+
+def test_attn_gate_sink_cache_equals_dense_while_it_fits():
+    model, idx = random_model("rope", attn_gate=True), tokens(11, batch=1)
+    dense_cache, sink_cache = DenseCache(model, 1, 64), SinkCache(model, 1, 3, 8)
+    with torch.no_grad():
+        dense = torch.cat([model.decode(idx[:, t : t + 1], dense_cache) for t in range(11)], dim=1)
+        sink = torch.cat([model.decode(idx[:, t : t + 1], sink_cache) for t in range(11)], dim=1)
+    assert torch.equal(dense[:, :11], sink[:, :11])
+
+
+def test_attn_gate_off_keeps_every_checkpoint_and_the_default_init():
+    """Without the flag the model has the parameters, init and logits it had (an older checkpoint has no gate); with
+    it, each block's gate is one more matrix, initialised as the query projection is (std 1/sqrt(d_model))."""
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(**SMALL))
+    torch.manual_seed(0)
+    gated = GPT(GPTConfig(**SMALL, attn_gate=True))
+    assert not any("gate" in n for n, _ in plain.named_parameters())
+    assert {n for n, _ in gated.named_parameters()} - {n for n, _ in plain.named_parameters()} == {
+        "blocks.0.attn.gate.weight",
+        "blocks.1.attn.gate.weight",
+    }
+    w = torch.cat([b.attn.gate.weight.flatten() for b in gated.blocks]).double()
+    assert abs(w.std().item() * 32**0.5 - 1) < 0.15 and w.abs().max() <= 3**0.5 / 32**0.5
+    matrices, _, _ = optim.param_groups(gated)
+    assert {id(b.attn.gate.weight) for b in gated.blocks} <= {id(p) for p in matrices}  # a block matrix: Muon's

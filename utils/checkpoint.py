@@ -178,7 +178,10 @@ def load_model(path, device="cpu"):
 
 MATCH_KEYS = ("model_config", "tokenizer", "seq_len", "bos_aligned", "optimizer_format", "data")  # a resume shares
 # options newer than some checkpoints: an older one was trained with these defaults
-OLDER = {"bos_aligned": False, "model_config": {"qk_norm": "rms", "sink_logit": False, "ssmax": False}}
+OLDER = {
+    "bos_aligned": False,
+    "model_config": {"qk_norm": "rms", "sink_logit": False, "ssmax": False, "attn_gate": False},
+}
 LOCK = ".lock"  # in out_dir while a run may write there
 
 
