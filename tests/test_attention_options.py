@@ -6,6 +6,7 @@ import torch
 from conftest import (
     assert_decoding_equals_full_forward,
     assert_same_logits_and_grads,
+    checkpoint_state,
     layer_outputs_from_probs,
     random_model,
 )
@@ -16,7 +17,7 @@ from model.fused import rms_norm
 from model.gpt import GPT, GPTConfig
 from model.kv_cache import DenseCache, SinkCache
 from model.static_decode import StaticDecoder
-from utils import optim
+from utils import checkpoint, optim
 
 SMALL = dict(vocab_size=97, n_layer=2, n_head=4, n_kv_head=2, d_model=32)
 
@@ -329,3 +330,11 @@ def test_attn_gate_off_keeps_every_checkpoint_and_the_default_init():
     assert abs(w.std().item() * 32**0.5 - 1) < 0.15 and w.abs().max() <= 3**0.5 / 32**0.5
     matrices, _, _ = optim.param_groups(gated)
     assert {id(b.attn.gate.weight) for b in gated.blocks} <= {id(p) for p in matrices}  # a block matrix: Muon's
+
+
+def test_attn_gate_saves_and_loads_to_the_same_logits(tmp_path):
+    """A gated model's checkpoint builds a gated model (its config says so) with the same logits."""
+    model = random_model("alibi", attn_gate=True)
+    checkpoint.save(tmp_path / "ckpt.pt", checkpoint_state(model))
+    loaded, _ = checkpoint.load_model(tmp_path)
+    assert loaded.cfg.attn_gate and torch.equal(loaded(tokens()), model(tokens()))
