@@ -254,6 +254,27 @@ def test_prope_keeps_ropes_highest_frequencies_and_stops_the_lowest():
     assert torch.equal(full.rotate(x, pos), rope.rotate(x, pos))
 
 
+@pytest.mark.parametrize("head_dim,base,length", [(32, 10000.0, 256), (64, 10000.0, 1024), (16, 500.0, 64)])
+def test_hope_rotates_the_pairs_that_turn_a_full_period_within_the_training_length(head_dim, base, length):
+    """HoPE's cut (as DaRoPE states it): pair j rotates at RoPE's theta_j = base^(-2j/d) where 2 pi / theta_j <= L, and
+    is the identity (cos 1, sin 0) elsewhere; the kept pairs' scores are RoPE's, at any distance."""
+    hope = positional.build({"name": "hope", "base": base, "train_length": length}, 2, head_dim, 2 * head_dim)
+    rope = RoPE(2, head_dim, 2 * head_dim, base=base)
+    theta = [base ** (-2 * j / head_dim) for j in range(head_dim // 2)]
+    kept = [j for j, t in enumerate(theta) if 2 * math.pi / t <= length]
+    assert kept == list(range(len(kept))) and 0 < len(kept) < head_dim // 2  # the fastest ones, a prefix
+    assert hope.n_rotated == len(kept)
+    pos = torch.tensor([0, 1, 7, length - 1, 16 * length, 10**5])
+    cos, sin = hope.rotation(pos)
+    rope_cos, rope_sin = rope.rotation(pos)
+    still = [j for j in range(head_dim // 2) if j not in kept]
+    assert (cos[:, still] == 1).all() and (sin[:, still] == 0).all()
+    assert torch.allclose(cos[:, kept], rope_cos[:, kept], atol=1e-6)
+    assert torch.allclose(sin[:, kept], rope_sin[:, kept], atol=1e-6)
+    with pytest.raises(ValueError, match="positional.train_length=6: no pair turns a full period"):
+        positional.build({"name": "hope", "train_length": 6}, 2, head_dim, 2 * head_dim)
+
+
 def test_xpos_score_is_rope_times_a_per_pair_decay_of_the_distance():
     """q at n, k at m: pair i's RoPE score times zeta_i^((n - m)/512), zeta_i = (2i/16 + 0.4)/1.4; so it depends on
     n - m alone, also at positions 30000 apart (inside the fp32 range the docstring states)."""
