@@ -32,14 +32,11 @@ class HoPE(PRoPE):
     Options = HoPEOptions
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, train_length: int = 256, scaling=None):
-        self.train_length = int(train_length)  # 256: the default train.seq_len, for a spec built in code
-        kept = sum(base ** (-j / (head_dim // 2)) >= 2 * math.pi / self.train_length for j in range(head_dim // 2))
+        # train_length 256: the default train.seq_len, for a spec built in code
+        kept = sum(base ** (-j / (head_dim // 2)) >= 2 * math.pi / train_length for j in range(head_dim // 2))
         if kept == 0:
             raise ValueError(
                 f"positional.train_length={train_length}: no pair turns a full period within it (the fastest takes "
                 f"{2 * math.pi:.2f} positions); pass a longer length"
             )
         super().__init__(n_head, head_dim, d_model, base, kept / (head_dim // 2), scaling)
-
-    def extra_repr(self):
-        return f"train_length={self.train_length}, rotating pairs={self.n_rotated}, " + super().extra_repr()

@@ -69,11 +69,12 @@ FIX = "restore a good copy, or train again into a new out_dir"
 
 
 class Checkpoint(dict):
-    """A loaded checkpoint: a missing key is a one-line error naming the file. config: its model_config, checked."""
+    """A loaded checkpoint: a missing key is a one-line error naming the file. config: its model_config, checked;
+    scheme: its positional scheme, built on the meta device (what the rules that read a checkpoint ask of it)."""
 
-    def __init__(self, values: dict, path: Path, config: GPTConfig):
+    def __init__(self, values: dict, path: Path, config: GPTConfig, scheme):
         super().__init__(values)
-        self.path, self.config = path, config
+        self.path, self.config, self.scheme = path, config, scheme
 
     def __missing__(self, key):
         raise UserError(f"checkpoint {self.path} has no {key!r} (damaged, or not written by train.py); {FIX}")
@@ -108,11 +109,11 @@ def _read(path: Path, map_location, mmap: bool = False) -> Checkpoint:
     try:  # its settings and schemes; the weights are checked against the model a reader builds (check_weights)
         config = GPTConfig(**ckpt["model_config"])
         with torch.device("meta"):
-            schemes(config)
+            scheme = schemes(config)[0]
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         why = f"holds a model_config that builds no model ({' '.join(str(e).split())})"
         raise UserError(f"checkpoint {path} {why}; {FIX}") from None
-    return Checkpoint(ckpt, path, config)
+    return Checkpoint(ckpt, path, config, scheme)
 
 
 def problem(ckpt: dict) -> str | None:

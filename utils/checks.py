@@ -39,19 +39,11 @@ PASSED: set[str] = set()  # the configs (as YAML) preflight passed in this proce
 def facts(path) -> dict:
     """What the rules that need a checkpoint read of it (Rule.needs): its training length, its learned table's size
     (None: unbounded), its learned sink tokens, and the run folder, for the message. The file is mapped, and the
-    scheme built on the meta device: no weights are read."""
-    path = checkpoint.checkpoint_path(path)
-    return dict(_facts(str(path), path.stat().st_mtime_ns))
-
-
-@functools.lru_cache(maxsize=64)
-def _facts(path: str, mtime: int) -> tuple:
+    scheme built on the meta device (checkpoint.load): no weights are read."""
     ckpt = checkpoint.load(path, mmap=True)
-    with torch.device("meta"):
-        pe = schemes(ckpt.config)[0]
-    run = str(Path(path).parent)
-    return tuple(
-        dict(train_length=ckpt["seq_len"], max_positions=pe.max_positions, n_prefix=pe.n_prefix, run=run).items()
+    pe = ckpt.scheme
+    return dict(
+        train_length=ckpt["seq_len"], max_positions=pe.max_positions, n_prefix=pe.n_prefix, run=str(ckpt.path.parent)
     )
 
 
