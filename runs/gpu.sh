@@ -4,7 +4,8 @@
 #
 #   tests    pytest tests/test_cuda.py (the CUDA paths against the fp32 reference) and flex's gradient check, 8 workers
 #   bench    bench/train_bench.py: every scheme, model=d12, T=1024 and 4096, bf16 + compile (SCHEMES, SEQ to narrow;
-#            STEPS timed steps after WARMUP, default 20 after 3)
+#            STEPS timed steps after WARMUP, default 20 after 3; SET: each scheme's overrides, '|' between schemes,
+#            e.g. SCHEMES=rope,t5 SET='|model.attn_backend=sdpa')
 #   long     bench/train_bench.py --seq 8192 --eval-len 32768: every scheme trains at 8K and evaluates at 32K
 #   decode   bench/decode_bench.py, d12, batch 1: the compiled step (CUDA graphs) through the sink cache to TOKENS
 #            (default 1000 10000 100000) and the dense cache to 10,000
@@ -47,6 +48,8 @@ read -r -a seqs <<< "${SEQ:-1024 4096}"
 read -r -a tokens <<< "${TOKENS:-1000 10000 100000}"
 schemes=()
 [ -n "${SCHEMES:-}" ] && schemes=(--schemes "$SCHEMES")
+sets=()
+if [ -n "${SET:-}" ]; then IFS='|' read -r -a sets <<< "$SET"; sets=(--set "${sets[@]}"); fi
 
 limited() {  # a command, stopped after LIMIT seconds where LIMIT is set
   if [ -n "${LIMIT:-}" ]; then timeout -s INT -k 20 "$LIMIT" "$@"; else "$@"; fi
@@ -56,9 +59,10 @@ phase() {
   case "$1" in
     tests) limited "$PY" -m pytest -q -rs -n 8 --durations=12 tests/test_cuda.py tests/test_flex_gradients.py \
       tests/test_rerope.py::test_cuda_flex_agrees_in_bf16 ;;
-    bench) limited "$PY" bench/train_bench.py --model d12 --seq "${seqs[@]}" "${schemes[@]}" \
+    bench) limited "$PY" bench/train_bench.py --model d12 --seq "${seqs[@]}" "${schemes[@]}" "${sets[@]}" \
       --steps "${STEPS:-20}" --warmup "${WARMUP:-3}" ;;
-    long) limited "$PY" bench/train_bench.py --model d12 --seq 8192 --eval-len 32768 --steps 5 "${schemes[@]}" ;;
+    long) limited "$PY" bench/train_bench.py --model d12 --seq 8192 --eval-len 32768 --steps 5 "${schemes[@]}" \
+      "${sets[@]}" ;;
     decode)
       limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --tokens "${tokens[@]}" \
         --dense-limit 10000 --static-only ;;
@@ -71,13 +75,13 @@ phase() {
       limited "$PY" eval.py checkpoint=out/gpu-d12 logger.wandb=false
       cp out/gpu-d12/metrics.jsonl out/gpu-d12/eval/length.* "$OUT/" ;;
     profile)
-      limited "$PY" bench/train_bench.py --model d12 --seq 1024 --schemes "${SCHEMES:-rope,t5,fox}" --steps 3 \
-        --warmup 2 --profile 3 --no-record
+      limited "$PY" bench/train_bench.py --model d12 --seq 1024 --schemes "${SCHEMES:-rope,t5,fox}" "${sets[@]}" \
+        --steps 3 --warmup 2 --profile 3 --no-record
       limited "$PY" bench/decode_bench.py --model d12 --vocab 50304 --train-len 1024 --static-only --profile 50 ;;
   esac
 }
 
-echo "OUT=$OUT LIMIT=${LIMIT:-} SEQ=\"${seqs[*]}\" STEPS=${STEPS:-20} WARMUP=${WARMUP:-3} SCHEMES=${SCHEMES:-}" \
+echo "OUT=$OUT LIMIT=${LIMIT:-} SEQ=\"${seqs[*]}\" STEPS=${STEPS:-20} WARMUP=${WARMUP:-3} SCHEMES=${SCHEMES:-} SET=${SET:-}" \
   "TOKENS=\"${tokens[*]}\" MINUTES=${MINUTES:-7} bash runs/gpu.sh $*   # $(date -u +%F)," \
   "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> "$OUT/commands.txt"
 failed=()
