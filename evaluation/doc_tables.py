@@ -164,55 +164,55 @@ def extension() -> str:
 
 STUDIES = ("study", "study-breadth", "study-content", "study-presets")  # where the scheme table finds each row
 ON_GRIDS = ("rope2d", "mrope")  # measured on data=grids alone (dev/LOG.md), not in a length study
-PRESETS = {  # a preset of configs/ -> (what it does, its group label in its study)
-    "irope": ("iRoPE: RoPE, and NoPE with a length temperature in every 4th layer (Llama 4)", "rope/PPPN"),
-    "experiment=rnope_swa": (
-        "RNoPE-SWA (Command A): 3 RoPE layers in windows of 64, 1 global NoPE layer",
-        "rope/PPPN [model.chunk=None, model.window=64, positional.attn_scale=None, positional.floor_scale=None]",
-    ),
-    "experiment=gemma3": (
-        "Gemma 3, 6 layers (every other row 4): 5 RoPE layers in windows of 64, 1 global RoPE layer at base 10^6",
-        "rope [model.n_layer=6, model.window=64, model.window_pattern=SSSSSL, positional.global_base=1000000.0]",
-    ),
-    "experiment=llama4": (
-        "Llama 4: 3 RoPE layers (base 10^4; Llama 4's 5 x 10^5) in chunks of 64, 1 global NoPE layer with iRoPE's "
-        "temperature",
-        "rope/PPPN [model.chunk=64, model.window=None, positional.attn_scale=0.1, positional.floor_scale=256.0]",
-    ),
-}
 
 
-def measured_in(label: str) -> str | None:
-    """The first study whose comparison holds a group of this label."""
-    return next(
-        (s for s in STUDIES if any(g["label"] == label for g in load(f"{s}/eval/compare.json")["groups"])), None
-    )
+def presets() -> list[tuple[str, str, str]]:
+    """(how it is picked, what it does, its tag): every YAML of configs/ with a `# preset:` line, which says what it
+    does; a study's runs of it sit in folders named <scheme>-<tag>-s<seed> (runs/study.sh TAG=) or <tag>-s<seed>."""
+    found = []
+    for path in sorted((ROOT / "configs").glob("*/*.yaml")):
+        about = [line[len("# preset:") :].strip() for line in path.read_text().splitlines() if "# preset:" in line]
+        if about:
+            pick = f"experiment={path.stem}" if path.parent.name == "experiment" else path.stem
+            found.append((pick, about[0], path.stem))
+    return found
 
 
-def scheme_rows() -> list[tuple[str, str, str | None]]:
+def measured_in(label: str | None = None, tag: str | None = None) -> tuple[str, str] | None:
+    """(the first study whose comparison holds a group of this label, or of runs of this preset tag, the group's
+    label), or None."""
+    for study in STUDIES:
+        for g in load(f"{study}/eval/compare.json")["groups"]:
+            run = re.sub(r"-s\d+$", "", Path(g["runs"][0]).parent.name)
+            if g["label"] == label or tag and (run == tag or run.endswith(f"-{tag}")):
+                return study, g["label"]
+    return None
+
+
+def scheme_rows() -> list[tuple[str, str, tuple[str, str] | None]]:
     """(`positional=` or the preset, what it does, the study that measured it): every scheme of positional/, then the
     presets, in the order of the studies that measured them."""
     import positional
 
     rows = [(n, positional.SCHEMES[n].about, measured_in(n)) for n in positional.names()]
-    rows += [(p, about, measured_in(label)) for p, (about, label) in PRESETS.items()]
+    rows += [(pick, about, measured_in(tag=tag)) for pick, about, tag in presets()]
     order = {s: i for i, s in enumerate(STUDIES)}
-    return sorted(rows, key=lambda r: order.get(r[2], len(STUDIES) + (r[0] not in ON_GRIDS)))
+    return sorted(rows, key=lambda r: order.get(r[2] and r[2][0], len(STUDIES) + (r[0] not in ON_GRIDS)))
 
 
 def schemes() -> str:
     head = ["`positional=` (or a preset)", "what it does", "ppl at 256 → 4096"]
     body = []
-    for name, what, study in scheme_rows():
-        label = PRESETS[name][1] if name in PRESETS else name
-        if study is None:
+    for name, what, found in scheme_rows():
+        if found is None:
             measured = "on grids only" if name in ON_GRIDS else "not measured"
         else:
+            study, label = found
             table = cells(study)
             short, long = (table.get((label, "none", n, "nonoverlap")) for n in (256, 4096))
             measured = f"{short['ppl']:.1f} → " + (f"{long['ppl']:.1f}" if long and long["ppl"] else "n/a")
         body.append([f"`{name}`", what, measured])
-    studies = [f"`results/{s}`" for s in dict.fromkeys(s for *_, s in scheme_rows() if s)]
+    studies = [f"`results/{s}`" for s in dict.fromkeys(found[0] for *_, found in scheme_rows() if found)]
     return "\n".join(
         markdown(head, body, text_columns=2)
         + [

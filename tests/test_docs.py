@@ -333,7 +333,22 @@ def test_the_scheme_table_finds_every_scheme_in_its_own_file():
     for name in positional.names():
         assert positional.SCHEMES[name].__dict__.get("about"), f"positional/{name}.py says nothing in about"
         assert rows[name][0] == positional.SCHEMES[name].about
-    assert rows["t5"][1] == "study" and rows["fire"][1] == "study-breadth" and rows["sinusoidal3d"][1] is None
+    assert rows["t5"][1] == ("study", "t5") and rows["fire"][1] == ("study-breadth", "fire")
+    assert rows["sinusoidal3d"][1] is None
+
+
+def test_the_scheme_table_finds_every_preset_in_its_own_yaml():
+    """A preset says what it does in its YAML's `# preset:` line, and is measured where a study holds runs of its tag:
+    a new preset is one YAML, in the table without an edit anywhere else."""
+    rows = {name: (about, found) for name, about, found in doc_tables.scheme_rows()}
+    yamls = [p for p in (ROOT / "configs").glob("*/*.yaml") if "# preset:" in p.read_text()]
+    assert {"gemma3", "llama4", "rnope_swa", "irope"} <= {p.stem for p in yamls}
+    for path in yamls:
+        pick = f"experiment={path.stem}" if path.parent.name == "experiment" else path.stem
+        assert rows[pick][0] and rows[pick][0] in path.read_text()
+    assert rows["experiment=gemma3"][1][0] == "study-presets"
+    assert rows["experiment=gemma3"][1][1].startswith("rope [model.n_layer=6")
+    assert rows["irope"][1][1].startswith("rope/PPPN")
 
 
 def test_every_hook_of_the_interface_is_listed_and_given_by_a_scheme():
