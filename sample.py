@@ -25,7 +25,7 @@ from data import tokenizer
 from evaluation import longrope
 from model.kv_cache import CacheError, build_cache, cache_sizes, generate, hold_matrices
 from model.variant import Variant
-from positional import hf_rope_scaling, rerope
+from positional import dca, hf_rope_scaling, rerope
 from positional.rope_scaling import SEARCHED, Scaling, refusal
 from utils import checkpoint, checks, runtime
 from utils.errors import UserError, cli, hydra_cli
@@ -91,10 +91,12 @@ def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
     if kind in SEARCHED:
         run_dir = checkpoint.checkpoint_path(cfg.checkpoint).parent
         return Variant(longrope.scaling(longrope.load(run_dir, length / train_length, train_length, "rope_scaling")))
-    far = {}
+    split = {}
     if kind in rerope.KINDS:
-        far = {"window": cfg.rerope_window, "leak": None if cfg.rerope_leak == "auto" else float(cfg.rerope_leak)}
-    return Variant(Scaling(kind, length / train_length, train_length, **far))
+        split = {"window": cfg.rerope_window, "leak": None if cfg.rerope_leak == "auto" else float(cfg.rerope_leak)}
+    if kind in dca.KINDS:
+        split = {"chunk": cfg.dca_chunk, "window": cfg.dca_local}
+    return Variant(Scaling(kind, length / train_length, train_length, **split))
 
 
 def sample(cfg: DictConfig):

@@ -25,6 +25,7 @@ VARIANT_STYLE = {  # a line style per RoPE extension, so a variant reads the sam
     "longrope": (0, (8, 2)),
     "rerope": (0, (3, 1, 1, 1, 1, 1)),
     "leaky_rerope": (0, (1, 1)),
+    "dca": (0, (6, 2, 1, 2)),
 }
 MODES = ("nonoverlap", "sliding")  # a panel each
 COLOURS = [f"C{i}" for i in range(10)] + ["black", "darkgoldenrod", "lightskyblue", "lime"]

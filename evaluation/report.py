@@ -100,10 +100,12 @@ def binned(by_position, count, min_samples: int = 32) -> list[tuple[int, float]]
 
 
 def model_label(result: dict) -> str:
-    """The scheme, an eval-time extension, a non-default QK-norm: rope + rerope (w 128), rope (qk_norm=learned)."""
+    """The scheme, an eval-time extension, a non-default QK-norm: rope + rerope (w 128), rope + dca (S 192, w 32),
+    rope (qk_norm=learned)."""
     variant, qk_norm = result.get("variant", "none"), result.get("qk_norm", "rms")
-    window = next((r["window"] for r in result["results"] if r.get("window")), None)
-    extension = "" if variant == "none" else f" + {variant}" + (f" (w {window})" if window else "")
+    first = next((r for r in result["results"] if r.get("window")), {})
+    sizes = ", ".join(f"{k} {first[key]}" for k, key in (("S", "chunk"), ("w", "window")) if first.get(key))
+    extension = "" if variant == "none" else f" + {variant}" + (f" ({sizes})" if sizes else "")
     return result["scheme"] + extension + ("" if qk_norm == "rms" else f" (qk_norm={qk_norm})")
 
 

@@ -1,6 +1,6 @@
 """Which evaluation variants a checkpoint is scored under, each a value (model/variant.py) for every cell.
 
-python eval.py checkpoint=out/rope eval.rope_scaling=all eval.rerope=true eval.log_scaling=true
+python eval.py checkpoint=out/rope eval.rope_scaling=all eval.rerope=true eval.dca=true eval.log_scaling=true
 python eval.py checkpoint=out/rope-passkey-256 eval.mode=passkey eval.rope_scaling=rerope
 The length table (evaluation/length.py) and passkey mode (evaluation/passkey.py) score the list plan_variants gives,
 and at(variant, length) is the Variant a cell passes into the forward.
@@ -11,7 +11,7 @@ import torch
 from evaluation import longrope, report
 from evaluation.pieces import read_span
 from model.variant import AS_TRAINED, Variant
-from positional import hf_rope_scaling, rerope
+from positional import dca, hf_rope_scaling, rerope
 from positional.rope_scaling import KINDS, SEARCHED, Scaling, refusal
 from utils import checkpoint
 from utils.errors import UserError
@@ -57,16 +57,16 @@ def with_searched(variants: list[str], requested: str, path, factors: list[float
     return variants + list(SEARCHED)
 
 
-def with_rerope(variants: list[str], requested: bool, pe, trained: str | None) -> list[str]:
-    """Add rerope and leaky_rerope when asked for (eval.rerope=true; `all` leaves them out for their cost); a model they
-    cannot apply to gets a note and no rows."""
+def with_splits(variants: list[str], requested: bool, kinds: tuple, key: str, pe, trained: str | None) -> list[str]:
+    """Add a split's kinds when asked for (eval.rerope=true: rerope and leaky_rerope; eval.dca=true: dca; `all` leaves
+    them out for their cost); a model they cannot apply to gets a note and no rows."""
     if not requested:
         return variants
     if trained or not pe.rotary:
         why = f"trained with positional.scaling={trained}" if trained else f"{pe.name} has no rotation"
-        say(f"note: eval.rerope=true adds no rows: {why}")
+        say(f"note: {key}=true adds no rows: {why}")
         return variants
-    return variants + [k for k in rerope.KINDS if k not in variants]
+    return variants + [k for k in kinds if k not in variants]
 
 
 def with_hf(variants: list[str], hf, pe, trained: str | None) -> list[str]:
@@ -128,7 +128,8 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
         return length / train_length if ev.rope_factor == "auto" else float(ev.rope_factor)
 
     variants = with_searched(variants, ev.rope_scaling, path, [factor_of(n) for n in lengths])
-    variants = with_rerope(variants, ev.rerope, pe, trained)
+    variants = with_splits(variants, ev.rerope, rerope.KINDS, "eval.rerope", pe, trained)
+    variants = with_splits(variants, ev.dca, dca.KINDS, "eval.dca", pe, trained)
     variants = with_hf(variants, ev.hf_rope_scaling, pe, trained)
     searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
     given = hf_rope_scaling.given(ev.hf_rope_scaling)
@@ -146,11 +147,14 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
             return Variant(hf[length]), {}
         if (variant, length) in searched:
             return Variant(longrope.scaling(searched[variant, length])), {}
-        far = {"window": ev.rerope_window, "leak": leak} if variant in rerope.KINDS else {}
-        scaling = Scaling(variant, factor_of(length), train_length, **far)
+        split = {"window": ev.rerope_window, "leak": leak} if variant in rerope.KINDS else {}
+        split = {"chunk": ev.dca_chunk, "window": ev.dca_local} if variant in dca.KINDS else split
+        scaling = Scaling(variant, factor_of(length), train_length, **split)
         row = {}
-        if scaling.far:  # this cell's w and k (positional/rerope.py); rerope's k = inf is recorded as null
+        if variant in rerope.KINDS:  # this cell's w and k (positional/rerope.py); rerope's k = inf is recorded as null
             row = {"window": scaling.window, "leak": None if variant == "rerope" else round(scaling.leak, 4)}
+        if variant in dca.KINDS:  # its S and w (positional/dca.py)
+            row = {"chunk": scaling.chunk, "window": scaling.window}
         return Variant(scaling), row
 
     return variants, searched, at

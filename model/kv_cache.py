@@ -55,8 +55,8 @@ class _Cache:
         device = device or model.lm_head.weight.device
         dtype = dtype or model.lm_head.weight.dtype
         shape = (cfg.n_layer if n_layer is None else n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
-        far = variant is not None and variant.far
-        key_dim = cfg.head_dim if self.raw_keys else model.pe.rotated_dim() * (2 if far else 1)  # PoPE: wider
+        parts = 0 if variant is None else variant.parts  # a split's rotations beside the own (ReRoPE, DCA)
+        key_dim = cfg.head_dim if self.raw_keys else model.pe.rotated_dim() * (1 + parts)  # PoPE: wider
         self.k = torch.zeros(shape[:-1] + (key_dim,), dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         state = (cfg.n_layer, batch_size, model.pe.state_dim, capacity)  # fp32: FoX sums it over the whole cache
@@ -94,8 +94,9 @@ class _Cache:
 
 
 class DenseCache(_Cache):
-    """Every token kept, its key rotated once, as its position never changes. Under far scores (ReRoPE) near and far
-    rotations side by side: 1.5x the memory, as re-rotating every key per step would cost as much as attending to it.
+    """Every token kept, its key rotated once, as its position never changes. Under a split (ReRoPE, DCA) each of its
+    rotations side by side (ReRoPE: 1.5x the memory, DCA 2x), as re-rotating every key per step would cost as much as
+    attending to it.
     A window layer keeps a ring of its W most recent keys (C for a chunk), masked to the window."""
 
     def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None, variant=None):

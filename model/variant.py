@@ -1,7 +1,7 @@
 """An evaluation variant of a trained model: a value passed into its forward, never set on the model.
 
 python eval.py checkpoint=out/rope eval.rope_scaling=all eval.log_scaling=true   (one Variant per row and length)
-python sample.py checkpoint=out/rope rope_scaling=rerope                          (a KV cache holds its Variant)
+python sample.py checkpoint=out/rope rope_scaling=dca                             (a KV cache holds its Variant)
 A variant gives each scheme's layers their rotation and plans (hooks, called by GPT.plan): the model as trained
 builds none of this. A KV cache is made for one variant (its keys are rotated under it). Nothing on the model
 changes, so variants scored in any order give the numbers each gives alone.
@@ -27,26 +27,29 @@ class Variant:
             raise ValueError(f"log scaling needs a training length of at least 2 tokens, got {self.log_length}")
 
     @property
-    def far(self) -> bool:
-        """Whether keys past a window score through a second rotation (ReRoPE: positional/rerope.py)."""
-        return self.scaling is not None and self.scaling.far is not None
+    def parts(self) -> int:
+        """How many rotations past the scheme's own each query and key gets (ReRoPE 1, DCA 2: split_attention.py)."""
+        split = None if self.scaling is None else self.scaling.split
+        return 0 if split is None else split.parts
 
     def hooks(self, pe, q_pos, k_pos, nope: bool):
         """(rotation, make_plan) for a scheme's layers: the scaled rotation, and plans that carry the queries'
-        log-length factor and ReRoPE's far scores (the N layers keep their own rotation and take the factor alone)."""
-        q_scale = far = None
+        log-length factor and a split's other rotations (the N layers keep their own rotation and take the factor
+        alone)."""
+        q_scale = parts = None
         if self.log_length is not None:
             from .log_scaling import log_length_factor
 
             q_scale = log_length_factor(q_pos, self.log_length)
-        if not nope and self.far:
-            from .rerope_attention import Far
+        rotation = pe.rotation if nope else partial(pe.rotation, scaling=self.scaling)
+        if not nope and self.parts:
+            from .split_attention import Parts
 
             if pe.content_bias is not None:
-                raise ValueError(f"far scores (rope scaling {self.scaling.kind}) read no content bias ({pe.name})")
-            far = Far.at(pe, q_pos, k_pos, self.scaling)
-        rotation = pe.rotation if nope else partial(pe.rotation, scaling=self.scaling)
-        return rotation, partial(VariantPlan.make, far=far, q_scale=q_scale)
+                raise ValueError(f"rope scaling {self.scaling.kind} scores no content bias ({pe.name})")
+            parts, main = Parts.at(pe, q_pos, k_pos, self.scaling), self.scaling.split.main
+            rotation = lambda pos: pe.rotation(main(pos), self.scaling)  # noqa: E731  (DCA: j mod c)
+        return rotation, partial(VariantPlan.make, parts=parts, q_scale=q_scale)
 
 
 AS_TRAINED = Variant()
@@ -54,50 +57,51 @@ AS_TRAINED = Variant()
 
 @dataclass
 class VariantPlan(AttnPlan):
-    """A plan whose queries carry the log-length factor, and whose far keys (ReRoPE) score through a second
-    rotation: queries() and keys() return [near | far] side by side."""
+    """A plan whose queries carry the log-length factor, and whose keys score through the rotation their split part
+    selects (ReRoPE, DCA): queries() and keys() return [own | part 1 | ...] side by side."""
 
     q_scale: torch.Tensor | None = None  # (Tq, 1) log-length factor of the queries (model/log_scaling.py)
-    far: object = None  # model/rerope_attention.py Far
+    parts: object = None  # model/split_attention.py Parts
 
     @classmethod
-    def make(cls, pe, q_pos, k_pos, causal, n_head, backend="auto", sink=False, window=None, rot=None, *, far, q_scale):
-        keep = sink or far is not None  # far scores read the plan's mask, where plain causal attention has none
+    def make(cls, pe, q_pos, k_pos, causal, n_head, backend="auto", sink=False, window=None, rot=None, *, parts,
+             q_scale):  # fmt: skip
+        keep = sink or parts is not None  # a split reads the plan's mask, where plain causal attention has none
         plan = make_plan(pe, q_pos, k_pos, causal, n_head, backend, keep, window, rot)
         plan = cls(**{f.name: getattr(plan, f.name) for f in fields(AttnPlan)}, q_scale=q_scale)
-        if far is not None:
-            plan.far = far.masked(plan)
-            if plan.backend == "flex":  # the plan's own call keeps the near keys only
-                from .rerope_attention import split_block_mask
+        if parts is not None:
+            plan.parts = parts.masked(plan)
+            if plan.backend == "flex":  # the plan's own call keeps part 0's keys only
+                from .split_attention import part_block_mask
 
-                near = split_block_mask(q_pos, k_pos, far.window, window, causal, far=False)
-                plan.mask = replace(plan.mask, block_mask=near)
+                own = part_block_mask(q_pos, k_pos, parts.split, 0, window, causal)
+                plan.mask = replace(plan.mask, block_mask=own)
         return plan
 
     def queries(self, q):
         out = super().queries(q)
-        return out if self.far is None else torch.cat((out, self.far.queries(self.pe, q)), dim=-1)
+        return out if self.parts is None else torch.cat((out, *self.parts.queries(self.pe, q)), dim=-1)
 
     def query_scale(self, ssmax):
-        learned = super().query_scale(ssmax)  # one factor on the near and far queries alike
+        learned = super().query_scale(ssmax)  # one factor on every part's queries alike
         if self.q_scale is None:
             return learned
         return self.q_scale if learned is None else learned * self.q_scale
 
     def keys(self, k):
-        near = super().keys(k)
-        return near if self.far is None else torch.cat((near, self.far.keys(self.pe, k)), dim=-1)
+        own = super().keys(k)
+        return own if self.parts is None else torch.cat((own, *self.parts.keys(self.pe, k)), dim=-1)
 
     def new_keys(self, k):
-        near = super().new_keys(k)
-        return near if self.far is None else torch.cat((near, self.far.new_keys(self.pe, k)), dim=-1)
+        own = super().new_keys(k)
+        return own if self.parts is None else torch.cat((own, *self.parts.new_keys(self.pe, k)), dim=-1)
 
     def attend(self, q, k, v, sink=None, content=None):
-        if self.far is None:
+        if self.parts is None:
             return super().attend(q, k, v, sink, content)
-        return self.far.attend(q, k, v, self, self.mask.bias, sink)  # hooks() refused a content bias
+        return self.parts.attend(q, k, v, self, self.mask.bias, sink)  # hooks() refused a content bias
 
     def remade(self, k_pos, n_head, backend, sink, window, rot, same_keys):
-        far = None if self.far is None else self.far.over(self.pe, self.q_pos, None if same_keys else k_pos)
-        return self.make(self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, rot, far=far,
+        parts = None if self.parts is None else self.parts.over(self.pe, self.q_pos, None if same_keys else k_pos)
+        return self.make(self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, rot, parts=parts,
                          q_scale=self.q_scale)  # fmt: skip

@@ -195,7 +195,7 @@ class Positional(nn.Module):
         return f"relative={self.relative}, max_positions={self.max_positions}, n_prefix={self.n_prefix}"
 
 
-HELPERS = ("base", "rope_scaling", "hf_rope_scaling", "rerope")  # modules here that are not schemes
+HELPERS = ("base", "rope_scaling", "hf_rope_scaling", "rerope", "dca")  # modules here that are not schemes
 
 
 @functools.cache

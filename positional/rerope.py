@@ -17,6 +17,7 @@ ones, w + (L' - 1 - w) / k <= L - 1 (Su's patch: k = 16, w = 512, L = 4096).
 """
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -53,3 +54,26 @@ def far_positions(pos: torch.Tensor, key: bool, w: int, k: float) -> torch.Tenso
     scale = 0.0 if math.isinf(k) else 1.0 / k
     pos = pos.float()
     return pos * scale if key else w + (pos - w) * scale
+
+
+@dataclass(frozen=True)
+class Far:
+    """ReRoPE's scores as a split (model/split_attention.py): the scheme's own rotation for a key at distance d < w,
+    the far rotation (part 1) for the others."""
+
+    window: int
+    leak: float
+    parts = 1
+
+    def main(self, pos: torch.Tensor) -> torch.Tensor:
+        return pos
+
+    def queries(self, pos: torch.Tensor) -> list[torch.Tensor]:
+        return [far_positions(pos, False, self.window, self.leak)]
+
+    def keys(self, pos: torch.Tensor) -> list[torch.Tensor]:
+        return [far_positions(pos, True, self.window, self.leak)]
+
+    def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """The part a (query, key) score takes, elementwise (flex's mask_mod reads it too)."""
+        return (q_pos - k_pos >= self.window).long()

@@ -32,12 +32,13 @@ from functools import partial
 
 import torch
 
-from . import rerope
+from . import dca, rerope
 
 # closed-form: a factor is all they need
 KINDS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "yarn_released", "llama3")
 SEARCHED = ("longrope",)  # per-pair factors searched for one model and length
-ALL_KINDS = KINDS + SEARCHED + rerope.KINDS  # rerope's keep the frequencies and add a far rotation
+SPLITS = rerope.KINDS + dca.KINDS  # keep the frequencies, add rotations: model/split_attention.py
+ALL_KINDS = KINDS + SEARCHED + SPLITS
 # the ramp kinds' default (beta_fast, beta_slow), in rotations over the original length (llama3: high, low freq factor)
 RAMPS = {"yarn": (32.0, 1.0), "yarn_released": (32.0, 1.0), "llama3": (4.0, 1.0)}
 SCALED = ("yarn", "yarn_released")  # cos, sin multiplied by 0.1 ln s + 1 unless attn_scale says otherwise
@@ -48,7 +49,7 @@ class Scaling:
     """A rope scaling kind at factor s from original_length, and its options: rescale and start_tokens (longrope's
     per-pair factors and unscaled first positions); attn_scale, the cos/sin scale in place of the kind's own (None:
     the kind's); beta_fast, beta_slow (None: RAMPS); truncate (yarn_released); alpha (dynamic_ntk); window, leak
-    (rerope's w and k, resolved here when not given)."""
+    (rerope's w and k), chunk, window (dca's S and w), resolved here when not given."""
 
     kind: str = "none"
     factor: float = 1.0
@@ -62,6 +63,7 @@ class Scaling:
     alpha: float = 1.0
     window: int | None = None
     leak: float | None = None
+    chunk: int | None = None
 
     def __post_init__(self):
         if self.kind not in ALL_KINDS:
@@ -84,15 +86,21 @@ class Scaling:
         if self.kind in rerope.KINDS:
             fix("window", rerope.window(self.original_length, self.window))
             fix("leak", rerope.leak(self.kind, self.window, self.original_length, self.factor, self.leak))
+        if self.kind in dca.KINDS:
+            chunk, local = dca.sizes(self.original_length, self.chunk, self.window)
+            fix("chunk", chunk)
+            fix("window", local)
 
     @property
-    def far(self) -> tuple[int, float] | None:
-        """ReRoPE's (w, k): keys at distance >= w score through a far rotation (rerope.py); None for the others."""
-        return (self.window, self.leak) if self.kind in rerope.KINDS else None
+    def split(self):
+        """How a split kind scores through several rotations (rerope.Far, dca.Chunks), or None."""
+        if self.kind in rerope.KINDS:
+            return rerope.Far(self.window, self.leak)
+        return dca.Chunks(self.chunk, self.window) if self.kind in dca.KINDS else None
 
     def frequencies(self, head_dim: int, base: float) -> tuple[torch.Tensor, float, float]:
         """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) of the static frequencies (dynamic_ntk,
-        rerope: the unscaled ones); the cos/sin scale is attn_scale where given, else the kind's own."""
+        rerope, dca: the unscaled ones); the cos/sin scale is attn_scale where given, else the kind's own."""
         inv_freq, pos_scale, scale = self.own_frequencies(head_dim, base)
         return inv_freq, pos_scale, scale if self.attn_scale is None else float(self.attn_scale)
 
@@ -105,7 +113,7 @@ class Scaling:
                 1.0,
                 longrope_scale(self.factor, self.original_length),
             )
-        if self.far or self.kind in ("none", "dynamic_ntk", "longrope") or self.factor <= 1.0:
+        if self.kind in ("none", "dynamic_ntk", "longrope", *SPLITS) or self.factor <= 1.0:
             return inv_freq, 1.0, 1.0
         if self.kind == "linear":
             return inv_freq, 1.0 / self.factor, 1.0
@@ -138,6 +146,10 @@ def check_options(scaling: Scaling):
         raise ValueError(f"alpha is dynamic_ntk's factor, not an option of '{kind}'")
     if not scaling.alpha > 0:
         raise ValueError(f"dynamic_ntk's alpha={scaling.alpha} must be > 0")
+    if scaling.leak is not None and kind not in rerope.KINDS or scaling.chunk is not None and kind not in dca.KINDS:
+        raise ValueError(f"leak is leaky_rerope's and chunk dca's, not options of '{kind}'")
+    if scaling.window is not None and kind not in SPLITS:
+        raise ValueError(f"window is an option of {', '.join(SPLITS)}, not of '{kind}'")
     if scaling.attn_scale is not None and not scaling.attn_scale > 0:
         raise ValueError(f"attn_scale={scaling.attn_scale} must be > 0 (it multiplies cos and sin)")
 

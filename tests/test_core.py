@@ -36,7 +36,7 @@ AROUND = (
     "evaluation.stream",
     "evaluation.study",
     "evaluation.tasks",
-    "model.rerope_attention",
+    "model.split_attention",
     "model.static_decode",
 )
 PROJECT = ("settings", "train", "eval", "sample", *(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()))

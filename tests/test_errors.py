@@ -85,6 +85,8 @@ WITH_CHECKPOINT = [  # found only once the checkpoint is read; still one line
     (EVAL + ["eval.stride=64", "eval.lengths=[32]"], "eval.stride"),
     (SAMPLE + ["prompt=@/no/such/prompt.txt"], "prompt"),
     (EVAL + ["eval.mode=grids"], "eval.mode"),  # a text model
+    (EVAL + ["eval.rope_scaling=dca", "eval.dca_local=30"], "eval.dca_local=30"),  # past S = 3/4 of 32
+    (SAMPLE + ["rope_scaling=dca", "dca_chunk=4"], "dca_chunk=4"),  # at w = 1/8 of 32
 ]
 
 
@@ -184,6 +186,8 @@ def check(name: str, *overrides):
         ("eval", ["eval.rerope_window=-4"], "eval.rerope_window"),
         ("eval", ["eval.rerope_leak=0.5"], "eval.rerope_leak"),
         ("eval", ["eval.rerope_leak=abc"], "eval.rerope_leak"),
+        ("eval", ["eval.dca_chunk=1"], "eval.dca_chunk"),
+        ("sample", ["dca_local=0"], "dca_local"),
         ("sample", ["rope_scaling=yarm"], "rope_scaling"),
         ("sample", ["rerope_window=0"], "rerope_window"),
         ("sample", ["num_samples=0"], "num_samples"),

@@ -97,8 +97,8 @@ def test_far_scores_rotate_each_layer_at_its_base():
     assert_decoding_equals_full_forward(model, tokens(40), static=False, variant=variant)
     pos = torch.arange(40)
     plan = model.plan(pos, pos, True, variant=variant)
-    far_pos = plan.long.far.q_pos
-    assert torch.equal(plan.long.far.q_rot[0], RoPE(4, 8, 32, base=GLOBAL).rotation(far_pos, variant.scaling)[0])
+    far_pos = plan.long.parts.q_pos[0]
+    assert torch.equal(plan.long.parts.q_rot[0][0], RoPE(4, 8, 32, base=GLOBAL).rotation(far_pos, variant.scaling)[0])
 
 
 def test_sink_cache_equals_dense_while_it_fits():

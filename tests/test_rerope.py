@@ -27,9 +27,10 @@ T = 80  # > 64: the sdpa path goes by query blocks along the diagonal
 KINDS = {"rerope": None, "leaky_rerope": 3.5}  # kind -> k (rerope: inf), a k that is no whole number
 
 
-def scaled(kind, name="rope", window=W, leak=None, **kw):
-    """A random model of `name` and the variant that extends it by `kind` at factor 4 from TRAIN tokens."""
-    return random_model(name, **kw), Variant(Scaling(kind, 4.0, TRAIN, window=window, leak=leak))
+def scaled(kind, name="rope", w=W, leak=None, **kw):
+    """A random model of `name` (kw: its config, model.window among them) and the variant that extends it by `kind`
+    at factor 4 from TRAIN tokens, ReRoPE's window w."""
+    return random_model(name, **kw), Variant(Scaling(kind, 4.0, TRAIN, window=w, leak=leak))
 
 
 def logits(pair, idx, **kw):
@@ -75,9 +76,9 @@ def test_inside_the_window_it_is_rope(kind):
     idx, plain = tokens(), random_model("rope")
     with torch.no_grad():
         want = plain(idx)
-        assert torch.allclose(logits(scaled(kind, window=T), idx), want, atol=1e-5)
+        assert torch.allclose(logits(scaled(kind, w=T), idx), want, atol=1e-5)
         if kind == "leaky_rerope":
-            assert torch.allclose(logits(scaled(kind, window=4, leak=1.0), idx), want, atol=1e-4)
+            assert torch.allclose(logits(scaled(kind, w=4, leak=1.0), idx), want, atol=1e-4)
         assert not torch.allclose(logits(scaled(kind, leak=KINDS[kind]), idx), want, atol=1e-2)  # it acts past W
 
 
@@ -118,11 +119,12 @@ def test_auto_leak_keeps_every_distance_trained():
 @pytest.mark.parametrize("kind", KINDS)
 def test_kv_cache_decoding_equals_the_full_forward(kind, variant):
     """Token by token, in chunks and by the static step, through the dense cache (its far keys beside the near
-    ones; with model.window=24 > w, in the window layers' rings too)."""
+    ones; with model.window=24 > w, in the window layers' rings too, where the static step keeps none)."""
     name, _, option = variant.partition("-")
     kw = {"window": 24, "window_pattern": "SL"} if option else {}
     model, variant = scaled(kind, name, leak=KINDS[kind], **kw)
-    assert_decoding_equals_full_forward(model, tokens(40), variant=variant)
+    assert model.cfg.window == kw.get("window")
+    assert_decoding_equals_full_forward(model, tokens(40), static=not option, variant=variant)  # static: no rings
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -167,7 +169,7 @@ def test_cuda_flex_agrees_in_bf16(kind):
     idx, pos = tokens(256).cuda(), torch.arange(256, device="cuda")
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         plan = models["auto"].plan(pos, pos, True, variant=variant)
-        assert plan.backend == "flex" and plan.far.block_mask is not None
+        assert plan.backend == "flex" and plan.parts.block_masks[0] is not None
         got, want = (models[b](idx, variant=variant).float() for b in ("auto", "reference"))
     assert (got - want).norm() <= 0.02 * want.norm(), (got - want).abs().max()
     with torch.no_grad():

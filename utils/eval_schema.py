@@ -17,9 +17,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 import settings
-from positional import hf_rope_scaling, rerope
+from positional import dca, hf_rope_scaling
 from positional.hf_rope_scaling import HFRopeScaling
-from positional.rope_scaling import KINDS, SEARCHED
+from positional.rope_scaling import KINDS, SEARCHED, SPLITS
 from settings import Rule, choices, fixed, group, number, setting
 from utils import checkpoint
 from utils.checkpoint import run_checkpoint
@@ -45,11 +45,12 @@ CacheKind = choices("CacheKind", "dense", "sink")
 # length: ppl by evaluation length | stream: ppl over one long stream, through each cache | passkey: retrieval
 # accuracy by length and depth (evaluation/passkey.py) | grids: data=grids models on larger grids (evaluation/grids.py)
 Mode = choices("Mode", "length", "stream", "passkey", "grids", "tasks")
-# eval.py: the closed-form kinds, the searched ones (longrope: searched first), rerope's, and all (the closed-form)
-RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *rerope.KINDS, "all")
+# eval.py: the closed-form kinds, the searched ones (longrope: searched first), rerope's and dca, and all (the
+# closed-form)
+RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *SPLITS, "all")
 # sample.py: training-free decoding past L through a KV cache, which holds keys rotated once: every kind but
 # dynamic_ntk, which a rule refuses by name (its frequencies move with the length)
-SampleScaling = choices("SampleScaling", *KINDS, *SEARCHED, *rerope.KINDS)
+SampleScaling = choices("SampleScaling", *KINDS, *SEARCHED, *SPLITS)
 
 
 # ---- paths and options these entry points read ----
@@ -90,6 +91,22 @@ def rerope_window():
     return setting(None, "pass the ReRoPE window w in tokens, or null for half the training length", ge=1)
 
 
+def dca_chunk():  # S: the largest position a score uses (positional/dca.py)
+    return setting(None, "pass DCA's chunk size S in tokens, or null for 3/4 of the training length", ge=2)
+
+
+def dca_local():  # w: chunks are S - w tokens, and a chunk's first w queries see the previous chunk exactly
+    return setting(None, "pass DCA's local window w in tokens, below S, or null for 1/8 of the training length", ge=1)
+
+
+DCA_SIZES = (  # a rule of both entry points, whose keys are each one's own
+    dca.fits,
+    "{0} and {1}: chunks of S - w tokens need w < S (null: 3/4 and 1/8 of {run}'s training length, {train_length}); "
+    "pass a smaller local window or a larger chunk",
+    ("train_length",),
+)
+
+
 # ---- eval.py and evaluation/longrope_search.py ----
 
 
@@ -118,8 +135,8 @@ class Eval(Scoring):
         None, "pass a token count, or null for half the training length", ge=1, le=MAX_TOKENS
     )
     # a RoPE extension (rotary schemes): linear | ntk | dynamic_ntk | yarn | yarn_released | llama3 | longrope
-    # (searched first) | rerope | leaky_rerope | all (the closed-form ones, and longrope where its search files exist
-    # for every length)
+    # (searched first) | rerope | leaky_rerope | dca | all (the closed-form ones, and longrope where its search files
+    # exist for every length)
     rope_scaling: RopeScaling = "none"
     # a Hugging Face rope_scaling dict, e.g. {rope_type: yarn, factor: 4}: one more row, hf_<rope_type>, computed as
     # transformers computes it (positional/hf_rope_scaling.py); its factor is its own, not eval.rope_factor
@@ -135,6 +152,9 @@ class Eval(Scoring):
     # within the trained ones (positional/rerope.py)
     rerope_leak: Any = leak("eval.rerope_leak")
     rerope: bool = False  # true: also rerope and leaky_rerope rows (rotary schemes), beside eval.rope_scaling's
+    dca: bool = False  # true: also a dca row (rotary schemes), beside eval.rope_scaling's
+    dca_chunk: int | None = dca_chunk()  # dca: the chunk size S (chunks of S - w tokens)
+    dca_local: int | None = dca_local()  # dca: the local window w
     log_scaling: bool = False  # true: also a `log` row, logits x max(1, ln n / ln L) past the training length L
     # stream mode: tokens fed through each cache (default 50 x a 256-token training length)
     stream_tokens: int = setting(12800, "pass how many tokens to stream", ge=1, le=MAX_TOKENS)
@@ -175,6 +195,7 @@ class Eval(Scoring):
             lambda lengths, mode: lengths is None or mode in ("length", "passkey"),
             "{0} is read in length and passkey modes, and {1} scores at lengths of its own; pass eval.lengths=null",
         ),
+        Rule(("dca_chunk", "dca_local"), *DCA_SIZES),
         Rule(
             ("stride", "sliding"),
             lambda stride, sliding: stride is None or sliding,
@@ -381,6 +402,8 @@ class SampleConfig:
     hf_rope_scaling: HFRopeScaling = field(default_factory=HFRopeScaling)
     rerope_window: int | None = rerope_window()  # the window w of exact distances
     rerope_leak: Any = leak("rerope_leak")  # leaky_rerope's k; auto: keeps the cache's longest distance trained
+    dca_chunk: int | None = dca_chunk()  # dca: the chunk size S
+    dca_local: int | None = dca_local()  # dca: the local window w
     device: str = device()
     dtype: DType = "auto"
     cache: Any = group("cache")  # typed by its group: DenseCache, SinkCache
@@ -396,6 +419,7 @@ class SampleConfig:
         Rule(("rope_scaling",), lambda kind: kind != "dynamic_ntk", DYNAMIC_IN_CACHE),
         Rule(("hf_rope_scaling.rope_type",), lambda kind: kind != "dynamic", DYNAMIC_IN_CACHE),
         Rule(("hf_rope_scaling.type",), lambda kind: kind != "dynamic", DYNAMIC_IN_CACHE),
+        Rule(("dca_chunk", "dca_local"), *DCA_SIZES),
         Rule(
             ("rope_scaling", "hf_rope_scaling"),
             lambda kind, hf: kind == "none" or not hf_rope_scaling.given(hf),
