@@ -17,8 +17,15 @@ def rms(x):
 
 
 def rotate_plain(x, pe, pos, key=False):
-    """RoPE (and p-RoPE: zero frequencies), xPos, PoPE as their papers write them."""
+    """RoPE (and p-RoPE: zero frequencies), xPos, PoPE as their papers write them, FoPE as its release computes it."""
     inner = getattr(pe, "inner", pe)
+    if inner.name == "fope":  # x C + rotate_half(x) S, C and S padded with ones past d_out and laid out twice
+        angles = pos.float()[:, None] * inner.theta[None, :]
+        ones = torch.ones(len(pos), x.size(-1) // 2 - inner.d_out)
+        c = torch.cat((angles.cos() @ inner.cos_coef, ones), -1).repeat(1, 2)
+        s = torch.cat((angles.sin() @ inner.sin_coef, ones), -1).repeat(1, 2)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * c + torch.cat((-x2, x1), dim=-1) * s
     if not inner.rotary:
         return x
     angles = pos.float()[:, None] * inner.inv_freq[None, :]
