@@ -25,8 +25,8 @@ from data import tokenizer
 from evaluation import longrope
 from model.kv_cache import CacheError, build_cache, cache_sizes, generate, hold_matrices
 from model.variant import Variant
-from positional import dca, hf_rope_scaling, rerope
-from positional.rope_scaling import SEARCHED, Scaling, refusal
+from positional import hf_rope_scaling, rerope
+from positional.rope_scaling import DCA_KINDS, SEARCHED, Scaling, refusal
 from utils import checkpoint, checks, runtime
 from utils.errors import UserError, cli, hydra_cli
 
@@ -94,7 +94,7 @@ def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
     split = {}
     if kind in rerope.KINDS:
         split = {"window": cfg.rerope_window, "leak": None if cfg.rerope_leak == "auto" else float(cfg.rerope_leak)}
-    if kind in dca.KINDS:
+    if kind in DCA_KINDS:
         split = {"chunk": cfg.dca_chunk, "window": cfg.dca_local}
     return Variant(Scaling(kind, length / train_length, train_length, **split))
 

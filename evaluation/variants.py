@@ -11,8 +11,8 @@ import torch
 from evaluation import longrope, report
 from evaluation.pieces import read_span
 from model.variant import AS_TRAINED, Variant
-from positional import dca, hf_rope_scaling, rerope
-from positional.rope_scaling import KINDS, SEARCHED, Scaling, refusal
+from positional import hf_rope_scaling, rerope
+from positional.rope_scaling import DCA_KINDS, KINDS, SEARCHED, Scaling, refusal
 from utils import checkpoint
 from utils.errors import UserError
 from utils.progress import say
@@ -129,7 +129,7 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
 
     variants = with_searched(variants, ev.rope_scaling, path, [factor_of(n) for n in lengths])
     variants = with_splits(variants, ev.rerope, rerope.KINDS, "eval.rerope", pe, trained)
-    variants = with_splits(variants, ev.dca, dca.KINDS, "eval.dca", pe, trained)
+    variants = with_splits(variants, ev.dca, DCA_KINDS, "eval.dca", pe, trained)
     variants = with_hf(variants, ev.hf_rope_scaling, pe, trained)
     searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
     given = hf_rope_scaling.given(ev.hf_rope_scaling)
@@ -148,12 +148,12 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
         if (variant, length) in searched:
             return Variant(longrope.scaling(searched[variant, length])), {}
         split = {"window": ev.rerope_window, "leak": leak} if variant in rerope.KINDS else {}
-        split = {"chunk": ev.dca_chunk, "window": ev.dca_local} if variant in dca.KINDS else split
+        split = {"chunk": ev.dca_chunk, "window": ev.dca_local} if variant in DCA_KINDS else split
         scaling = Scaling(variant, factor_of(length), train_length, **split)
         row = {}
         if variant in rerope.KINDS:  # this cell's w and k (positional/rerope.py); rerope's k = inf is recorded as null
             row = {"window": scaling.window, "leak": None if variant == "rerope" else round(scaling.leak, 4)}
-        if variant in dca.KINDS:  # its S and w (positional/dca.py)
+        if variant in DCA_KINDS:  # its S and w (positional/dca.py)
             row = {"chunk": scaling.chunk, "window": scaling.window}
         return Variant(scaling), row
 

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("dca",)
-
 
 def sizes(original_length: int, chunk: int | None = None, local: int | None = None) -> tuple[int, int]:
     """(S, w): the given ones, or the released code's defaults 3L/4 and L/8; ValueError unless 1 <= w < S."""

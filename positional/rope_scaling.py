@@ -32,12 +32,13 @@ from functools import partial
 
 import torch
 
-from . import dca, rerope
+from . import rerope
 
 # closed-form: a factor is all they need
 KINDS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "yarn_released", "llama3")
 SEARCHED = ("longrope",)  # per-pair factors searched for one model and length
-SPLITS = rerope.KINDS + dca.KINDS  # keep the frequencies, add rotations: model/split_attention.py
+DCA_KINDS = ("dca",)  # positional/dca.py, imported when one is asked for: a training run never loads it
+SPLITS = rerope.KINDS + DCA_KINDS  # keep the frequencies, add rotations: model/split_attention.py
 ALL_KINDS = KINDS + SEARCHED + SPLITS
 # the ramp kinds' default (beta_fast, beta_slow), in rotations over the original length (llama3: high, low freq factor)
 RAMPS = {"yarn": (32.0, 1.0), "yarn_released": (32.0, 1.0), "llama3": (4.0, 1.0)}
@@ -86,7 +87,9 @@ class Scaling:
         if self.kind in rerope.KINDS:
             fix("window", rerope.window(self.original_length, self.window))
             fix("leak", rerope.leak(self.kind, self.window, self.original_length, self.factor, self.leak))
-        if self.kind in dca.KINDS:
+        if self.kind in DCA_KINDS:
+            from . import dca
+
             chunk, local = dca.sizes(self.original_length, self.chunk, self.window)
             fix("chunk", chunk)
             fix("window", local)
@@ -96,7 +99,11 @@ class Scaling:
         """How a split kind scores through several rotations (rerope.Far, dca.Chunks), or None."""
         if self.kind in rerope.KINDS:
             return rerope.Far(self.window, self.leak)
-        return dca.Chunks(self.chunk, self.window) if self.kind in dca.KINDS else None
+        if self.kind in DCA_KINDS:
+            from . import dca
+
+            return dca.Chunks(self.chunk, self.window)
+        return None
 
     def frequencies(self, head_dim: int, base: float) -> tuple[torch.Tensor, float, float]:
         """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) of the static frequencies (dynamic_ntk,
@@ -146,7 +153,7 @@ def check_options(scaling: Scaling):
         raise ValueError(f"alpha is dynamic_ntk's factor, not an option of '{kind}'")
     if not scaling.alpha > 0:
         raise ValueError(f"dynamic_ntk's alpha={scaling.alpha} must be > 0")
-    if scaling.leak is not None and kind not in rerope.KINDS or scaling.chunk is not None and kind not in dca.KINDS:
+    if scaling.leak is not None and kind not in rerope.KINDS or scaling.chunk is not None and kind not in DCA_KINDS:
         raise ValueError(f"leak is leaky_rerope's and chunk dca's, not options of '{kind}'")
     if scaling.window is not None and kind not in SPLITS:
         raise ValueError(f"window is an option of {', '.join(SPLITS)}, not of '{kind}'")
