@@ -43,6 +43,18 @@ def run_checkpoint(value: str) -> str | None:
     return None if zipfile.is_zipfile(path) else "is corrupt or truncated (not the zip archive torch.save writes)"
 
 
+def sweep_folder(value: str) -> str | None:
+    """Why value is not a training sweep folder holding run folders with a checkpoint, or None."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        return "does not exist"
+    if not path.is_dir():
+        return "is a file, not a folder"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return "cannot be read (permission denied)"
+    return None if any(path.glob(f"*/{NAME}")) else f"holds no run folder with a {NAME}"
+
+
 def save(path, state: dict):
     """Atomic write (files.replacing): the old file survives any crash; a failure is one OSError naming the file."""
     with replacing(path) as tmp, open(tmp, "wb") as f:

@@ -8,9 +8,7 @@ run never loads them (nor the RoPE scalings their choices list).
 """
 
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
@@ -24,7 +22,7 @@ from settings import Rule, choices, fixed, group, number, setting
 from utils import checkpoint
 from utils.checkpoint import run_checkpoint
 from utils.errors import FROM_CHECKPOINT  # an override of one of these names where it is set
-from utils.files import unreadable, writable_folder
+from utils.files import prompt_file, writable_folder
 from utils.schema import (
     CHECKPOINT_HINT,
     ENTRY_POINTS,
@@ -53,28 +51,7 @@ RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *SPLITS, "all")
 SampleScaling = choices("SampleScaling", *KINDS, *SEARCHED, *SPLITS)
 
 
-# ---- paths and options these entry points read ----
-
-
-def sweep_folder(value: str) -> str | None:
-    path = Path(value).expanduser()
-    if not path.exists():
-        return "does not exist"
-    if not path.is_dir():
-        return "is a file, not a folder"
-    if not os.access(path, os.R_OK | os.X_OK):
-        return "cannot be read (permission denied)"
-    return None if any(path.glob(f"*/{checkpoint.NAME}")) else f"holds no run folder with a {checkpoint.NAME}"
-
-
-def prompt_file(value: str) -> str | None:
-    """prompt=@path: a text file to read."""
-    if not value.startswith("@"):
-        return None
-    path = Path(value[1:]).expanduser()
-    if not path.exists():
-        return "names a file that does not exist"
-    return "names a folder, not a text file" if path.is_dir() else unreadable(path)
+# ---- options these entry points read ----
 
 
 def leak(key: str):
@@ -228,7 +205,7 @@ def checkpoint_setting():  # a run folder (holding ckpt.pt) or a .pt file
 
 
 def sweep_setting():  # a training sweep folder: every run in it
-    return setting(None, "pass a training sweep folder (multirun/<time>)", nonempty=True, files=sweep_folder)
+    return setting(None, "pass a training sweep folder (multirun/<time>)", nonempty=True, files=checkpoint.sweep_folder)
 
 
 CACHE_ROOM = (  # sinks < capacity, where the window is left to fill the training length

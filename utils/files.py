@@ -188,6 +188,16 @@ def unreadable(path: Path) -> str | None:
     return None if os.access(path, os.R_OK) else "cannot be read (permission denied)"
 
 
+def prompt_file(value: str) -> str | None:
+    """prompt=@path: why it is not a text file to read, or None (a prompt without @ is text)."""
+    if not value.startswith("@"):
+        return None
+    path = Path(value[1:]).expanduser()
+    if not path.exists():
+        return "names a file that does not exist"
+    return "names a folder, not a text file" if path.is_dir() else unreadable(path)
+
+
 def writable_folder(value: str) -> str | None:
     """Why value is not a folder that exists or can be made and written into, or None."""
     path = Path(value).expanduser()
