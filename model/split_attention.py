@@ -39,7 +39,7 @@ class Parts:
     k_rot: list
     new_pos: list  # the keys' at the query positions: a decoding step's own keys
     new_rot: list
-    part: torch.Tensor | None = None  # dense paths: (Tq, Tk) int, the part each score takes
+    part: torch.Tensor | None = None  # dense paths: (Tq, Tk) int8, the part each score takes
     spans: list | None = None  # sdpa, a causal forward: per query block, per part, the (lo, hi) of its keys
     block_masks: list | None = None  # flex: each other part's call's block mask (the plan's own holds part 0's)
 
@@ -76,7 +76,7 @@ class Parts:
             others = range(1, self.split.parts + 1)
             parts.block_masks = [part_block_mask(q_pos, k_pos, self.split, p, plan.window, True) for p in others]
             return parts
-        parts.part = self.split.select(q_pos[:, None], k_pos[None, :])
+        parts.part = self.split.select(q_pos[:, None], k_pos[None, :]).to(torch.int8)  # Tq x Tk: a byte each
         if plan.mask.blocks:
             parts.spans = part_spans(q_pos, k_pos, parts.part, plan.mask.blocks, self.split.parts)
         return parts
