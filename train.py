@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from data import tokenizer
 from data.loader import RowSampler, TokenSplit, load_meta
 from data.prepare import prepare
-from model.gpt import sample_next
+from model.gpt import GPT, sample_next
 from utils import checkpoint, checks, files, optim, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, Meter, log, metrics, start_wandb, wandb_where
@@ -128,8 +128,12 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
         "optimizer_format": runtime.optimizer_format(rt, tr.parallel),
         "data": checkpoint.corpus(resolved["data"]),  # other documents (data.tasks): another run
     }
-    model = checkpoint.build_model(match["model_config"])
-    model.pe.check_length(tr.seq_len)
+    config = checks.checked_model(cfg, vocab_size)  # the config preflight checked, its length included
+    if config is None:  # a scheme preflight could not build on the meta device: checked here
+        model = checkpoint.build_model(match["model_config"])
+        model.pe.check_length(tr.seq_len)
+    else:
+        model = GPT(config)
     state = TrainState()
     if init is not None and not tr.resume:  # weights only, before any wrapping: every rank loads the same
         from utils import finetune

@@ -43,19 +43,22 @@ PROJECT = ("settings", "train", "eval", "sample", *(p.name for p in ROOT.iterdir
 HARNESS = """
 import atexit, json, os, runpy, sys
 import model.gpt
-built, init = [], model.gpt.GPT.__init__
+built, init, post = [], model.gpt.GPT.__init__, model.gpt.GPTConfig.__post_init__
 def counted(self, *args, **kwargs):
-    built.append(1)
+    built.append("GPT")
     init(self, *args, **kwargs)
-model.gpt.GPT.__init__ = counted
+def checked(self):
+    built.append("GPTConfig")
+    post(self)
+model.gpt.GPT.__init__, model.gpt.GPTConfig.__post_init__ = counted, checked
 def report():
     with open(os.environ["LOADED"], "w") as f:
-        json.dump({"modules": sorted(sys.modules), "built": len(built)}, f)
+        json.dump({"modules": sorted(sys.modules), "built": [built.count("GPT"), built.count("GPTConfig")]}, f)
 atexit.register(report)
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-BUILT = {}  # entry point -> how many times its run built the network (GPT)
+BUILT = {}  # entry point -> how many times its run built the network (GPT) and checked its config (GPTConfig)
 
 
 def loaded(tmp_path, *args) -> set[str]:
@@ -113,8 +116,9 @@ def test_the_length_table_and_sampling_load_nothing_around_the_core(trained, tmp
 def test_each_entry_point_builds_the_network_once(trained, tmp_path):
     """A model config is checked with its schemes alone on the meta device, and a checkpoint's weights against the
     network its reader builds: no entry point builds the network twice (train.py, eval.py and sample.py each built it
-    two to four times, on the meta device to check it)."""
+    two to four times, on the meta device to check it), nor checks its config twice (train.py builds from the config
+    its preflight checked)."""
     out, _ = trained
     loaded(tmp_path, "eval.py", f"checkpoint={out}", "eval.lengths=[32]", "eval.tokens=64", "logger.wandb=false")
     loaded(tmp_path, "sample.py", f"checkpoint={out}", "max_new_tokens=2", "device=cpu")
-    assert BUILT == {"train.py": 1, "eval.py": 1, "sample.py": 1}, BUILT
+    assert BUILT == {"train.py": [1, 1], "eval.py": [1, 1], "sample.py": [1, 1]}, BUILT

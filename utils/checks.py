@@ -95,27 +95,40 @@ def preflight(cfg):
     PASSED.add(text)
 
 
-def check_model(cfg):
+def check_model(cfg) -> GPTConfig | None:
     """The model's config, and its schemes built on the meta device (no memory, no time; model/gpt.py schemes), so
     that every constraint their code derives (a scheme's options against its class, the layer pattern, a table
     covering train.seq_len, and the range positional.random_positions draws from) fails before data is read. The
-    network itself is built once, by the entry point."""
-    model = json.dumps(model_config(plain(cfg), vocab_size=512), sort_keys=True)
-    fit_model(model, cfg.train.seq_len, cfg.positional.get("random_positions"))
+    network itself is built once, by the entry point, from this config (checked_model)."""
+    model = json.dumps(model_config(plain(cfg), vocab_size=512), sort_keys=True)  # the vocabulary comes with the data
+    return fit_model(model, cfg.train.seq_len, cfg.positional.get("random_positions"))
+
+
+def checked_model(cfg, vocab_size: int) -> GPTConfig | None:
+    """The config check_model checked, with the prepared data's vocabulary (a copy: nothing checks it twice); None
+    where its schemes could not be built on the meta device."""
+    checked = check_model(cfg)
+    if checked is None:
+        return None
+    config = copy.copy(checked)
+    config.vocab_size = vocab_size
+    return config
 
 
 @functools.lru_cache(maxsize=256)  # one build per model config: an entry point checks it more than once
-def fit_model(model: str, seq_len: int, drawn: int | None):
+def fit_model(model: str, seq_len: int, drawn: int | None) -> GPTConfig | None:
     try:
+        config = GPTConfig(**json.loads(model))
         with torch.device("meta"):
-            pe = schemes(GPTConfig(**json.loads(model)))[0]
+            pe = schemes(config)[0]
     except NotImplementedError:  # a module that cannot be built without data: checked at its real build
-        return
+        return None
     except ValueError as e:  # positional/ and GPTConfig word theirs as one line naming the key
         raise UserError(str(e)) from None
     pe.check_length(seq_len)
     if drawn is not None:
         pe.check_length(drawn)
+    return config
 
 
 # ---- every job of a run or a sweep, before Hydra starts one ----
