@@ -133,20 +133,6 @@ def layer_outputs_from_probs(model, idx):
     return layers
 
 
-LONGEST = (  # over 25 s each on 2 cores (--durations): started first, so no core idles behind one at the end
-    "test_fsdp_matches_ddp_and_resumes",
-    "test_ctrl_c_in_a_sweep_evaluation_keeps_the_runs_done",
-    "test_extension_script_searches_longrope_at_every_length_within_the_held_out_text",
-    "test_a_second_evaluation_keeps_the_first_result",
-    "test_sigterm_saves_and_resume_continues_the_same_loss_curve",
-)
-
-
-def pytest_collection_modifyitems(items):
-    """The longest tests first: under -n a long test collected last would run alone while the other worker waits."""
-    items.sort(key=lambda item: item.name not in LONGEST)
-
-
 def pytest_configure(config):
     """Under pytest-xdist (`-n auto`, the README's command) the workers share the cores: each takes its share of
     threads, and so do the entry points it runs (run() passes the environment on). Oversubscribed OpenMP
