@@ -394,7 +394,7 @@ def test_ctrl_c_in_a_sweep_evaluation_keeps_the_runs_done(tmp_path, shakespeare_
     results, the second has none (nothing half-written). Fails on the code before: a KeyboardInterrupt traceback."""
     for i in range(2):
         train(config(*TINY, "train.max_steps=2", f"seed={i}"), tmp_path / "sweep" / f"{i}-rope")
-    proc = start("eval.py", f"sweep_dir={tmp_path / 'sweep'}", "logger.wandb=false", "eval.tokens=65536")
+    proc = start("eval.py", f"sweep_dir={tmp_path / 'sweep'}", "logger.wandb=false", "eval.tokens=16384")
     out, err = signal_after(proc, f"evaluating {tmp_path / 'sweep' / '1-rope'}", signal.SIGINT)
     assert proc.returncode == 128 + signal.SIGINT, out + err
     assert err.strip().splitlines() == [
@@ -472,9 +472,10 @@ def test_a_second_evaluation_keeps_the_first_result(tiny_checkpoint, tmp_path):
     stay in eval/earlier/, and the output says where. Fails on the code before: the first result was replaced."""
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_checkpoint, run_dir)
-    run("eval.py", f"checkpoint={run_dir}", "logger.wandb=false", "eval.lengths=[32]", check=True)
+    small = ["logger.wandb=false", "eval.tokens=2048", "eval.sliding=false"]
+    run("eval.py", f"checkpoint={run_dir}", *small, "eval.lengths=[32]", check=True)
     first = (run_dir / "eval" / "length.json").read_text()
-    proc = run("eval.py", f"checkpoint={run_dir}", "logger.wandb=false", "eval.lengths=[16,32]", check=True)
+    proc = run("eval.py", f"checkpoint={run_dir}", *small, "eval.lengths=[16,32]", check=True)
     kept = sorted((run_dir / "eval" / "earlier").iterdir())
     assert [p.suffix for p in kept] == [".json", ".png"] and kept[0].read_text() == first
     assert json.loads((run_dir / "eval" / "length.json").read_text())["lengths"] == [16, 32]
