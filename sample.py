@@ -14,6 +14,7 @@ with fixed frequencies (keys rotated once must match a full forward): dynamic_nt
 import codecs
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -68,7 +69,13 @@ def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.
 
 
 def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
-    """The Variant a `capacity`-token cache decodes under (at factor capacity / L), or None: the model as trained."""
+    """The Variant a `capacity`-token cache decodes under (at factor capacity / L), or None: the model as trained;
+    under full_layers, on the full-attention layers alone."""
+    variant = scaled(model, ckpt, cfg, capacity)
+    return replace(variant, full_layers=True) if variant is not None and cfg.full_layers else variant
+
+
+def scaled(model, ckpt, cfg, capacity: int) -> Variant | None:
     pe, train_length, hf = model.pe, ckpt["seq_len"], cfg.get("hf_rope_scaling")
     given = hf_rope_scaling.given(hf)
     kind = hf_rope_scaling.kind(hf) if given else cfg.rope_scaling

@@ -6,18 +6,21 @@ The length table (evaluation/length.py) and passkey mode (evaluation/passkey.py)
 and at(variant, length) is the Variant a cell passes into the forward.
 """
 
+from dataclasses import replace
+
 import torch
 
 from evaluation import longrope, report
 from evaluation.pieces import read_span
 from model.variant import AS_TRAINED, Variant
 from positional import hf_rope_scaling, rerope
-from positional.rope_scaling import DCA_KINDS, KINDS, SEARCHED, Scaling, refusal
+from positional.rope_scaling import DCA_KINDS, KINDS, SEARCHED, SPLITS, Scaling, refusal
 from utils import checkpoint
 from utils.errors import UserError
 from utils.progress import say
 
 LOG = "log"  # the variant row of eval.log_scaling
+FULL = "_full"  # a row's suffix under eval.full_layers: its scaling on the full-attention layers alone
 
 
 def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str]:
@@ -67,6 +70,20 @@ def with_splits(variants: list[str], requested: bool, kinds: tuple, key: str, pe
         say(f"note: {key}=true adds no rows: {why}")
         return variants
     return variants + [k for k in kinds if k not in variants]
+
+
+def with_full_layers(variants: list[str], requested: bool, cfg) -> list[str]:
+    """Add <kind>_full after the rows whose scaling changes frequencies (eval.full_layers=true); a model with no
+    windowed layer taking a scaling, or a table with no such row, gets a note and no rows."""
+    if not requested:
+        return variants
+    scaled = [v for v in variants if v not in ("none", LOG, *SPLITS)]
+    why = "no eval.rope_scaling row changes frequencies" if not scaled else None
+    why = why or (None if cfg.windows() else "no sliding-window or chunked layer of this model takes a scaling")
+    if why:
+        say(f"note: eval.full_layers=true adds no rows: {why}")
+        return variants
+    return variants + [v + FULL for v in scaled]
 
 
 def with_hf(variants: list[str], hf, pe, trained: str | None) -> list[str]:
@@ -131,6 +148,7 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
     variants = with_splits(variants, ev.rerope, rerope.KINDS, "eval.rerope", pe, trained)
     variants = with_splits(variants, ev.dca, DCA_KINDS, "eval.dca", pe, trained)
     variants = with_hf(variants, ev.hf_rope_scaling, pe, trained)
+    variants = with_full_layers(variants, ev.full_layers, model.cfg)
     searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
     given = hf_rope_scaling.given(ev.hf_rope_scaling)
     hf_row, hf = hf_rope_scaling.row_name(ev.hf_rope_scaling), {}
@@ -139,6 +157,9 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
     leak = None if ev.rerope_leak == "auto" else ev.rerope_leak
 
     def at(variant: str, length: int) -> tuple[Variant, dict]:
+        if variant.endswith(FULL):
+            value, row = at(variant.removesuffix(FULL), length)
+            return replace(value, full_layers=True), row
         if variant == "none":
             return AS_TRAINED, {}
         if variant == LOG:

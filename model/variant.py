@@ -21,10 +21,19 @@ from .attention import AttnPlan, make_plan
 class Variant:
     scaling: Scaling | None = None  # a RoPE extension in place of the model's own frequencies; None: as trained
     log_length: int | None = None  # the training length L of log-length scaling, max(1, ln n / ln L); None: off
+    # true: the scaling reaches the full-attention layers alone, the sliding-window and chunked layers keep the
+    # rotation they were trained with (OLMo 3's YaRN, Gemma 3's linear x8)
+    full_layers: bool = False
 
     def __post_init__(self):
         if self.log_length is not None and self.log_length < 2:
             raise ValueError(f"log scaling needs a training length of at least 2 tokens, got {self.log_length}")
+        if self.full_layers and self.parts:  # a cache row holds every layer's keys at one width
+            raise ValueError(f"rope scaling {self.scaling.kind} splits every layer's keys: it has no full-layers form")
+
+    def windowed(self) -> "Variant":
+        """The variant of the windowed layers: as trained under full_layers, the log-length factor kept."""
+        return replace(self, scaling=None, full_layers=False) if self.full_layers else self
 
     @property
     def parts(self) -> int:

@@ -133,6 +133,9 @@ class Eval(Scoring):
     dca_chunk: int | None = dca_chunk()  # dca: the chunk size S (chunks of S - w tokens)
     dca_local: int | None = dca_local()  # dca: the local window w
     log_scaling: bool = False  # true: also a `log` row, logits x max(1, ln n / ln L) past the training length L
+    # true: also each frequency scaling's row with that scaling on the full-attention layers alone, <kind>_full (OLMo
+    # 3's YaRN, Gemma 3's linear x8): the sliding-window and chunked layers keep their trained rotation
+    full_layers: bool = False
     # stream mode: tokens fed through each cache (default 50 x a 256-token training length)
     stream_tokens: int = setting(12800, "pass how many tokens to stream", ge=1, le=MAX_TOKENS)
     block: int = setting(256, "pass tokens per reported block", ge=1, le=MAX_TOKENS)  # stream: tokens per block
@@ -381,6 +384,7 @@ class SampleConfig:
     rerope_leak: Any = leak("rerope_leak")  # leaky_rerope's k; auto: keeps the cache's longest distance trained
     dca_chunk: int | None = dca_chunk()  # dca: the chunk size S
     dca_local: int | None = dca_local()  # dca: the local window w
+    full_layers: bool = False  # true: the scaling on the full-attention layers alone (eval.full_layers)
     device: str = device()
     dtype: DType = "auto"
     cache: Any = group("cache")  # typed by its group: DenseCache, SinkCache
@@ -397,6 +401,12 @@ class SampleConfig:
         Rule(("hf_rope_scaling.rope_type",), lambda kind: kind != "dynamic", DYNAMIC_IN_CACHE),
         Rule(("hf_rope_scaling.type",), lambda kind: kind != "dynamic", DYNAMIC_IN_CACHE),
         Rule(("dca_chunk", "dca_local"), *DCA_SIZES),
+        Rule(
+            ("full_layers", "rope_scaling", "hf_rope_scaling"),
+            lambda full, kind, hf: not full or kind not in ("none", *SPLITS) or hf_rope_scaling.given(hf),
+            "{0} puts a scaling's frequencies on the full-attention layers alone, and {1} changes none (a split "
+            "reaches every layer); pass a frequency scaling, e.g. rope_scaling=yarn",
+        ),
         Rule(
             ("rope_scaling", "hf_rope_scaling"),
             lambda kind, hf: kind == "none" or not hf_rope_scaling.given(hf),
