@@ -344,7 +344,7 @@ class GPT(nn.Module):
         def scheme_plan(pe, windows, nope: bool = False, variant=variant):
             if windows and variant is not None and variant.full_layers:  # the windows keep their trained rotation
                 plan = scheme_plan(pe, [], nope, variant)
-                plan.windows = scheme_plan(pe, windows, nope, variant.windowed()).windows
+                plan.windows = scheme_plan(pe, windows, nope, variant.for_windows()).windows
                 return plan
             rotation, make = (pe.rotation, make_plan) if variant is None else variant.hooks(pe, q_pos, k_pos, nope)
             rot = None

@@ -31,7 +31,7 @@ class Variant:
         if self.full_layers and self.parts:  # a cache row holds every layer's keys at one width
             raise ValueError(f"rope scaling {self.scaling.kind} splits every layer's keys: it has no full-layers form")
 
-    def windowed(self) -> "Variant":
+    def for_windows(self) -> "Variant":
         """The variant of the windowed layers: as trained under full_layers, the log-length factor kept."""
         return replace(self, scaling=None, full_layers=False) if self.full_layers else self
 
