@@ -170,18 +170,13 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
 def row_sampler(cfg, data_dir: Path, split: str, seed: int, aligned: bool, axes: int):
     """The rows a step reads from a split: a corpus's (data/loader.py: BOS-first under data.bos_aligned, and the
     position axes the scheme reads from a dataset that has them, data=grids), or one task sample per row, answers
-    the only targets and positions drawn at random under positional.random_positions (data/tasks.py)."""
+    the only targets and positions drawn at random under data.random_positions (data/tasks.py)."""
     if cfg.data.source == "tasks":
         from data import tasks  # the task generators' rows: loaded when data=tasks asks for them
 
         tr = cfg.train  # batches of one sample length: rows bucketed by batch_size
         rows = TokenSplit(data_dir, split)
-        return tasks.TaskRows(rows, tr.seq_len, seed, cfg.positional.random_positions, tr.batch_size)
-    if cfg.positional.random_positions is not None:
-        raise UserError(
-            f"positional.random_positions={cfg.positional.random_positions} draws the positions of data=tasks rows "
-            f"(one sample a row); data={cfg.data.name}'s rows are read at 0..T-1: drop it"
-        )
+        return tasks.TaskRows(rows, tr.seq_len, seed, cfg.data.random_positions, tr.batch_size)
     return RowSampler(TokenSplit(data_dir, split), cfg.train.seq_len, seed, aligned, axes)
 
 

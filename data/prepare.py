@@ -38,7 +38,7 @@ def cache_root(data: dict) -> Path:
         ) from None
 
 
-LOADER_KEYS = ("name", "bos_aligned")  # options that leave the documents alone: not in the key
+LOADER_KEYS = ("name", "bos_aligned", "random_positions")  # options that leave the documents alone: not in the key
 
 
 def dataset_key(data: dict) -> str:

@@ -167,6 +167,11 @@ class TasksData(Corpus):
     val_docs: int = setting(512, "pass how many validation samples to generate", ge=1, le=MAX_COUNT)  # for val_loss
     seed: int = seed()  # samples from generators seeded by (seed, split); eval.mode=tasks draws its own
     bos_aligned: bool = True  # always: a row is one sample from its BOS (data/tasks.py TaskRows)
+    # positions: a sorted random subset of range(random_positions) per batch, in training and eval.mode=tasks
+    # (Ruoss et al. 2023: the positions of longer sequences seen in short ones); null: 0..T-1
+    random_positions: int | None = setting(
+        None, "pass the range to draw from, above the longest test sample's tokens, or null for 0..T-1", ge=2
+    )
 
 
 def encode(prompt: str, answer: str) -> np.ndarray:
@@ -253,7 +258,7 @@ class TaskRows:
             )
         if random_positions is not None and random_positions < seq_len:
             raise UserError(
-                f"positional.random_positions={random_positions}: a row's {seq_len} positions are drawn from "
+                f"data.random_positions={random_positions}: a row's {seq_len} positions are drawn from "
                 f"range({random_positions}); pass at least train.seq_len={seq_len}"
             )
         self._epoch, self._order = -1, None

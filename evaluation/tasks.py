@@ -6,7 +6,7 @@ python -m evaluation.tasks tasks                                         tasks/R
 A sample is right when every scored token (its answer and the closing '.') is the argmax given the true prefix:
 greedy decoding, teacher-forced. A seed group's 95% interval is a bootstrap over the samples and the runs (samples
 scored by several seeds' models are not independent trials), at least the Wilson interval over the distinct samples.
-A model trained with random positions (positional.random_positions=L, Ruoss et al. 2023) is scored at sorted random
+A model trained with random positions (data.random_positions=L, Ruoss et al. 2023) is scored at sorted random
 positions from range(L), one draw per batch, as their released code does.
 """
 
@@ -30,8 +30,10 @@ from utils.progress import progress, say
 BATCH = 32  # samples per forward
 
 
-def random_positions(model_config: dict) -> int | None:
-    return model_config["positional"].get("random_positions")
+def random_positions(ckpt: dict) -> int | None:
+    """data.random_positions of the run (a checkpoint older than that key has it among its scheme's options)."""
+    old = ckpt["model_config"]["positional"].get("random_positions")
+    return ckpt["config"]["data"].get("random_positions", old)
 
 
 def positions(n_tokens: int, limit: int | None, rng: np.random.Generator, device) -> torch.Tensor | None:
@@ -62,7 +64,7 @@ def score(model, samples: list[np.ndarray], limit: int | None, rng, device) -> n
 def cell(model, ckpt: dict, task: str, n: int, ev, device) -> dict:
     """One (task, length) cell: accuracy and its interval, or n/a with why."""
     samples = tasks.held_out(task, n, ev.trials, ev.seed)
-    longest, limit = max(len(s) for s in samples) - 1, random_positions(ckpt["model_config"])
+    longest, limit = max(len(s) for s in samples) - 1, random_positions(ckpt)
     row = {"task": task, "n": n, "tokens": longest}
     table = model.pe.max_positions
     if table is not None and longest > table or limit is not None and longest > limit:
@@ -87,7 +89,7 @@ def run_tasks(path, cfg, rt, out_dir: Path) -> dict:
             say(f"  {task:>8} n={n:<4} ({r['tokens']} tokens): {shown}")
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
-        "scheme": report.scheme_label(ckpt) + ("+random" if random_positions(ckpt["model_config"]) else ""),
+        "scheme": report.scheme_label(ckpt) + ("+random" if random_positions(ckpt) else ""),
         "train_config": ckpt["config"],
         "step": ckpt["step"],
         "train": {t: list(tasks.TASKS[t].train) for t in data["tasks"]},

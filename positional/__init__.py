@@ -48,7 +48,8 @@ def spec_of(opts) -> dict:
     spec = asdict(opts) if is_dataclass(opts) else dict(opts)
     if spec.get("scaling", "none") == "none":
         spec = {k: v for k, v in spec.items() if k not in SCALING_KEYS}
-    off = ("layers", "random_positions", "global_base", *NOPE_OPTIONS)
+    off = ("layers", "global_base", *NOPE_OPTIONS)
+    spec.pop("random_positions", None)  # data.random_positions now; a checkpoint older than the move has it here
     return {k: v for k, v in spec.items() if not (k in off and v is None)}
 
 

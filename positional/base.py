@@ -59,11 +59,6 @@ class PositionalOptions:
     # the N layers' query temperature 1 + attn_scale ln(1 + floor((i + 1) / floor_scale)) (nope.py); null: none
     attn_scale: float | None = setting(None, "pass the temperature's slope, 0 for none (Llama 4: 0.1)", ge=0)
     floor_scale: float | None = setting(None, "pass the positions after which the query temperature grows", gt=0)
-    # positions: a sorted random subset of range(random_positions) per batch, in training and eval.mode=tasks
-    # (Ruoss et al. 2023: the positions of longer sequences seen in short ones); null: 0..T-1
-    random_positions: int | None = setting(
-        None, "pass the range to draw from, above the longest test sample's tokens, or null for 0..T-1", ge=2
-    )
 
     RULES: ClassVar = (
         Rule(

@@ -13,7 +13,7 @@
 # DONE file) is not trained again, an interrupted one resumes from its checkpoint, an evaluated one (eval/tasks.json)
 # is not evaluated again (one whose eval/tasks.json is cut short or damaged is); Ctrl-C stops it where it is
 # (runs/common.sh). A random-position variant (Ruoss et al. 2023) trains at positions drawn from range(RANGE)
-# (positional.random_positions; a learned table that large). A preset of PRESETS (configs/experiment: layouts of
+# (data.random_positions; a learned table that large). A preset of PRESETS (configs/experiment: layouts of
 # windowed and global layers) trains over the battery's recipe, experiment=[tasks,<preset>]. Runs go to
 # <TASKS>/<task>/<scheme>[-random]-s<seed> and <TASKS>/<task>/<preset>-s<seed>; the report to
 # <TASKS>/eval/tasks.{json,txt,png} and <TASKS>/REPORT.md, which labels a preset by the settings it changes; each
@@ -64,7 +64,7 @@ for seed in $SEEDS; do
       table=()
       [ "$scheme" = learned ] && table=(positional.max_positions="$RANGE")
       run="$TASKS/$task/$scheme-random-s$seed"
-      train "$run" data.tasks="[$task]" positional="$scheme" seed="$seed" positional.random_positions="$RANGE" \
+      train "$run" data.tasks="[$task]" positional="$scheme" seed="$seed" data.random_positions="$RANGE" \
         "${table[@]}" "$@"
       evaluate "$run" "$seed"
     done

@@ -53,7 +53,7 @@ CASES = [  # (entry point and overrides, the key the message must name)
     (TRAIN + ["init_from=/no/such/run"], "init_from"),
     (TRAIN + ["data=grids", "train.seq_len=100"], "train.seq_len"),  # a row holds one 16 x 14 grid: 256 tokens
     (TRAIN + ["positional=mrope", "positional.sections=[4,4,4]"], "positional.sections"),  # 16 pairs, not 12
-    (TRAIN + ["data=tasks", "positional=learned", "positional.random_positions=4096"], "positional.max_positions"),
+    (TRAIN + ["data=tasks", "positional=learned", "data.random_positions=4096"], "positional.max_positions"),
     (EVAL + [NO_CKPT, "eval.tokens=0"], "eval.tokens"),
     (EVAL + [NO_CKPT, "eval.tokens=-4096"], "eval.tokens"),
     (EVAL + [NO_CKPT, "eval.tokens=lots"], "eval.tokens"),
@@ -135,6 +135,8 @@ def check(name: str, *overrides):
     "name, overrides, key",
     [
         ("train", ["optim.lr=0"], "optim.lr"),
+        ("train", ["data.random_positions=64"], "data=tasks has data.random_positions"),  # a text corpus has none
+        ("train", ["data=tasks", "data.random_positions=1"], "data.random_positions=1 must be >= 2"),
         ("train", ["model.n_head=0"], "model.n_head"),
         ("train", ["model.n_head=5"], "model.n_head"),
         ("train", ["model.lr=-1"], "model.lr"),

@@ -13,6 +13,7 @@ from test_study import RESULT, fake_python
 
 from data import tasks
 from evaluation import tasks as scoring
+from model.gpt import GPTConfig
 
 
 class Oracle(torch.nn.Module):
@@ -52,10 +53,17 @@ def test_random_positions_are_drawn_per_batch_and_lengths_past_them_are_na():
         assert len(pos) == len(samples[0]) - 1 and (pos.diff() > 0).all() and pos.max() < 64
     assert not torch.equal(first, second)
     ev = type("Ev", (), {"trials": 4, "seed": 0})()  # the eval config's fields a cell reads
-    ckpt = {"model_config": {"positional": {"name": "rope", "random_positions": 40}}}
-    na = scoring.cell(Oracle(samples), ckpt, "copy", 32, ev, "cpu")  # 67 tokens: past the range of 40
-    assert na["accuracy"] is None and "random range 40" in na["note"]
-    table = scoring.cell(Oracle(samples, max_positions=20), {"model_config": {"positional": {}}}, "copy", 16, ev, "cpu")
+    new = {"config": {"data": {"random_positions": 40}}, "model_config": {"positional": {"name": "rope"}}}
+    old = {"config": {"data": {}}, "model_config": {"positional": {"name": "rope", "random_positions": 40}}}
+    for ckpt in (new, old):  # data.random_positions, or a checkpoint's from before the key moved there
+        na = scoring.cell(Oracle(samples), ckpt, "copy", 32, ev, "cpu")  # 67 tokens: past the range of 40
+        assert na["accuracy"] is None and "random range 40" in na["note"]
+    with_old_key = GPTConfig(
+        vocab_size=97, n_layer=1, n_head=2, n_kv_head=1, d_model=16, positional=old["model_config"]["positional"]
+    )
+    assert with_old_key.positional == {"name": "rope"}  # such a checkpoint still builds
+    plain = {"config": {"data": {}}, "model_config": {"positional": {}}}
+    table = scoring.cell(Oracle(samples, max_positions=20), plain, "copy", 16, ev, "cpu")
     assert table["accuracy"] is None and "learned table covers 20" in table["note"]
 
 
@@ -152,7 +160,7 @@ def test_train_and_score_a_task_model_end_to_end(tmp_path):
     out = tmp_path / "copy"
     overrides = [*TINY, "experiment=tasks", "data.tasks=[copy]", "train.seq_len=36", "train.max_steps=2",
                  "train.warmup_steps=1", "data.train_docs=256", "data.val_docs=64",
-                 "positional.random_positions=300"]  # fmt: skip
+                 "data.random_positions=300"]  # fmt: skip
     train(config(*overrides), out)
     ev = config_eval(f"checkpoint={out}", "eval.mode=tasks", "eval.trials=3", "device=cpu", "logger.wandb=false")
     result = run(ev)

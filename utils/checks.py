@@ -98,10 +98,10 @@ def preflight(cfg):
 def check_model(cfg) -> GPTConfig | None:
     """The model's config, and its schemes built on the meta device (no memory, no time; model/gpt.py schemes), so
     that every constraint their code derives (a scheme's options against its class, the layer pattern, a table
-    covering train.seq_len, and the range positional.random_positions draws from) fails before data is read. The
+    covering train.seq_len, and the range data.random_positions draws from) fails before data is read. The
     network itself is built once, by the entry point, from this config (checked_model)."""
     model = json.dumps(model_config(plain(cfg), vocab_size=512), sort_keys=True)  # the vocabulary comes with the data
-    return fit_model(model, cfg.train.seq_len, cfg.positional.get("random_positions"))
+    return fit_model(model, cfg.train.seq_len, OmegaConf.select(cfg, "data.random_positions"))  # viz.py: no data
 
 
 def checked_model(cfg, vocab_size: int) -> GPTConfig | None:
