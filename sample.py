@@ -76,6 +76,7 @@ def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
 
 
 def scaled(model, ckpt, cfg, capacity: int) -> Variant | None:
+    """rope_scaling's (or hf_rope_scaling's) Variant at factor capacity / L, on every layer; None: none asked for."""
     pe, train_length, hf = model.pe, ckpt["seq_len"], cfg.get("hf_rope_scaling")
     given = hf_rope_scaling.given(hf)
     kind = hf_rope_scaling.kind(hf) if given else cfg.rope_scaling
