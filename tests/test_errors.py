@@ -190,8 +190,8 @@ def check(name: str, *overrides):
         ("eval", ["eval.rerope_leak=abc"], "eval.rerope_leak"),
         ("eval", ["eval.dca_chunk=1"], "eval.dca_chunk"),
         ("sample", ["dca_local=0"], "dca_local"),
-        ("sample", [NO_CKPT, "full_layers=true"], "full_layers=true puts"),  # with no scaling
-        ("sample", [NO_CKPT, "full_layers=true", "rope_scaling=dca"], "rope_scaling=dca changes none"),
+        ("sample", [NO_CKPT, "full_layers=true"], "full_layers=true scales the full-attention"),  # with no scaling
+        ("sample", [NO_CKPT, "full_layers=true", "rope_scaling=dca"], "rope_scaling=dca changes no frequency"),
         ("sample", ["rope_scaling=yarm"], "rope_scaling"),
         ("sample", ["rerope_window=0"], "rerope_window"),
         ("sample", ["num_samples=0"], "num_samples"),

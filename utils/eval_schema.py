@@ -133,9 +133,7 @@ class Eval(Scoring):
     dca_chunk: int | None = dca_chunk()  # dca: the chunk size S (chunks of S - w tokens)
     dca_local: int | None = dca_local()  # dca: the local window w
     log_scaling: bool = False  # true: also a `log` row, logits x max(1, ln n / ln L) past the training length L
-    # true: also each frequency scaling's row with that scaling on the full-attention layers alone, <kind>_full (OLMo
-    # 3's YaRN, Gemma 3's linear x8): the sliding-window and chunked layers keep their trained rotation
-    full_layers: bool = False
+    full_layers: bool = False  # true: also <kind>_full rows, each scaling on the full-attention layers alone (OLMo 3)
     # stream mode: tokens fed through each cache (default 50 x a 256-token training length)
     stream_tokens: int = setting(12800, "pass how many tokens to stream", ge=1, le=MAX_TOKENS)
     block: int = setting(256, "pass tokens per reported block", ge=1, le=MAX_TOKENS)  # stream: tokens per block
@@ -404,8 +402,7 @@ class SampleConfig:
         Rule(
             ("full_layers", "rope_scaling", "hf_rope_scaling"),
             lambda full, kind, hf: not full or kind not in ("none", *SPLITS) or hf_rope_scaling.given(hf),
-            "{0} puts a scaling's frequencies on the full-attention layers alone, and {1} changes none (a split "
-            "reaches every layer); pass a frequency scaling, e.g. rope_scaling=yarn",
+            "{0} scales the full-attention layers alone, and {1} changes no frequency; pass e.g. rope_scaling=yarn",
         ),
         Rule(
             ("rope_scaling", "hf_rope_scaling"),
