@@ -93,3 +93,11 @@ def test_no_module_imports_itself_through_others():
             if name not in seen:
                 seen.add(name)
                 todo.extend(graph[name])
+
+
+MAX_LINES = 500  # a file read in one sitting
+
+
+def test_no_module_is_longer_than_a_sitting():
+    lines = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in modules()}
+    assert not {p: n for p, n in lines.items() if n > MAX_LINES}, f"split by idea: files over {MAX_LINES} lines"
