@@ -341,12 +341,10 @@ class GPT(nn.Module):
             log_n = log_positions(q_pos)
         q_ids, k_ids = (q_pos, k_pos) if ids is None else ids
 
-        def scheme_plan(pe, windows, nope: bool = False, variant=variant):
-            if windows and variant is not None and variant.full_layers:  # the windows keep their trained rotation
-                plan = scheme_plan(pe, [], nope, variant)
-                plan.windows = scheme_plan(pe, windows, nope, variant.for_windows()).windows
-                return plan
-            rotation, make = (pe.rotation, make_plan) if variant is None else variant.hooks(pe, q_pos, k_pos, nope)
+        def scheme_plan(pe, windows, nope: bool = False):
+            rotation, make = (
+                (pe.rotation, make_plan) if variant is None else variant.hooks(pe, q_pos, k_pos, nope, q_ids, k_ids)
+            )
             rot = None
             if not nope:  # the N layers: NoPE's own state at q_pos and k_pos
                 q_rot = rotation(q_ids)

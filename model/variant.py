@@ -31,21 +31,17 @@ class Variant:
         if self.full_layers and self.parts:  # a cache row holds every layer's keys at one width
             raise ValueError(f"rope scaling {self.scaling.kind} splits every layer's keys: it has no full-layers form")
 
-    def for_windows(self) -> "Variant":
-        """The variant of the windowed layers: as trained under full_layers, the log-length factor kept."""
-        return replace(self, scaling=None, full_layers=False) if self.full_layers else self
-
     @property
     def parts(self) -> int:
         """How many rotations past the scheme's own each query and key gets (ReRoPE 1, DCA 2: split_attention.py)."""
         split = None if self.scaling is None else self.scaling.split
         return 0 if split is None else split.parts
 
-    def hooks(self, pe, q_pos, k_pos, nope: bool):
+    def hooks(self, pe, q_pos, k_pos, nope: bool, q_ids, k_ids):
         """(rotation, make_plan) for a scheme's layers: the scaled rotation, and plans that carry the queries'
         log-length factor and a split's other rotations (the N layers keep their own rotation and take the factor
-        alone)."""
-        q_scale = parts = None
+        alone); under full_layers, plans whose windows rotate as trained at q_ids and k_ids."""
+        q_scale = parts = trained = None
         if self.log_length is not None:
             from .log_scaling import log_length_factor
 
@@ -58,7 +54,9 @@ class Variant:
                 raise ValueError(f"rope scaling {self.scaling.kind} scores no content bias ({pe.name})")
             parts, main = Parts.at(pe, q_pos, k_pos, self.scaling), self.scaling.split.main
             rotation = lambda pos: pe.rotation(main(pos), self.scaling)  # noqa: E731  (DCA: j mod c)
-        return rotation, partial(VariantPlan.make, parts=parts, q_scale=q_scale)
+        if self.full_layers and not nope:
+            trained = (pe.rotation, q_ids, k_ids)
+        return rotation, partial(VariantPlan.make, parts=parts, q_scale=q_scale, trained=trained)
 
 
 AS_TRAINED = Variant()
@@ -67,17 +65,19 @@ AS_TRAINED = Variant()
 @dataclass
 class VariantPlan(AttnPlan):
     """A plan whose queries carry the log-length factor, and whose keys score through the rotation their split part
-    selects (ReRoPE, DCA): queries() and keys() return [own | part 1 | ...] side by side."""
+    selects (ReRoPE, DCA): queries() and keys() return [own | part 1 | ...] side by side. Under full_layers its
+    windows rotate as trained."""
 
     q_scale: torch.Tensor | None = None  # (Tq, 1) log-length factor of the queries (model/log_scaling.py)
     parts: object = None  # model/split_attention.py Parts
+    trained: tuple | None = None  # full_layers: (the scheme's own rotation, query ids, key ids) for the windows
 
     @classmethod
     def make(cls, pe, q_pos, k_pos, causal, n_head, backend="auto", sink=False, window=None, rot=None, *, parts,
-             q_scale):  # fmt: skip
+             q_scale, trained=None):  # fmt: skip
         keep = sink or parts is not None  # a split reads the plan's mask, where plain causal attention has none
         plan = make_plan(pe, q_pos, k_pos, causal, n_head, backend, keep, window, rot)
-        plan = cls(**{f.name: getattr(plan, f.name) for f in fields(AttnPlan)}, q_scale=q_scale)
+        plan = cls(**{f.name: getattr(plan, f.name) for f in fields(AttnPlan)}, q_scale=q_scale, trained=trained)
         if parts is not None:
             plan.parts = parts.masked(plan)
             if plan.backend == "flex":  # the plan's own call keeps part 0's keys only
@@ -109,6 +109,19 @@ class VariantPlan(AttnPlan):
         if self.parts is None:
             return super().attend(q, k, v, sink, content)
         return self.parts.attend(q, k, v, self, self.mask.bias, sink)  # hooks() refused a content bias
+
+    def windowed(self, window, n_head, backend, sink, k_pos, k_rot):
+        """Under full_layers the window's layers rotate as trained (the scheme's own rotation at the ids), the
+        log-length factor kept; else as any plan's windows."""
+        if self.trained is None:
+            return super().windowed(window, n_head, backend, sink, k_pos, k_rot)
+        rotation, q_ids, k_ids = self.trained
+        same = k_pos is None  # else a cache's ring, whose positions are its ids
+        q_rot = rotation(q_ids)
+        k_rot = q_rot if same and k_ids is q_ids else rotation(k_ids if same else k_pos)
+        plan = self.remade(self.k_pos if same else k_pos, n_head, backend, sink, window, (q_rot, k_rot), same)
+        plan.log_n = self.log_n
+        return plan
 
     def remade(self, k_pos, n_head, backend, sink, window, rot, same_keys):
         parts = None if self.parts is None else self.parts.over(self.pe, self.q_pos, None if same_keys else k_pos)
