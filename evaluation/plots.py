@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation.report import label, model_label
+from evaluation.report import FULL, label, model_label
 from utils.files import save_figure
 
 VARIANT_STYLE = {  # a line style per RoPE extension, so a variant reads the same in every figure
@@ -60,7 +60,7 @@ def series_styles(rows: list[dict]) -> dict[str, dict]:
         n: {
             "color": COLOURS[i % len(COLOURS)],
             "marker": MARKERS[i % len(MARKERS)],
-            "ls": VARIANT_STYLE.get(variant[n], "-"),
+            "ls": VARIANT_STYLE.get(variant[n].removesuffix(FULL), "-"),  # yarn_full as yarn, its colour its own
             "dodge": 2 ** (0.2 * (i / max(1, len(names) - 1) - 0.5)),
         }
         for i, n in enumerate(names)

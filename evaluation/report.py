@@ -99,6 +99,9 @@ def binned(by_position, count, min_samples: int = 32) -> list[tuple[int, float]]
     return out
 
 
+FULL = "_full"  # a row's suffix under eval.full_layers: its scaling on the full-attention layers alone
+
+
 def model_label(result: dict) -> str:
     """The scheme, an eval-time extension, a non-default QK-norm: rope + rerope (w 128), rope + dca (S 192, w 32),
     rope (qk_norm=learned)."""

@@ -12,6 +12,7 @@ import torch
 
 from evaluation import longrope, report
 from evaluation.pieces import read_span
+from evaluation.report import FULL
 from model.variant import AS_TRAINED, Variant
 from positional import hf_rope_scaling, rerope
 from positional.rope_scaling import DCA_KINDS, KINDS, SEARCHED, SPLITS, Scaling, refusal
@@ -20,7 +21,6 @@ from utils.errors import UserError
 from utils.progress import say
 
 LOG = "log"  # the variant row of eval.log_scaling
-FULL = "_full"  # a row's suffix under eval.full_layers: its scaling on the full-attention layers alone
 
 
 def resolve_variants(requested: str, pe, trained: str | None = None) -> list[str]:

@@ -52,6 +52,14 @@ def test_a_comparison_of_twelve_series_gives_each_its_own_colour_line_style_and_
     assert "irope" in names and "rope+yarn" in names and "rope/PPPN" not in names  # the README's names
 
 
+def test_a_full_layers_row_draws_in_its_scalings_line_style_and_a_colour_of_its_own():
+    rows = [{"scheme": "rope", "variant": v, "mode": "nonoverlap", "length": 512, "ppl": 100.0 + i}
+            for i, v in enumerate(("none", "yarn", "yarn_full"))]  # fmt: skip
+    styles = plots.series_styles(rows)
+    assert styles["rope+yarn_full"]["ls"] == styles["rope+yarn"]["ls"] != styles["rope"]["ls"]
+    assert styles["rope+yarn_full"]["color"] != styles["rope+yarn"]["color"]
+
+
 def test_log_axes_say_so_in_their_label(figures, tmp_path):
     plots.plot_compare(compare_rows(1), 256, tmp_path / "compare.png")
     rows = [r for r in compare_rows(1) if r["run_label"] == "rope"]
