@@ -14,7 +14,6 @@ with fixed frequencies (keys rotated once must match a full forward): dynamic_nt
 import codecs
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -71,12 +70,6 @@ def stream_one(model, enc, prompt, cache, cfg, generator, static=False, out=sys.
 def rope_variant(model, ckpt, cfg, capacity: int) -> Variant | None:
     """The Variant a `capacity`-token cache decodes under (at factor capacity / L), or None: the model as trained;
     under full_layers, on the full-attention layers alone."""
-    variant = scaled(model, ckpt, cfg, capacity)
-    return replace(variant, full_layers=True) if variant is not None and cfg.full_layers else variant
-
-
-def scaled(model, ckpt, cfg, capacity: int) -> Variant | None:
-    """rope_scaling's (or hf_rope_scaling's) Variant at factor capacity / L, on every layer; None: none asked for."""
     pe, train_length, hf = model.pe, ckpt["seq_len"], cfg.get("hf_rope_scaling")
     given = hf_rope_scaling.given(hf)
     kind = hf_rope_scaling.kind(hf) if given else cfg.rope_scaling
@@ -93,18 +86,21 @@ def scaled(model, ckpt, cfg, capacity: int) -> Variant | None:
     length = capacity - pe.n_prefix  # text positions the cache holds
     if given:
         try:
-            return Variant(hf_rope_scaling.scaling(hf, train_length, length, pe, "hf_rope_scaling"))
+            scaling = hf_rope_scaling.scaling(hf, train_length, length, pe, "hf_rope_scaling")
         except ValueError as e:
             raise UserError(str(e)) from None
-    if kind in SEARCHED:
+    elif kind in SEARCHED:
         run_dir = checkpoint.checkpoint_path(cfg.checkpoint).parent
-        return Variant(longrope.scaling(longrope.load(run_dir, length / train_length, train_length, "rope_scaling")))
-    split = {}
-    if kind in rerope.KINDS:
-        split = {"window": cfg.rerope_window, "leak": None if cfg.rerope_leak == "auto" else float(cfg.rerope_leak)}
-    if kind in DCA_KINDS:
-        split = {"chunk": cfg.dca_chunk, "window": cfg.dca_local}
-    return Variant(Scaling(kind, length / train_length, train_length, **split))
+        scaling = longrope.scaling(longrope.load(run_dir, length / train_length, train_length, "rope_scaling"))
+    else:
+        split = {}
+        if kind in rerope.KINDS:
+            leak = None if cfg.rerope_leak == "auto" else float(cfg.rerope_leak)
+            split = {"window": cfg.rerope_window, "leak": leak}
+        if kind in DCA_KINDS:
+            split = {"chunk": cfg.dca_chunk, "window": cfg.dca_local}
+        scaling = Scaling(kind, length / train_length, train_length, **split)
+    return Variant(scaling, full_layers=cfg.full_layers)
 
 
 def sample(cfg: DictConfig):

@@ -111,6 +111,18 @@ def assert_decoding_equals_full_forward(model, idx, static: bool = True, atol: f
             assert torch.allclose(full[:, 1:], got, atol=atol)
 
 
+def assert_sink_cache_reindexes(model, idx, variant=None):
+    """Past its capacity a sink cache (2 sinks + 28) re-indexes what it keeps: in a one-layer model the last token's
+    logits are a full forward over the kept tokens at positions 0..capacity-1, under the same variant."""
+    from model.kv_cache import SinkCache
+
+    cache = SinkCache(model, 1, sinks=2, window=28, variant=variant)
+    with torch.no_grad():
+        last = torch.cat([model.decode(idx[:, t : t + 1], cache) for t in range(idx.size(1))], dim=1)[:, -1]
+        want = model(idx[:, cache.token_indices().sort().values], variant=variant)[:, -1]
+    assert torch.allclose(last, want, atol=1e-4)
+
+
 def layer_outputs_from_probs(model, idx):
     """Per layer (probs, probs @ V through c_proj, the layer's actual output): the attention probabilities the sink
     diagnostic reads (evaluation/sink_mass.py) and whether they recompose what the model computed."""

@@ -11,12 +11,11 @@ import math
 
 import pytest
 import torch
-from conftest import assert_decoding_equals_full_forward, random_model
+from conftest import assert_decoding_equals_full_forward, assert_sink_cache_reindexes, random_model
 from hydra import compose, initialize_config_dir
 
 from evaluation import length, variants
 from model.gpt import norm
-from model.kv_cache import SinkCache
 from model.variant import Variant
 from positional import dca
 from positional.rope_scaling import Scaling
@@ -140,11 +139,7 @@ def test_sink_cache_rotates_at_in_cache_positions():
     """Past its capacity the sink cache re-indexes what it keeps, and its chunks follow: in a one-layer model the last
     token's logits are a full forward over the kept tokens at positions 0..capacity-1."""
     (model, variant), idx = scaled(n_layer=1), tokens(50, batch=1)
-    cache = SinkCache(model, 1, sinks=2, window=28, variant=variant)
-    with torch.no_grad():
-        last = torch.cat([model.decode(idx[:, t : t + 1], cache) for t in range(idx.size(1))], dim=1)[:, -1]
-        want = model(idx[:, cache.token_indices().sort().values], variant=variant)[:, -1]
-    assert torch.allclose(last, want, atol=1e-4)
+    assert_sink_cache_reindexes(model, idx, variant)
 
 
 def test_bad_sizes_and_schemes_are_refused():

@@ -11,11 +11,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import TINY, assert_decoding_equals_full_forward, config, random_model
+from conftest import TINY, assert_decoding_equals_full_forward, assert_sink_cache_reindexes, config, random_model
 from hydra import compose, initialize_config_dir
 
 from evaluation import length
-from model.kv_cache import SinkCache
 from model.variant import Variant
 from positional.rope_scaling import Scaling
 from utils import runtime
@@ -69,14 +68,8 @@ def test_kv_cache_decoding_equals_the_full_forward(layout):
 
 @pytest.mark.parametrize("pattern", ["S", "L"])
 def test_sink_cache_rotates_at_in_cache_positions(pattern):
-    """Past its capacity the sink cache re-indexes what it keeps: in a one-layer model, windowed or full, the last
-    token's logits are a full forward over the kept tokens at positions 0..capacity-1, under the same variant."""
-    model, idx = random_model("rope", n_layer=1, window=8, window_pattern=pattern), tokens(50, batch=1)
-    cache = SinkCache(model, 1, sinks=2, window=28, variant=FULL)
-    with torch.no_grad():
-        last = torch.cat([model.decode(idx[:, t : t + 1], cache) for t in range(idx.size(1))], dim=1)[:, -1]
-        want = model(idx[:, cache.token_indices().sort().values], variant=FULL)[:, -1]
-    assert torch.allclose(last, want, atol=1e-4)
+    model = random_model("rope", n_layer=1, window=8, window_pattern=pattern)  # windowed or full
+    assert_sink_cache_reindexes(model, tokens(50, batch=1), FULL)
 
 
 def test_a_split_has_no_full_layers_form():
