@@ -1,11 +1,11 @@
-"""The tables of README.md and docs/*.md that come from results/ (written from the JSON stored there) or positional/.
+"""The tables of README.md and docs/*.md, written from the JSON in results/ (and from positional/).
 
 python -m evaluation.doc_tables            rewrite every table in README.md and docs/*.md
 python -m evaluation.doc_tables --check    exit 1 and name each table that differs from what this script writes
-A table sits between `<!-- table: <name> -->` and `<!-- /table -->` lines (<name>: a key of TABLES); the lines
-between them are written here, the words around them belong to the doc. Which runs a table shows, and their names,
-are set here; the numbers never are. tests/test_docs.py fails when a doc's table differs from what this writes, so a
-table cannot drift from its evidence.
+
+A table sits between `<!-- table: <name> -->` and `<!-- /table -->` lines (<name>: a key of TABLES); the doc owns the
+words around it. Which runs a table shows, and their names, are set here; the numbers never are, and tests/test_docs.py
+fails when a table drifts from them.
 """
 
 import argparse
@@ -13,7 +13,7 @@ import math
 import re
 import sys
 import textwrap
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 from data.tasks import TASKS
@@ -31,69 +31,50 @@ def load(path: str) -> dict:
 
 
 def cells(study: str) -> dict:
-    """compare.json's rows by (group label, variant, length, mode)."""
     rows = load(f"{study}/eval/compare.json")["results"]
     return {(r["run_label"], r["variant"], r["length"], r["mode"]): r for r in rows}
 
 
+def markdown(head: list[str], body: list[list[str]], note: str = "", text_columns: int = 1) -> str:
+    """A markdown table, the first text_columns columns aligned left and the numbers right, then its note."""
+    rule = ["---"] * text_columns + ["---:"] * (len(head) - text_columns)
+    lines = ["| " + " | ".join(row) + " |" for row in [head, rule, *body]]
+    return "\n".join(lines + ["", note] if note else lines)
+
+
+def marked(value: str, mark: str) -> str:
+    """**value** for the best of its column; any other mark (~: within the noise of it) follows the value."""
+    return f"**{value}**" if mark == "*" else value + mark
+
+
 def ppl(row: dict | None) -> str:
-    """`ppl ±sd [lo, hi]`; **bold**: the lowest of its column, `~`: within the paired noise of it (compare.json)."""
+    """`ppl ±sd [lo, hi]` of a compare.json row."""
     if row is None or row.get("ppl") is None:
         return "n/a"
-    value = f"{row['ppl']:.1f}"
-    value = f"**{value}**" if row.get("mark") == "*" else value + row.get("mark", "")
+    value = marked(f"{row['ppl']:.1f}", row.get("mark", ""))
     spread = f" ±{row['ppl_sd']:.1f}" if row.get("ppl_sd") is not None else ""
     return f"{value}{spread} [{row['ci'][0]:.1f}, {row['ci'][1]:.1f}]"
 
 
-def markdown(head: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
-    """A markdown table: the first text_columns columns aligned left, the numbers right."""
-    rule = "| " + " | ".join(["---"] * text_columns + ["---:"] * (len(head) - text_columns)) + " |"
-    return ["| " + " | ".join(head) + " |", rule] + ["| " + " | ".join(r) + " |" for r in rows]
-
-
-def seeds(study: str) -> list[int]:
-    """The distinct numbers of seeds behind a study's rows."""
-    return sorted({r["runs"] for r in load(f"{study}/eval/compare.json")["results"]})
-
-
 def scored(study: str) -> str:
-    """What a study's cells rest on, read from its rows: seeds per row and held-out tokens per cell."""
+    """What a study's cells rest on: seeds per row and held-out tokens per cell."""
     rows = load(f"{study}/eval/compare.json")["results"]
-    n, tokens = seeds(study), sorted({r["tokens"] for r in rows if r["ppl"] is not None})
+    n, tokens = sorted({r["runs"] for r in rows}), sorted({r["tokens"] for r in rows if r["ppl"] is not None})
     runs = f"{n[0]} seed{'s' * (n[0] > 1)}" if len(n) == 1 else f"{n[0]}-{n[-1]} seeds"
     return f"{runs} per row, {', '.join(f'{t:,}' for t in tokens)} held-out tokens per cell"
 
 
-MARKS = (
-    "**bold**: lowest in its column; ~: within the noise of it (the 95% interval of the paired bootstrap difference "
-    "in mean NLL, the same pieces drawn for both, holds 0)"
-)
-
-# --- the length tables: seed groups of evaluation/compare.py, nonoverlapping windows ---------------------------
-
 CORE = ["alibi", "t5", "sink", "rope", "learned", "nope", "sinusoidal"]  # the first study's schemes
 BREADTH = {  # group label in results/study-breadth -> the name the docs give it
-    "fox": "fox",
-    "pope": "pope",
-    "fire": "fire",
-    "shaw": "shaw",
-    "kerple": "kerple",
-    "alibi": "alibi",
+    **{label: label for label in ("fox", "pope", "fire", "shaw", "kerple", "alibi")},
     "rope [model.window=64, model.window_pattern=SSSL]": "rope, model.window=64 SSSL",
-    "xpos": "xpos",
-    "prope": "prope",
-    "rope": "rope",
+    **{label: label for label in ("xpos", "prope", "rope")},
     "rope/PPPN": "irope",
     "rope [positional.rotary_fraction=0.25]": "rope, rotary_fraction=0.25",
 }
 CONTENT = ["cope", "stickbreaking", "path", "fox", "alibi", "rope"]  # beside FoX (content gates) and the references
-QK_NORM = {
-    "rope [model.qk_norm=rms]": "rope, gain-free QK-norm (the default)",
-    "rope [model.qk_norm=learned]": "rope, learned QK gains",
-    "alibi [model.qk_norm=rms]": "alibi, gain-free QK-norm (the default)",
-    "alibi [model.qk_norm=learned]": "alibi, learned QK gains",
-}
+QK_GAINS = {"rms": "gain-free QK-norm (the default)", "learned": "learned QK gains"}  # model.qk_norm -> its name
+QK_NORM = {f"{s} [model.qk_norm={k}]": f"{s}, {name}" for s in ("rope", "alibi") for k, name in QK_GAINS.items()}
 EXTENSION = {  # (group label, variant) in results/extension -> its row name
     ("rope", "none"): "RoPE base, as trained",
     ("rope", "linear"): "training-free PI (linear)",
@@ -113,121 +94,86 @@ EXTENSION = {  # (group label, variant) in results/extension -> its row name
 }
 
 
-def length_table(study: str, rows: dict, lengths: list[int], first: str = "scheme", train: int = 256) -> str:
-    """A row per (label, variant) of rows, a column per length: `ppl ±sd [lo, hi]`."""
+def length_table(study: str, rows: list | dict, lengths=(256, 1024, 4096), first: str = "scheme") -> str:
+    """A row per seed group in rows, a column per length: compare.json's nonoverlapping windows."""
+    names = rows if isinstance(rows, dict) else {label: label for label in rows}
+    keys = [key if isinstance(key, tuple) else (key, "none") for key in names]
     table = cells(study)
-    head = [first] + [f"{n} ({n // train}x{', trained' if n == train else ''})" for n in lengths]
-    body, notes, keys = [], set(), [key if isinstance(key, tuple) else (key, "none") for key in rows]
-    for (label, variant), name in zip(keys, rows.values(), strict=True):
+    body, notes = [], set()
+    for (label, variant), name in zip(keys, names.values(), strict=True):
         shown = [table.get((label, variant, n, "nonoverlap")) for n in lengths]
         body.append([name] + [ppl(row) for row in shown])
         notes |= {row["note"] for row in shown if row and row.get("note")}
-    spread = "mean ±sd over the seeds " if max(seeds(study)) > 1 else ""
-    slid = sum((label, variant, lengths[0], "sliding") in table for label, variant in keys)  # rows that scored them
+    spread = "mean ±sd over the seeds " if max(r["runs"] for r in table.values()) > 1 else ""
+    slid = sum((*key, lengths[0], "sliding") in table for key in keys)  # the rows that scored sliding windows too
     sliding = " and the sliding windows" if slid == len(keys) else " (no sliding windows: `eval.sliding=false`)"
     if 0 < slid < len(keys):
         sliding = f" and the sliding windows of {slid} of these rows (the others ran `eval.sliding=false`)"
-    return "\n".join(
-        markdown(head, body)
-        + [
-            "",
-            f"Held-out perplexity, nonoverlapping windows, {spread}[95% bootstrap interval over the scored pieces"
-            f"{' and the seeds' if spread else ''}]; {scored(study)}. {''.join(n + '. ' for n in sorted(notes))}"
-            f"{MARKS}. "
-            f"From `results/{study}/eval/compare.json`; every length{sliding}: "
-            f"[results/{study}/REPORT.md](results/{study}/REPORT.md).",
-        ]
+    note = (
+        f"Held-out perplexity, nonoverlapping windows, {spread}[95% bootstrap interval over the scored pieces"
+        f"{' and the seeds' if spread else ''}]; {scored(study)}. {''.join(n + '. ' for n in sorted(notes))}**bold**: "
+        "lowest in its column; ~: within the noise of it (the 95% interval of the paired bootstrap difference in mean "
+        "NLL, the same pieces drawn for both, holds 0). "
+        f"From `results/{study}/eval/compare.json`; every length{sliding}: "
+        f"[results/{study}/REPORT.md](results/{study}/REPORT.md)."
     )
+    head = [first] + [f"{n} ({n // 256}x{', trained' if n == 256 else ''})" for n in lengths]
+    return markdown(head, body, note)
 
 
-def core() -> str:
-    return length_table("study", {name: name for name in CORE}, [256, 1024, 4096])
-
-
-def breadth() -> str:
-    return length_table("study-breadth", BREADTH, [256, 1024, 4096])
-
-
-def content() -> str:
-    return length_table("study-content", {name: name for name in CONTENT}, [256, 1024, 4096])
-
-
-def qk_norm() -> str:
-    return length_table("qk-norm", QK_NORM, [256, 1024, 4096])
-
-
-def extension() -> str:
-    return length_table("extension", EXTENSION, [256, 512, 1024, 2048, 4096], first="model (tiny RoPE base, seed 1)")
-
-
-# --- the README's scheme table ----------------------------------------------------------------------------------
+core = partial(length_table, "study", CORE)
+breadth = partial(length_table, "study-breadth", BREADTH)
+content = partial(length_table, "study-content", CONTENT)
+qk_norm = partial(length_table, "qk-norm", QK_NORM)
+extension = partial(
+    length_table, "extension", EXTENSION, (256, 512, 1024, 2048, 4096), "model (tiny RoPE base, seed 1)"
+)
 
 STUDIES = ("study", "study-breadth", "study-content", "study-presets")  # where the scheme table finds each row
 ON_GRIDS = ("rope2d", "mrope")  # measured on data=grids alone (dev/LOG.md), not in a length study
-
-
-def presets() -> list[tuple[str, str, str]]:
-    """(how it is picked, what it does, its tag): every YAML of configs/ with a `# preset:` line, which says what it
-    does; a study's runs of it sit in folders named <scheme>-<tag>-s<seed> (runs/study.sh TAG=) or <tag>-s<seed>."""
-    found = []
-    for path in sorted((ROOT / "configs").glob("*/*.yaml")):
-        about = [line[len("# preset:") :].strip() for line in path.read_text().splitlines() if "# preset:" in line]
-        if about:
-            pick = f"experiment={path.stem}" if path.parent.name == "experiment" else path.stem
-            found.append((pick, about[0], path.stem))
-    return found
+# positional/base.py's hooks, in the order a forward meets them (what each gives: base.py)
+HOOKS = ("embed", "prefix", "rotation", "rotate", "rotate_key", "rotated_dim", "score_bias", "layer_module")
+HOOKS += ("content_bias", "content_weights", "fit_state")
 
 
 def measured_in(label: str | None = None, tag: str | None = None) -> tuple[str, str] | None:
-    """(the first study whose comparison holds a group of this label, or of runs of this preset tag, the group's
-    label), or None."""
+    """(study, group label) of the first study with a group of this label, or of runs of this preset tag (in folders
+    <scheme>-<tag>-s<seed> or <tag>-s<seed>), or None."""
     for study in STUDIES:
         for g in load(f"{study}/eval/compare.json")["groups"]:
             run = re.sub(r"-s\d+$", "", Path(g["runs"][0]).parent.name)
             if g["label"] == label or tag and (run == tag or run.endswith(f"-{tag}")):
                 return study, g["label"]
-    return None
 
 
 def scheme_rows() -> list[tuple[str, str, tuple[str, str] | None]]:
-    """(`positional=` or the preset, what it does, the study that measured it): every scheme of positional/, then the
-    presets, in the order of the studies that measured them."""
+    """(`positional=` or the preset, what it does, where measured): the schemes, then the presets, by study."""
     import positional
 
     rows = [(n, positional.SCHEMES[n].about, measured_in(n)) for n in positional.names()]
-    rows += [(pick, about, measured_in(tag=tag)) for pick, about, tag in presets()]
+    for path in sorted((ROOT / "configs").glob("*/*.yaml")):  # a preset: a YAML with a `# preset:` line
+        if about := re.search(r"^# preset:(.*)", path.read_text(), re.M):
+            pick = f"experiment={path.stem}" if path.parent.name == "experiment" else path.stem
+            rows.append((pick, about[1].strip(), measured_in(tag=path.stem)))
     order = {s: i for i, s in enumerate(STUDIES)}
     return sorted(rows, key=lambda r: order.get(r[2] and r[2][0], len(STUDIES) + (r[0] not in ON_GRIDS)))
 
 
 def schemes() -> str:
-    head = ["`positional=` (or a preset)", "what it does", "ppl at 256 → 4096"]
-    body = []
-    for name, what, found in scheme_rows():
-        if found is None:
-            measured = "on grids only" if name in ON_GRIDS else "not measured"
-        else:
-            study, label = found
-            table = cells(study)
-            short, long = (table.get((label, "none", n, "nonoverlap")) for n in (256, 4096))
+    rows, body = scheme_rows(), []
+    for name, what, found in rows:
+        measured = "on grids only" if name in ON_GRIDS else "not measured"
+        if found:
+            short, long = (cells(found[0]).get((found[1], "none", n, "nonoverlap")) for n in (256, 4096))
             measured = f"{short['ppl']:.1f} → " + (f"{long['ppl']:.1f}" if long and long["ppl"] else "n/a")
         body.append([f"`{name}`", what, measured])
-    studies = [f"`results/{s}`" for s in dict.fromkeys(found[0] for *_, found in scheme_rows() if found)]
-    return "\n".join(
-        markdown(head, body, text_columns=2)
-        + [
-            "",
-            "ppl: held-out perplexity of the tiny model trained at 256 tokens, scored at 256 and at 4096 (16x); the "
-            f"mean over seeds, {scored('study')} ({', '.join(studies[:-1])} and {studies[-1]}: the same recipe, the "
-            "same tokens). With intervals: [Results](#results) below and [docs/schemes.md](docs/schemes.md).",
-        ]
+    studies = [f"`results/{s}`" for s in dict.fromkeys(found[0] for *_, found in rows if found)]
+    note = (
+        "ppl: held-out perplexity of the tiny model trained at 256 tokens, scored at 256 and at 4096 (16x); the "
+        f"mean over seeds, {scored('study')} ({', '.join(studies[:-1])} and {studies[-1]}: the same recipe, the "
+        "same tokens). With intervals: [Results](#results) below and [docs/schemes.md](docs/schemes.md)."
     )
-
-
-HOOKS = (  # positional/base.py's hooks, in the order a forward meets them (what each gives: base.py)
-    *("embed", "prefix", "rotation", "rotate", "rotate_key", "rotated_dim", "score_bias", "layer_module"),
-    *("content_bias", "content_weights", "fit_state"),
-)
+    return markdown(["`positional=` (or a preset)", "what it does", "ppl at 256 → 4096"], body, note, text_columns=2)
 
 
 def hooks() -> str:
@@ -235,51 +181,39 @@ def hooks() -> str:
     import positional
     from positional.base import Positional
 
-    classes = {n: positional.SCHEMES[n] for n in positional.names()}
-    givers = {h: [n for n, c in classes.items() if getattr(c, h) is not getattr(Positional, h)] for h in HOOKS}
-    body = [[f"`{h}`", ", ".join(f"`{n}`" for n in names)] for h, names in givers.items()]
-    return "\n".join(markdown(["hook", "schemes that give their own"], body, text_columns=2))
-
-
-# --- streams: evaluation/stream.py's stream.json ------------------------------------------------------------------
+    classes = [(n, positional.SCHEMES[n]) for n in positional.names()]
+    givers = {h: [f"`{n}`" for n, c in classes if getattr(c, h) is not getattr(Positional, h)] for h in HOOKS}
+    body = [[f"`{h}`", ", ".join(names)] for h, names in givers.items()]
+    return markdown(["hook", "schemes that give their own"], body, text_columns=2)
 
 
 def stream_cell(method: dict, digits: int = 1) -> str:
-    if method["mean"]["ppl"] is None:
-        return "n/a"
-    lo, hi = method["mean"]["ci"]
-    return f"{method['mean']['ppl']:.{digits}f} [{lo:.1f}, {hi:.1f}]"
+    """`ppl [lo, hi]` of one cache in evaluation/stream.py's stream.json."""
+    mean = method["mean"]
+    return "n/a" if mean["ppl"] is None else f"{mean['ppl']:.{digits}f} [{mean['ci'][0]:.1f}, {mean['ci'][1]:.1f}]"
 
 
 def streams() -> str:
     """The breadth study's seed-1 streams: each cache against dense attention, and the largest head on key 0."""
     groups = {run: g["label"] for g in load("study-breadth/eval/compare.json")["groups"] for run in g["runs"]}
-    found = {}
-    for path in sorted(RESULTS.glob("study-breadth/*/eval/stream.json")):
-        result = load(str(path.relative_to(RESULTS)))
-        found[BREADTH[groups[result["checkpoint"]]]] = result
+    paths = sorted(RESULTS.glob("study-breadth/*/eval/stream.json"))
+    found = {BREADTH[groups[r["checkpoint"]]]: r for r in (load(str(p.relative_to(RESULTS))) for p in paths)}
     body, tokens, uniform = [], set(), set()
     for name in (n for n in BREADTH.values() if n in found):
         result = found[name]
-        methods = list(result["methods"].values())  # dense, window 0+W, sinks 1+(W-1), sinks 4+(W-4), recompute
+        methods = list(result["methods"].items())  # dense, window 0+W, sinks 1+(W-1), sinks 4+(W-4), recompute
+        shown = methods[:2] + methods[3:]  # sinks 1+(W-1) is the sinks table's
         attention = result["first_token_attention"]
-        body.append(
-            [name] + [stream_cell(m) for m in methods[:2] + methods[3:]] + [f"{max(attention['max_head']):.4f}"]
-        )
+        body.append([name] + [stream_cell(m) for _, m in shown] + [f"{max(attention['max_head']):.4f}"])
         tokens.add(result["stream_tokens"])
         uniform.add(attention["uniform"])
-    first = next(iter(found.values()))["methods"]
-    head = ["run (seed 1)"] + [m for i, m in enumerate(first) if i != 2] + ["key 0, largest head"]
-    return "\n".join(
-        markdown(head, body)
-        + [
-            "",
-            f"Perplexity over a stream of {', '.join(f'{t:,}' for t in tokens)} held-out tokens fed one at a time "
-            "[95% bootstrap interval over its blocks of 256 tokens]; one seed per row. Key 0: the largest head's "
-            f"mean attention on the stream's first token (a uniform share is {', '.join(map(str, uniform))}; a sink "
-            "head, Gu et al. 2024, is above 0.3). From `results/study-breadth/*/eval/stream.json`.",
-        ]
+    note = (
+        f"Perplexity over a stream of {', '.join(f'{t:,}' for t in tokens)} held-out tokens fed one at a time "
+        "[95% bootstrap interval over its blocks of 256 tokens]; one seed per row. Key 0: the largest head's "
+        f"mean attention on the stream's first token (a uniform share is {', '.join(map(str, uniform))}; a sink "
+        "head, Gu et al. 2024, is above 0.3). From `results/study-breadth/*/eval/stream.json`."
     )
+    return markdown(["run (seed 1)"] + [m for m, _ in shown] + ["key 0, largest head"], body, note)
 
 
 SINK_RUNS = {  # results/sinks/<run> -> its row name
@@ -290,16 +224,12 @@ SINK_RUNS = {  # results/sinks/<run> -> its row name
 }
 
 
-def last_eval(run: str) -> dict:
-    """The last line of a run's metrics.jsonl that holds a validation loss."""
-    return [row for row in read_log(RESULTS / "sinks" / run / "metrics.jsonl") if row.get("val_loss") is not None][-1]
-
-
 def sinks() -> str:
     """The sinks runs: stream perplexity per cache, what evicting the first token costs, and where attention parks."""
     body, steps, tokens = [], set(), set()
     for run, name in SINK_RUNS.items():
-        result, logged = load(f"sinks/{run}/stream.json"), last_eval(run)
+        result, log = load(f"sinks/{run}/stream.json"), read_log(RESULTS / "sinks" / run / "metrics.jsonl")
+        logged = [row for row in log if row.get("val_loss") is not None][-1]  # the last eval
         steps.add(f"{logged['step']:,}")
         tokens.add(f"{result['stream_tokens']:,}")
         methods = result["methods"]
@@ -307,39 +237,26 @@ def sinks() -> str:
         pair = next(p for p in result["pairs"] if {p["a"], p["b"]} == {window, one_sink})
         sign = 1 if pair["a"] == window else -1  # window minus one sink: what evicting the first token costs
         lo, hi = sorted((sign * pair["lo"], sign * pair["hi"]))
-        attention = result["first_token_attention"]
-        nothing = attention.get("nothing_max_head")
-        body.append(
-            [
-                f"{name}, val loss {logged['val_loss']:.3f}",
-                stream_cell(methods["dense"]),
-                stream_cell(methods[window], 2),
-                stream_cell(methods[one_sink], 2),
-                f"{sign * pair['diff_nll']:+.4f} [{lo:+.4f}, {hi:+.4f}]",
-                f"{max(attention['max_head']):.4f}",
-                "-" if nothing is None else f"{max(nothing):.4f}",
-                "-" if "nothing_cost" not in logged else f"x{math.exp(logged['nothing_cost']):.1f}",
-            ]
-        )
-    head = ["run", "dense", "window 0+W", "sinks 1+(W-1)", "evicting key 0, nats", "key 0", "nothing", "no slot"]
-    return "\n".join(
-        markdown(head, body)
-        + [
-            "",
-            f"One seed per run, {', '.join(sorted(steps))} steps. Perplexity over a stream of {', '.join(tokens)} "
-            "held-out tokens [95% bootstrap interval over its blocks of 256]; W is the training length (plus the "
-            "learned sink token where there is one). Evicting key 0: window 0+W minus sinks 1+(W-1) in mean NLL "
-            "[95% interval of the paired bootstrap over blocks]. Key 0 and nothing: the largest head's mean "
-            "attention on the stream's first token (the learned sink token where there is one) and on the nothing "
-            "slot. No slot: the perplexity factor when the slot is taken away (`train.sink_metric`, the last eval "
-            "of `metrics.jsonl`). From `results/sinks/<run>/`.",
-        ]
+        caches = [stream_cell(methods["dense"]), stream_cell(methods[window], 2), stream_cell(methods[one_sink], 2)]
+        evicting = f"{sign * pair['diff_nll']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+        key0 = result["first_token_attention"]
+        heads = ["-" if h is None else f"{max(h):.4f}" for h in (key0["max_head"], key0.get("nothing_max_head"))]
+        cost = "-" if "nothing_cost" not in logged else f"x{math.exp(logged['nothing_cost']):.1f}"
+        body.append([f"{name}, val loss {logged['val_loss']:.3f}", *caches, evicting, *heads, cost])
+    note = (
+        f"One seed per run, {', '.join(sorted(steps))} steps. Perplexity over a stream of {', '.join(tokens)} "
+        "held-out tokens [95% bootstrap interval over its blocks of 256]; W is the training length (plus the "
+        "learned sink token where there is one). Evicting key 0: window 0+W minus sinks 1+(W-1) in mean NLL "
+        "[95% interval of the paired bootstrap over blocks]. Key 0 and nothing: the largest head's mean "
+        "attention on the stream's first token (the learned sink token where there is one) and on the nothing "
+        "slot. No slot: the perplexity factor when the slot is taken away (`train.sink_metric`, the last eval "
+        "of `metrics.jsonl`). From `results/sinks/<run>/`."
     )
+    head = ["run", "dense", "window 0+W", "sinks 1+(W-1)", "evicting key 0, nats", "key 0", "nothing", "no slot"]
+    return markdown(head, body, note)
 
 
-# --- passkey: evaluation/passkey.py's passkey.json ----------------------------------------------------------------
-
-PASSKEY = [  # files under results/extension, in the order shown
+PASSKEY = [  # evaluation/passkey.py's files under results/extension, in the order shown
     *(f"rope-passkey/eval/passkey{v}.json" for v in ("", "-rerope", "-leaky_rerope", "-yarn", "-ntk")),
     *(f"{run}/eval/passkey.json" for run in ("rope-passkey-600", "rope-passkey-rms", "rope-yarn4-passkey")),
     *(f"{run}/eval/passkey.json" for run in ("rope-yarn4-passkey-1200", "alibi-passkey", "alibi-passkey-rms")),
@@ -355,115 +272,77 @@ def accuracy(a: float | None) -> str:
 
 
 def passkey() -> str:
-    lengths = load(f"extension/{PASSKEY[0]}")["lengths"]
-    body, trials, digits, wilson = [], set(), set(), {}
-    for path in PASSKEY:
-        result = load(f"extension/{path}")
-        variant = result.get("variant") or "none"
+    results = [load(f"extension/{path}") for path in PASSKEY]
+    lengths, depths = results[0]["lengths"], results[0]["depths"]
+    body, wilson = [], {}
+    for result in results:
         gains = "QK gains" if result["qk_norm"] == "learned" else "gain-free"
         name = f"{MODELS[result['scheme']]} ({result['train_length']}), {gains}, {result['step']:,} steps"
-        if variant != "none":
+        if (result.get("variant") or "none") != "none":  # an extension set at eval time on the first row's model
             window = next((r["window"] for r in result["results"] if r.get("window")), None)
-            name = f"+ {VARIANTS[variant]}" + (f" (w {window})" if window else "") + ", training-free"
-        by_cell = {(r["length"], r["depth"]): r for r in result["results"]}
-        row = [name]
-        for n in lengths:
-            row.append(" / ".join(accuracy(by_cell[(n, d)]["accuracy"]) for d in result["depths"]))
-        body.append(row)
-        trials.add(result["trials"])
-        digits.add(result["key_digits"])
-        for r in result["results"]:
-            wilson[(r["correct"], r["trials"])] = r["ci"]
-    ends = [f"{c}/{n}: [{wilson[(c, n)][0]:.2f}, {wilson[(c, n)][1]:.2f}]" for c, n in sorted(wilson) if c in (0, n)]
-    depths = " / ".join(f"{d:g}" for d in load(f"extension/{PASSKEY[0]}")["depths"])
-    counts = f"{', '.join(map(str, sorted(trials)))} trials per cell, {', '.join(map(str, sorted(digits)))}-digit keys"
-    return "\n".join(
-        markdown(["model (trained at), fine-tune"] + [str(n) for n in lengths], body)
-        + [
-            "",
-            f"Passkey accuracy at depths {depths} (0: the key first, 1: just before the question), {counts}, "
-            "teacher-forced greedy; a `+` row scores the first row's model with an extension set at eval time "
-            "(factor = length / 256). Wilson 95% intervals over a cell's trials, e.g. "
-            f"{'; '.join(ends)}; every cell's in [results/extension/REPORT.md](results/extension/REPORT.md). From "
-            "`results/extension/<run>/eval/passkey*.json`.",
-        ]
+            name = f"+ {VARIANTS[result['variant']]}" + (f" (w {window})" if window else "") + ", training-free"
+        by_cell = {(r["length"], r["depth"]): r["accuracy"] for r in result["results"]}
+        body.append([name] + [" / ".join(accuracy(by_cell[n, d]) for d in result["depths"]) for n in lengths])
+        wilson |= {(r["correct"], r["trials"]): r["ci"] for r in result["results"]}
+    ends = [f"{c}/{n}: [{wilson[c, n][0]:.2f}, {wilson[c, n][1]:.2f}]" for c, n in sorted(wilson) if c in (0, n)]
+    trials = ", ".join(map(str, sorted({r["trials"] for r in results})))
+    digits = ", ".join(map(str, sorted({r["key_digits"] for r in results})))
+    note = (
+        f"Passkey accuracy at depths {' / '.join(f'{d:g}' for d in depths)} (0: the key first, 1: just before the "
+        f"question), {trials} trials per cell, {digits}-digit keys, teacher-forced greedy; a `+` row scores the first "
+        "row's model with an extension set at eval time (factor = length / 256). Wilson 95% intervals over a cell's "
+        f"trials, e.g. {'; '.join(ends)}; every cell's in [results/extension/REPORT.md](results/extension/REPORT.md). "
+        "From `results/extension/<run>/eval/passkey*.json`."
     )
+    return markdown(["model (trained at), fine-tune"] + [str(n) for n in lengths], body, note)
+
+
+def task_cell(c: dict | None) -> str:
+    if c is None:
+        return "n/a"
+    sd = f" ±{c['sd']:.2f}" if c["sd"] else ""  # the sd over seeds, where they differ
+    return marked(accuracy(round(c["accuracy"], 2)), c["mark"]) + sd
 
 
 def tasks() -> str:
-    """The task battery's headline: per scheme, exact match at each task's longest training length, 2x and 8x it, the
-    mean over seeds with its sd and marks."""
-    summary = load("tasks/eval/tasks.json")
-    by_task = summary["cells"]
-    head, columns = ["scheme"], []
-    for task in by_task:
-        first = TASKS[task].train[1]  # the longest training length, where a scheme must be right first
-        for n in (first, 2 * first, 8 * first):
-            head.append(f"{task} {n}" + ("" if n == first else f" ({n // first}x)"))
-            columns.append((task, str(n)))
-    labels = list(dict.fromkeys(label for groups in by_task.values() for label in groups))
-    body, rests = [], set()
-    for label in labels:
-        row = [label]
-        for task, n in columns:
-            c = by_task[task].get(label, {}).get(n)
-            if c is None:
-                row.append("n/a")
-                continue
-            value = accuracy(round(c["accuracy"], 2))
-            value = f"**{value}**" if c["mark"] == "*" else value + c["mark"]
-            row.append(value + (f" ±{c['sd']:.2f}" if c["sd"] else ""))  # the sd over seeds, where they differ
-            rests.add((len(c["seeds"]), c["samples"], c["trials"]))
-        body.append(row)
+    """Exact match per scheme at each task's longest training length, 2x and 8x it: the mean over seeds ±sd."""
+    by_task = load("tasks/eval/tasks.json")["cells"]
+    # each task's longest training length (where a scheme must be right first), 2x and 8x it
+    columns = [(task, k, k * TASKS[task].train[1]) for task in by_task for k in (1, 2, 8)]
+    head = ["scheme"] + [f"{task} {n}" + (f" ({k}x)" if k > 1 else "") for task, k, n in columns]
+    labels = dict.fromkeys(label for groups in by_task.values() for label in groups)
+    shown = {label: [by_task[task].get(label, {}).get(str(n)) for task, _, n in columns] for label in labels}
+    rests = {(len(c["seeds"]), c["samples"], c["trials"]) for row in shown.values() for c in row if c is not None}
     seeds = "-".join(map(str, sorted({s for s, _, _ in rests})))
     per_seed = ", ".join(map(str, sorted({trials // s for s, _, trials in rests})))
-    shared = all(n * s == t for s, n, t in rests)
-    shared = (
-        f"all on the same {per_seed} held-out samples" if shared else f"each on {per_seed} held-out samples of its own"
+    if all(n * s == t for s, n, t in rests):
+        samples = f"all on the same {per_seed} held-out samples"
+    else:
+        samples = f"each on {per_seed} held-out samples of its own"
+    note = (
+        f"Exact match ([results/tasks/REPORT.md](results/tasks/REPORT.md)), the mean of {seeds} seeds ±sd, {samples}"
+        "; n/a: past a learned table; **bold**: highest; ~: no paired difference from it detected."
     )
-    return "\n".join(
-        markdown(head, body)
-        + [
-            "",
-            f"Exact match ([results/tasks/REPORT.md](results/tasks/REPORT.md)), the mean of {seeds} seeds ±sd, {shared}"
-            "; n/a: past a learned table; **bold**: highest; ~: no paired difference from it detected.",
-        ]
-    )
+    return markdown(head, [[label] + [task_cell(c) for c in row] for label, row in shown.items()], note)
 
 
-TABLES = {
-    "schemes": schemes,
-    "hooks": hooks,
-    "core": core,
-    "breadth": breadth,
-    "content": content,
-    "qk-norm": qk_norm,
-    "extension": extension,
-    "passkey": passkey,
-    "streams": streams,
-    "sinks": sinks,
-    "tasks": tasks,
-}
+TABLES = {"schemes": schemes, "hooks": hooks, "core": core, "breadth": breadth, "content": content, "qk-norm": qk_norm}
+TABLES |= {"extension": extension, "passkey": passkey, "streams": streams, "sinks": sinks, "tasks": tasks}
 
 
 @cache
 def table(name: str, depth: int) -> str:
-    """The table called name, its links written for a doc `depth` folders below the repository root."""
+    """The lines of the table called name, its links written for a doc `depth` folders below the repository root."""
     if name not in TABLES:
         raise SystemExit(f"error: <!-- table: {name} --> names no table; pick one of {', '.join(TABLES)}")
     text = re.sub(r"\]\((?!https?:|#)", "](" + "../" * depth, TABLES[name]())  # links are written from the root
     wrap = dict(width=120, break_long_words=False, break_on_hyphens=False)
-    return "\n".join(line if line.startswith("|") else textwrap.fill(line, **wrap) for line in text.split("\n"))
+    return "".join((line if line.startswith("|") else textwrap.fill(line, **wrap)) + "\n" for line in text.split("\n"))
 
 
-def fill(text: str, depth: int = 0) -> str:
+def fill(text: str, depth: int) -> str:
     """text with every table between markers written anew."""
-    return MARKER.sub(lambda m: m[1] + table(m["name"], depth) + "\n" + m[4], text)
-
-
-def stale(text: str, depth: int = 0) -> list[str]:
-    """The names of the tables in text that differ from what this script writes."""
-    return [m["name"] for m in MARKER.finditer(text) if m["body"] != table(m["name"], depth) + "\n"]
+    return MARKER.sub(lambda m: m[1] + table(m["name"], depth) + m[4], text)
 
 
 def docs(root: Path = ROOT) -> list[Path]:
@@ -476,15 +355,16 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     args = ap.parse_args(argv)
     found, failed = set(), False
     for path in docs(root):
-        text, depth = path.read_text(), len(path.relative_to(root).parts) - 1
+        text, depth, doc = path.read_text(), len(path.relative_to(root).parts) - 1, path.relative_to(root)
         found |= {m["name"] for m in MARKER.finditer(text)}
+        stale = [m["name"] for m in MARKER.finditer(text) if m["body"] != table(m["name"], depth)]
         if args.check:
-            for name in stale(text, depth):
-                print(f"{path.relative_to(root)}: table {name} differs from results/ (python -m evaluation.doc_tables)")
-                failed = True
-        elif fill(text, depth) != text:
+            for name in stale:
+                print(f"{doc}: table {name} differs from results/ (python -m evaluation.doc_tables)")
+            failed |= bool(stale)
+        elif stale:
             write_text(path, fill(text, depth))
-            print(f"written {path.relative_to(root)}")
+            print(f"written {doc}")
     for name in TABLES.keys() - found:
         print(f"table {name} is in no doc: place <!-- table: {name} --> <!-- /table --> in one, or drop it here")
         failed = True
