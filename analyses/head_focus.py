@@ -23,9 +23,8 @@ MIN_KEYS = 64  # queries with fewer keys visible concentrate by having few: left
 def windows(ckpt: dict, n: int) -> torch.Tensor:
     """n windows of the training length, spread evenly over the held-out works end to end."""
     stream = np.concatenate([doc for _, doc in held_out_works(ckpt, allow_prepare=False)])
-    length = ckpt["seq_len"]
-    starts = np.linspace(0, len(stream) - length, n).astype(int)
-    return torch.from_numpy(np.stack([stream[s : s + length] for s in starts]).astype(np.int64))
+    starts = np.linspace(0, len(stream) - ckpt["seq_len"], n).astype(int)
+    return torch.from_numpy(np.stack([stream[s : s + ckpt["seq_len"]] for s in starts]).astype(np.int64))
 
 
 @torch.no_grad()
@@ -49,11 +48,9 @@ def main(argv=None):
     table = []
     for run in args.runs:
         model, ckpt = checkpoint.load_model(run)
-        idx = windows(ckpt, args.windows)
-        per_layer = focus(model, idx)
-        cfg = ckpt["model_config"]
-        row = {"run": run, "scheme": scheme_label(ckpt), "qk_norm": cfg.get("qk_norm", "rms"), "step": ckpt["step"]}
-        for i, layer in enumerate(per_layer):
+        qk_norm = ckpt["model_config"].get("qk_norm", "rms")
+        row = {"run": run, "scheme": scheme_label(ckpt), "qk_norm": qk_norm, "step": ckpt["step"]}
+        for i, layer in enumerate(focus(model, windows(ckpt, args.windows))):
             row[f"L{i} top / prev"] = f"{max(layer['top']):.2f} / {max(layer['prev']):.2f}"
         table.append(row)
     columns = list(dict.fromkeys(k for row in table for k in row))  # models of other depths: "-" where no layer

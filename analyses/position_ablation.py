@@ -33,16 +33,14 @@ def ablate(run: str, batches: int, seed: int) -> dict:
     model, ckpt = load_model(run)
     rows = RowSampler(TokenSplit(held_out_folder(ckpt, allow_prepare=False), "val"), ckpt["seq_len"], 0)
     gen = torch.Generator().manual_seed(seed)
-    true = val_loss(model, rows, batches, lambda T: torch.arange(T))
-    zero = val_loss(model, rows, batches, lambda T: torch.zeros(T, dtype=torch.long))
-    shuffled = val_loss(model, rows, batches, lambda T: torch.randperm(T, generator=gen))
-    return {
-        "run": run,
-        "scheme": scheme_label(ckpt),
-        "val loss": f"{true:.4f}",
-        "all at 0": f"{zero:.4f} ({zero - true:+.4f})",
-        "shuffled": f"{shuffled:.4f} ({shuffled - true:+.4f})",
-    }
+    loss = lambda ids: val_loss(model, rows, batches, ids)
+    true = loss(torch.arange)
+    zero = loss(lambda T: torch.zeros(T, dtype=torch.long))
+    shuffled = loss(lambda T: torch.randperm(T, generator=gen))
+    row = {"run": run, "scheme": scheme_label(ckpt), "val loss": f"{true:.4f}"}
+    row["all at 0"] = f"{zero:.4f} ({zero - true:+.4f})"
+    row["shuffled"] = f"{shuffled:.4f} ({shuffled - true:+.4f})"
+    return row
 
 
 def main():

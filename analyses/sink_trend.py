@@ -1,14 +1,12 @@
 """The attention sink's trend over training, and the scale at which it would reach a collapse.
 
 python train.py experiment=sinks out_dir=out/sinks          (train.sink_metric logs the sink at every eval)
-python analyses/sink_trend.py out/sinks [more runs] [--plot sink_trend.png]
 python analyses/sink_trend.py out/sinks="learned sink token" out/sinks-rope=BOS --plot sink_trend.png --json t.json
-A power law y = a * tokens^b, fit over the second half of a run's evals, says at how many tokens the trend reaches a
+A power law y = a * tokens^b over the second half of a run's evals says at how many tokens the trend reaches a
 collapse: a sink head (first-token share 0.3, Gu et al. 2024) or a doubled perplexity without the nothing slot (cost
-ln 2). It extrapolates through a decaying learning rate: a scale to aim at, not a forecast.
-metrics.jsonl does not record what the first token was (the learned sink token with positional=sink; the BOS where a
-data.bos_aligned run's rows opened with it), so RUN=WHAT names it in the plot. A run's final stream evaluation
-(stream.json or eval/stream.json, on windows that open with BOS or the sink token) is a star at the last eval.
+ln 2). It extrapolates through a decaying learning rate: a scale to aim at, not a forecast. RUN=WHAT names the first
+token in the plot (metrics.jsonl does not record it); a run's final stream evaluation (stream.json or
+eval/stream.json) is a star at the last eval.
 """
 
 import argparse
@@ -16,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from evaluation.plots import pyplot
 from evaluation.report import show_table
 from evaluation.sink_mass import SINK_THRESHOLD
 from utils.files import save_figure
@@ -62,12 +61,10 @@ def crossing(x: list[float], y: list[float], target: float) -> str:
     return f"{(target / a) ** (1 / b):.1e} tokens (x tokens^{b:.2f})"
 
 
-def layers(values: list[float]) -> str:
-    return " ".join(f"{v:.3f}" for v in values)
-
-
 def trend_rows(run: Path) -> tuple[list[dict], dict]:
+    """A table row per eval, and where the run's trend reaches each collapse."""
     rows, out = evals(run), []
+    layers = lambda values: " ".join(f"{v:.3f}" for v in values)  # one value per layer
     for r in rows:
         row = {
             "run": run.name,
@@ -82,11 +79,8 @@ def trend_rows(run: Path) -> tuple[list[dict], dict]:
             row["nothing, largest head per layer"] = layers(r["nothing_max"])
             row["cost without it"] = f"{r['nothing_cost']:.3f} (ppl x{math.exp(r['nothing_cost']):.2f})"
         out.append(row)
-    tokens = [r["tokens"] for r in rows]
-    summary = {
-        "run": run.name,
-        "first-token share reaches 0.3": crossing(tokens, [max(r["first_token_max"]) for r in rows], SINK_THRESHOLD),
-    }
+    tokens, first = [r["tokens"] for r in rows], [max(r["first_token_max"]) for r in rows]
+    summary = {"run": run.name, "first-token share reaches 0.3": crossing(tokens, first, SINK_THRESHOLD)}
     if "nothing_cost" in rows[-1]:  # a model.sink_logit run logs it at every eval
         summary["nothing slot reaches 0.3"] = crossing(tokens, [max(r["nothing_max"]) for r in rows], SINK_THRESHOLD)
         summary["its removal doubles ppl"] = crossing(tokens, [r["nothing_cost"] for r in rows], COLLAPSE_COST)
@@ -101,64 +95,30 @@ def final_stream(run: Path) -> dict | None:
 
 def plot(runs: list[Path], path: Path, key0: dict[str, str] | None = None):
     """Left: each run's first-token share (key0[run name]: what that token was); right: ppl without the nothing slot."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
+    fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(12, 4.5), layout="constrained")
     for i, run in enumerate(runs):
         rows, colour = evals(run), f"C{i}"
-        tokens = [r["tokens"] for r in rows]
+        tokens, shares = [r["tokens"] for r in rows], [max(r["first_token_max"]) for r in rows]
         what = (key0 or {}).get(run.name, "first token of each logged row")
-        ax1.plot(
-            tokens, [max(r["first_token_max"]) for r in rows], marker="o", color=colour, label=f"{run.name}: {what}"
-        )
-        ax1.plot(
-            tokens,
-            [r["first_token_uniform"] for r in rows],
-            color="grey",
-            ls="--",
-            lw=1,
-            label="uniform share (1 / keys a query sees)" if i == 0 else None,
-        )
+        ax1.plot(tokens, shares, marker="o", color=colour, label=f"{run.name}: {what}")
+        uniform = "uniform share (1 / keys a query sees)" if i == 0 else None
+        ax1.plot(tokens, [r["first_token_uniform"] for r in rows], color="grey", ls="--", lw=1, label=uniform)
         final = final_stream(run)
         if final:
             first = "BOS" if final["first_token"] == "the stream's first token" else final["first_token"]
-            ax1.plot(
-                tokens[-1],
-                max(final["max_head"]),
-                marker="*",
-                ms=14,
-                color=colour,
-                ls="none",
-                label=f"{run.name}: {first}, final model on stream windows",
-            )
+            star = f"{run.name}: {first}, final model on stream windows"
+            ax1.plot(tokens[-1], max(final["max_head"]), marker="*", ms=14, color=colour, ls="none", label=star)
         if "nothing_cost" in rows[-1]:
-            ax1.plot(
-                tokens,
-                [max(r["nothing_max"]) for r in rows],
-                ls="--",
-                marker="s",
-                color=colour,
-                label=f"{run.name}: nothing slot",
-            )
+            nothing = [max(r["nothing_max"]) for r in rows]
+            ax1.plot(tokens, nothing, ls="--", marker="s", color=colour, label=f"{run.name}: nothing slot")
             ax2.plot(tokens, [math.exp(r["nothing_cost"]) for r in rows], marker="s", color=colour, label=run.name)
     ax1.axhline(SINK_THRESHOLD, color="black", ls=":", label=f"sink head ({SINK_THRESHOLD})")
-    ax1.set(
-        xscale="log",
-        yscale="log",
-        xlabel="training tokens (log scale)",
-        ylabel="largest head's mean attention (log scale)",
-        title="attention on the first token (or on nothing)",
-    )
+    ax1.set(yscale="log", ylabel="largest head's mean attention (log scale)")
+    ax1.set_title("attention on the first token (or on nothing)")
     ax2.axhline(2.0, color="black", ls=":", label="2x perplexity")
-    ax2.set(
-        xscale="log",
-        xlabel="training tokens (log scale)",
-        ylabel="perplexity x without the nothing slot",
-        title="what evicting a perfect sink would cost",
-    )
+    ax2.set(ylabel="perplexity x without the nothing slot", title="what evicting a perfect sink would cost")
+    for ax in (ax1, ax2):
+        ax.set(xscale="log", xlabel="training tokens (log scale)")
     fig.legend(*ax1.get_legend_handles_labels(), fontsize=7, loc="outside lower center", ncol=3, frameon=False)
     ax2.legend(fontsize=7)
     save_figure(fig, path, dpi=110)
@@ -170,37 +130,32 @@ def parse_run(arg: str) -> tuple[Path, str | None]:
     return Path(path), what or None
 
 
+def filled(rows: list[dict]) -> list[dict]:
+    """Every row with every column, "-" where a run has none (a run without a nothing slot)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k, "-") for k in keys} for r in rows]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "runs",
-        nargs="+",
-        type=parse_run,
-        help="run folders trained with train.sink_metric=true, each RUN or RUN=what its first token was",
-    )
+    runs_help = "run folders trained with train.sink_metric=true, each RUN or RUN=what its first token was"
+    ap.add_argument("runs", nargs="+", type=parse_run, help=runs_help)
     ap.add_argument("--plot", type=Path, help="also write the trend as a PNG here")
-    ap.add_argument(
-        "--json", type=Path, help="also write the tables (and this command) to this JSON file (two: -trend, -fit)"
-    )
+    json_help = "also write the tables (and this command) to this JSON file (two: -trend, -fit)"
+    ap.add_argument("--json", type=Path, help=json_help)
     args = ap.parse_args()
-    runs, table, summaries = [run for run, _ in args.runs], [], []
-    for run in runs:
-        rows, summary = trend_rows(run)
-        table += rows
-        summaries.append(summary)
-    keys = list(dict.fromkeys(k for r in table for k in r))
-    table = [{k: r.get(k, "-") for k in keys} for r in table]
-    keys = list(dict.fromkeys(k for s in summaries for k in s))
-    summaries = [{k: s.get(k, "-") for k in keys} for s in summaries]
+    trends = [trend_rows(run) for run, _ in args.runs]
+    json_of = lambda part: args.json and args.json.with_name(f"{args.json.stem}-{part}.json")
     details = (
         "each run's own evals (train.sink_metric: 16 held-out rows of its training length, BOS first if trained so)"
     )
-    fit = "power law over each run's second half of evals"
-    json_of = (lambda part: args.json.with_name(f"{args.json.stem}-{part}.json")) if args.json else (lambda part: None)
+    table = filled([row for rows, _ in trends for row in rows])
     show_table(table, "Attention sink over training", details, json_of("trend"))
+    fit = "power law over each run's second half of evals"
+    summaries = filled([summary for _, summary in trends])
     show_table(summaries, "Attention sink: where the trend reaches a collapse", fit, json_of("fit"))
     if args.plot:
-        plot(runs, args.plot, {run.name: what for run, what in args.runs if what})
+        plot([run for run, _ in args.runs], args.plot, {run.name: what for run, what in args.runs if what})
         print(f"written {args.plot}")
 
 
