@@ -15,9 +15,17 @@ from evaluation.report import FULL, label, model_label
 from utils.files import save_figure
 
 VARIANT_STYLE = {  # a line style per RoPE extension, so a variant reads the same in every figure
-    "none": "-", "linear": ":", "ntk": "--", "dynamic_ntk": (0, (1, 3)), "yarn": "-.", "log": (0, (5, 1, 1, 1)),
-    "longrope": (0, (8, 2)), "rerope": (0, (3, 1, 1, 1, 1, 1)), "leaky_rerope": (0, (1, 1)), "dca": (0, (6, 2, 1, 2)),
-}  # fmt: skip
+    "none": "-",
+    "linear": ":",
+    "ntk": "--",
+    "dynamic_ntk": (0, (1, 3)),
+    "yarn": "-.",
+    "log": (0, (5, 1, 1, 1)),
+    "longrope": (0, (8, 2)),
+    "rerope": (0, (3, 1, 1, 1, 1, 1)),
+    "leaky_rerope": (0, (1, 1)),
+    "dca": (0, (6, 2, 1, 2)),
+}
 MODES = ("nonoverlap", "sliding")  # a panel each
 COLOURS = [f"C{i}" for i in range(10)] + ["black", "darkgoldenrod", "lightskyblue", "lime"]
 MARKERS = "osD^vP*Xh<>"  # 11 markers against 14 colours: no two of the first 154 series alike
