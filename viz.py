@@ -13,23 +13,24 @@ A picture a scheme does not fit is skipped and the index says why. All on the CP
 from pathlib import Path
 
 import hydra
+import numpy as np
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+import positional
 import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
-from utils import checks, files, schema
+from evaluation.heldout import held_out_works
+from utils import checkpoint, checks, files, schema
 from utils.errors import UserError, cli, hydra_cli
 
 # matplotlib and gallery are imported where used, so a config that does not compose fails before their imports
 
-ROOT = Path(__file__).resolve().parent
 TEXT_TOKENS = 4096  # held-out tokens a trained model is pictured on (16 windows of 256 for the attention maps)
 
 
 def scheme_spec(name: str, cfg) -> dict:
     """positional=<name>'s default options, resolved against this config's train.seq_len, as a model saves them."""
-    import positional
-
     node = OmegaConf.create({"train": schema.plain(cfg.train)})
     node.positional = OmegaConf.structured(positional.SCHEMES[name].Options(name=name))
     return positional.spec_of(node.positional)
@@ -37,26 +38,19 @@ def scheme_spec(name: str, cfg) -> dict:
 
 def init_subject(spec: dict, cfg):
     """A scheme at init with the heads and widths of cfg.model (model=tiny by default)."""
-    import positional
     from gallery.draw import Subject
 
     m = cfg.model
     try:  # with positional.layers (irope): the scheme of its P layers; the N layers have no positions to draw
         pe, _ = positional.build_layers(spec, m.n_head, m.d_model // m.n_head, m.d_model)
-    except ValueError as e:
-        msg = str(e)
-        raise UserError(msg if msg.startswith("positional") else f"positional={spec['name']}: {msg}") from None
+    except ValueError as e:  # its message names the key, or gets the scheme's name in front
+        raise UserError(str(e) if str(e).startswith("positional") else f"positional={spec['name']}: {e}") from None
     label = spec["name"] + (f"-{spec['layers']}" if "layers" in spec else "")  # rope-PPPN: the file names too
     return Subject(label, pe, cfg.train.seq_len, "at init")
 
 
 def held_out_text(ckpt: dict, n_tokens: int, allow_prepare: bool):
     """The first n_tokens of the checkpoint's held-out works, end to end."""
-    import numpy as np
-    import torch
-
-    from evaluation.heldout import held_out_works
-
     text = np.concatenate([doc for _, doc in held_out_works(ckpt, allow_prepare)])[:n_tokens]
     if len(text) < ckpt["seq_len"]:
         raise UserError(
@@ -66,42 +60,30 @@ def held_out_text(ckpt: dict, n_tokens: int, allow_prepare: bool):
     return torch.from_numpy(text.astype(np.int64))
 
 
-def check_heads(heads, model):
-    for layer, head in heads or []:
+def trained_subject(path, cfg):
+    from gallery.draw import Subject
+
+    model, ckpt = checkpoint.load_model(path, "cpu")
+    for layer, head in cfg.viz.heads or []:
         if not (0 <= layer < model.cfg.n_layer and 0 <= head < model.cfg.n_head):
             raise UserError(
                 f"viz.heads has [{layer},{head}], outside this model's {model.cfg.n_layer} layers x "
                 f"{model.cfg.n_head} heads; pass pairs [layer, head] counted from 0"
             )
-
-
-def trained_subject(path, cfg):
-    from gallery.draw import Subject
-    from utils import checkpoint
-
-    model, ckpt = checkpoint.load_model(path, "cpu")
-    check_heads(cfg.viz.heads, model)
-    length = ckpt["seq_len"]
-    tokens = held_out_text(ckpt, max(TEXT_TOKENS, 4 * length), cfg.viz.prepare)
-    run = checkpoint.checkpoint_path(path).parent
-    return Subject(run.name, model.pe, length, f"trained: {run.name}, step {ckpt['step']}", model, tokens)
+    tokens = held_out_text(ckpt, max(TEXT_TOKENS, 4 * ckpt["seq_len"]), cfg.viz.prepare)
+    name = checkpoint.checkpoint_path(path).parent.name
+    return Subject(name, model.pe, ckpt["seq_len"], f"trained: {name}, step {ckpt['step']}", model, tokens)
 
 
 def subjects_and_folder(cfg):
-    """(the subjects, made lazily so a sweep holds one model at once; the folder their pictures go to)."""
-    import positional
-    from utils import checkpoint
-
-    out = cfg.viz.out
+    """(the subjects, made lazily so a sweep holds one model at once; the folder their pictures go to by default)."""
     if cfg.sweep_dir:  # it holds runs: checks.preflight
-        found = checks.checkpoints(cfg)
-        return (trained_subject(p, cfg) for p in found), Path(out or Path(cfg.sweep_dir) / "pictures")
+        return (trained_subject(p, cfg) for p in checks.checkpoints(cfg)), Path(cfg.sweep_dir) / "pictures"
     if cfg.checkpoint:
-        run_dir = checkpoint.checkpoint_path(cfg.checkpoint).parent
-        return [trained_subject(cfg.checkpoint, cfg)], Path(out or run_dir / "pictures")
+        return [trained_subject(cfg.checkpoint, cfg)], checkpoint.checkpoint_path(cfg.checkpoint).parent / "pictures"
     if cfg.viz.all:
-        return (init_subject(scheme_spec(name, cfg), cfg) for name in positional.SCHEMES), Path(out or "pictures")
-    return [init_subject(positional.spec_of(cfg.positional), cfg)], Path(out or "pictures")
+        return (init_subject(scheme_spec(name, cfg), cfg) for name in positional.SCHEMES), Path("pictures")
+    return [init_subject(positional.spec_of(cfg.positional), cfg)], Path("pictures")
 
 
 def run(cfg: DictConfig, command: str = "python viz.py") -> Path:
@@ -110,21 +92,23 @@ def run(cfg: DictConfig, command: str = "python viz.py") -> Path:
     checks.preflight(cfg)  # every setting, the paths, the model at init or the checkpoints' training lengths
     heads = None if cfg.viz.heads is None else [list(pair) for pair in cfg.viz.heads]
     options = Options(cfg.viz.factor, cfg.viz.samples, heads, cfg.viz.seed)
-    subjects, out = subjects_and_folder(cfg)
+    subjects, folder = subjects_and_folder(cfg)
+    out = Path(cfg.viz.out or folder)
     files.check_writable(out, "viz.out")  # made and written to before any picture is drawn
     entries = []
     for s in subjects:
         rows = draw(s, options, out)
-        drawn = [file for _, file, _ in rows if file]
-        skipped = [name for name, file, _ in rows if not file]
-        print(f"{s.label} ({s.state}): {pictures(len(drawn))}; skipped (see the index): {', '.join(skipped) or 'none'}")
+        skipped = ", ".join(name for name, file, _ in rows if not file) or "none"
+        print(f"{s.label} ({s.state}): {pictures(rows)}; skipped (see the index): {skipped}")
         entries.append((s.label, s.state, s.pe.name, rows))
     index = write_index(out, command, entries)
-    print(f"written {pictures(sum(1 for *_, rows in entries for _, f, _ in rows if f))} to {out}, listed in {index}")
+    print(f"written {pictures([row for *_, rows in entries for row in rows])} to {out}, listed in {index}")
     return index
 
 
-def pictures(n: int) -> str:
+def pictures(rows: list) -> str:
+    """How many of draw()'s rows are drawn pictures, in words."""
+    n = sum(1 for _, file, _ in rows if file)
     return f"{n} picture{'s' * (n != 1)}"
 
 

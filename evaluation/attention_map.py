@@ -7,6 +7,7 @@ first, as a 1 + (W - 1) sink cache keeps it. Colour is log-scaled: a sink is a b
 
 import torch
 
+from evaluation.plots import _pyplot
 from evaluation.sink_mass import attention_probs
 from utils.files import save_figure
 
@@ -15,36 +16,16 @@ def pick_heads(per_head: list[list[float]], n: int = 4) -> list[tuple[int, int]]
     """(layer, head) pairs: the largest first-token share in the first and last layer, then the largest overall, so a
     head with a sink and one without usually sit side by side."""
     scored = [(m, layer, h) for layer, heads in enumerate(per_head) for h, m in enumerate(heads)]
-    first = max(x for x in scored if x[1] == 0)
-    last = max(x for x in scored if x[1] == len(per_head) - 1)
-    picks = []
-    for _, layer, h in [first, last, *sorted(scored, reverse=True)]:
-        if (layer, h) not in picks and len(picks) < n:
-            picks.append((layer, h))
-    return sorted(picks)
+    first, last = (max(x for x in scored if x[1] == layer) for layer in (0, len(per_head) - 1))
+    ranked = [(layer, h) for _, layer, h in [first, last, *sorted(scored, reverse=True)]]
+    return sorted(list(dict.fromkeys(ranked))[:n])  # the first n distinct pairs
 
 
 @torch.no_grad()
-def plot_attention_maps(
-    model,
-    tokens: torch.Tensor,
-    window: int,
-    per_head: list[list[float]],
-    path,
-    n=4,
-    heads=None,
-    dpi=110,
-    label=None,
-    first=None,
-):
+def plot_attention_maps(model, tokens, window, per_head, path, n=4, heads=None, dpi=110, label=None, first=None):
     """Write the attention maps of n heads (pick_heads), or of `heads`, over `window` tokens from the middle of tokens.
     per_head: each layer's mean attention on the first token; first: a token id put first in the window."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.colors
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     start = max(0, (len(tokens) - window) // 2)
     row = tokens[start : start + window].clone()
     if first is not None:
@@ -52,11 +33,10 @@ def plot_attention_maps(
     probs = attention_probs(model, row[None])
     heads = pick_heads(per_head, n) if heads is None else [tuple(pair) for pair in heads]
     fig, axes = plt.subplots(1, len(heads), figsize=(3.2 * len(heads) + 1, 3.6), squeeze=False, layout="constrained")
-    norm = matplotlib.colors.LogNorm(vmin=1e-4, vmax=1)
     for ax, (layer, h) in zip(axes[0], heads, strict=True):
-        p = probs[layer][0, h].cpu()
+        p = probs[layer][0, h].cpu().clamp(min=1e-4)
         p = p.masked_fill(torch.ones_like(p, dtype=torch.bool).triu(1), float("nan"))  # keys after the query
-        image = ax.imshow(p.clamp(min=1e-4).numpy(), norm=norm, cmap="magma", interpolation="nearest")
+        image = ax.imshow(p.numpy(), norm="log", vmin=1e-4, vmax=1, cmap="magma", interpolation="nearest")
         ax.set_title(f"layer {layer} head {h}: mean {per_head[layer][h]:.2f} on key 0", fontsize=9)
         ax.set_xlabel("key")
     axes[0, 0].set_ylabel("query")

@@ -3,35 +3,23 @@
 python viz.py positional=rope            -> pictures/rope_decay.png ... and pictures/index.md
 python viz.py viz.all=true               -> every scheme's pictures in one folder, listed in pictures/index.md
 A picture is two functions: one gathers its numbers or says why the scheme has none, one draws them. So a gallery
-never stops at a scheme that does not fit, and a test can gather every scheme's numbers without matplotlib's drawing
-(about a second a figure on a small CPU).
+never stops at a scheme that does not fit, and a test can gather every scheme's numbers without drawing them.
 """
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+from evaluation.attention_map import plot_attention_maps
+from evaluation.plots import LEGEND_SIZE, _pyplot
+from evaluation.sink_mass import first_token_attention
+from gallery import numbers
+from utils.errors import UserError
+from utils.files import read_json, save_figure, shape_problem, write_text
 
-from evaluation.attention_map import plot_attention_maps  # noqa: E402
-from evaluation.plots import LEGEND_SIZE  # noqa: E402
-from evaluation.sink_mass import first_token_attention  # noqa: E402
-from gallery.numbers import (  # noqa: E402
-    bias_by_distance,
-    content_bias_by_distance,
-    mean_query_key,
-    position_vectors,
-    random_decay,
-    rotary_logits,
-    similarity_by_offset,
-)
-from utils.errors import UserError  # noqa: E402
-from utils.files import read_json, save_figure, shape_problem, write_text  # noqa: E402
-
+plt = _pyplot()  # on the Agg backend: pictures are files
 DPI = 100  # small files: a README shows a few of them
 ATTENTION_DPI = 80  # attention maps are noise to PNG's compression: at 110 dpi four 256 x 256 maps took 450 KB
 
@@ -66,19 +54,16 @@ def windows(s: Subject, max_rows: int = 8) -> torch.Tensor:
     return s.tokens[: rows * s.length].view(rows, s.length)
 
 
-# ---- the numbers of each picture, or why the scheme has none ----
-
-
 def vectors_numbers(s: Subject, o: Options):
-    v = position_vectors(s.pe, s.length)
-    return "adds no vector to the token embeddings" if v is None else (v, similarity_by_offset(v))
+    v = numbers.position_vectors(s.pe, s.length)
+    return "adds no vector to the token embeddings" if v is None else (v, numbers.similarity_by_offset(v))
 
 
 def decay_numbers(s: Subject, o: Options):
     if not s.pe.rotary:
         return "does not rotate queries and keys"
     d = distances(s, o)
-    return d, random_decay(s.pe, d, o.factor, s.length, o.samples, o.seed)
+    return d, numbers.random_decay(s.pe, d, o.factor, s.length, o.samples, o.seed)
 
 
 def decay_trained_numbers(s: Subject, o: Options):
@@ -86,16 +71,16 @@ def decay_trained_numbers(s: Subject, o: Options):
         return "does not rotate queries and keys"
     if s.model is None:
         return "needs trained queries and keys: give checkpoint="
-    d = distances(s, o)
-    return d, [rotary_logits(s.pe, q[None], k[None], d)[0] for q, k in mean_query_key(s.model, windows(s))]
+    d, mean_qk = distances(s, o), numbers.mean_query_key(s.model, windows(s))
+    return d, [numbers.rotary_logits(s.pe, q[None], k[None], d)[0] for q, k in mean_qk]
 
 
 def bias_numbers(s: Subject, o: Options):
     d = distances(s, o)
-    far = bias_by_distance(s.pe, d)
+    far = numbers.bias_by_distance(s.pe, d)
     if far is None:
         return "adds no position-only bias to the scores"
-    near = bias_by_distance(s.pe, d[: s.length], s.length - 1)
+    near = numbers.bias_by_distance(s.pe, d[: s.length], s.length - 1)
     moved = not torch.allclose(near, far[:, : s.length], atol=1e-6)  # a bias that reads the query's position
     return d, far, near if moved else None
 
@@ -105,7 +90,8 @@ def content_bias_numbers(s: Subject, o: Options):
         return "has no bias that reads the text"
     if s.model is None:
         return "has a bias that reads the text: give checkpoint="
-    return content_bias_by_distance(s.model, windows(s))
+    per_layer = numbers.content_bias_by_distance(s.model, windows(s))
+    return torch.arange(per_layer.size(-1)), per_layer
 
 
 def attention_numbers(s: Subject, o: Options):
@@ -114,42 +100,30 @@ def attention_numbers(s: Subject, o: Options):
     return first_token_attention(s.model, s.tokens, s.length)["heads"]
 
 
-# ---- drawing ----
-
-
 def head_colors(n: int) -> list:
     return [plt.get_cmap("viridis")(h / max(1, n - 1) * 0.9) for h in range(n)]
 
 
-def mark_length(ax, length: int):
+def distance_axis(ax, d: torch.Tensor, length: int):
+    """Distances on a log axis (linear below 1, so distance 0 stays on it: RoPE's decay spans decades), L dotted."""
     ax.axvline(length, color="0.6", ls=":", lw=1, label="training length")
-
-
-def log_distance(ax, d: torch.Tensor):
-    """Distances on a log axis (linear below 1, so distance 0 stays on it): RoPE's decay spans decades."""
     ax.set_xscale("symlog", linthresh=1, linscale=0.3)
     ax.set_xlim(0, int(d.max()))
 
 
-def figure_legend(fig, ax, loc: str = "outside right upper"):
-    """One legend outside the panels, so it covers no curve."""
-    handles, names = ax.get_legend_handles_labels()
-    ncol = len(names) if "lower" in loc else 1  # under the panels: one row
-    fig.legend(handles, names, loc=loc, ncol=ncol, fontsize=LEGEND_SIZE, frameon=False)
-
-
-def save(fig, path: Path, title: str):
+def save(fig, path: Path, title: str, legend_of=None, loc: str = "outside right upper"):
+    """Title and save fig, with the legend of legend_of's curves outside the panels, so it covers no curve."""
+    if legend_of is not None:
+        handles, names = legend_of.get_legend_handles_labels()
+        ncol = len(names) if "lower" in loc else 1  # under the panels: one row
+        fig.legend(handles, names, loc=loc, ncol=ncol, fontsize=LEGEND_SIZE, frameon=False)
     fig.suptitle(title, fontsize=10)
     save_figure(fig, path, dpi=DPI)
 
 
-def layer_panels(n_layers: int):
-    fig, axes = plt.subplots(1, n_layers, figsize=(2.6 * n_layers + 1, 3), sharey=True, layout="constrained")
-    return fig, [axes] if n_layers == 1 else list(axes)
-
-
-def draw_vectors(s: Subject, o: Options, numbers, path: Path):
-    v, similarity = numbers
+def draw_vectors(s: Subject, o: Options, data, path: Path):
+    """the added position vectors (position x dimension) and the cosine of positions p and p + k"""
+    v, similarity = data
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4), width_ratios=(1.5, 1), layout="constrained")
     lim = float(v.abs().max())
     image = a.imshow(v.T.numpy(), aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
@@ -161,10 +135,10 @@ def draw_vectors(s: Subject, o: Options, numbers, path: Path):
     save(fig, path, f"{s.label} ({s.state}): position vectors")
 
 
-def draw_decay(s: Subject, o: Options, numbers, path: Path):
-    """A panel per scaling variant (its title), over the unscaled curve."""
-    d, curves = numbers
-    variants = [kind for kind in curves if kind != "none"]
+def draw_decay(s: Subject, o: Options, data, path: Path):
+    """q.k against distance for random q = k (RoPE's long-term decay), and each rope scaling variant's"""
+    d, curves = data
+    variants = [kind for kind in curves if kind != "none"]  # a panel each, over the unscaled curve
     rows = -(-len(variants) // 2)  # two panels a row, as many rows as the variants fill
     fig, axes = plt.subplots(rows, 2, figsize=(8, 2.6 * rows), sharex=True, sharey=True, layout="constrained")
     for ax in axes.flat[len(variants) :]:
@@ -172,37 +146,45 @@ def draw_decay(s: Subject, o: Options, numbers, path: Path):
     for ax, kind in zip(axes.flat, variants, strict=False):
         ax.plot(d.numpy(), curves["none"].numpy(), color="0.6", lw=0.9, label="no scaling")
         ax.plot(d.numpy(), curves[kind].numpy(), color="C1", lw=0.9, label=f"the panel's scaling, x{o.factor:g}")
-        mark_length(ax, s.length)
+        distance_axis(ax, d, s.length)
         ax.axhline(0, color="0.8", lw=0.8)
-        log_distance(ax, d)
         ax.set_title(f"{kind} x{o.factor:g}", fontsize=LEGEND_SIZE)
-    figure_legend(fig, axes.flat[0], "outside lower center")
-    for ax in axes[-1]:
-        ax.set_xlabel("distance (query position - key position; log scale)")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("mean logit q.k / sqrt(width)")
-    save(fig, path, f"{s.label} ({s.state}): logit of random q = k by distance ({o.samples} draws per head)")
+        ax.set(xlabel="distance (query position - key position; log scale)", ylabel="mean logit q.k / sqrt(width)")
+        ax.label_outer()  # axis labels on the bottom row and left column only
+    title = f"{s.label} ({s.state}): logit of random q = k by distance ({o.samples} draws per head)"
+    save(fig, path, title, axes.flat[0], "outside lower center")
 
 
-def draw_decay_trained(s: Subject, o: Options, numbers, path: Path):
-    d, per_layer = numbers
-    fig, axes = layer_panels(len(per_layer))
+def draw_layers(s: Subject, d: torch.Tensor, per_layer, path: Path, log: bool, ylabel: str, title: str):
+    """A panel per layer, a curve per head against distance d (log: on distance_axis)."""
+    n = len(per_layer)
+    fig, axes = plt.subplots(1, n, figsize=(2.6 * n + 1, 3), sharey=True, squeeze=False, layout="constrained")
     colors = head_colors(s.pe.n_head)
-    for layer, (ax, logits) in enumerate(zip(axes, per_layer, strict=True)):
-        for h, curve in enumerate(logits):
+    for layer, (ax, curves) in enumerate(zip(axes[0], per_layer, strict=True)):
+        for h, curve in enumerate(curves):
             ax.plot(d.numpy(), curve.numpy(), color=colors[h], lw=1, label=f"head {h}")
-        mark_length(ax, s.length)
-        log_distance(ax, d)
-        ax.set(title=f"layer {layer}", xlabel="distance (log scale)")
-    axes[0].set_ylabel("logit of mean q, mean k")
-    figure_legend(fig, axes[-1])
-    save(fig, path, f"{s.label} ({s.state}): trained mean query against mean key by distance")
+        if log:
+            distance_axis(ax, d, s.length)
+        ax.set(title=f"layer {layer}", xlabel="distance (log scale)" if log else "distance")
+    axes[0, 0].set_ylabel(ylabel)
+    save(fig, path, f"{s.label} ({s.state}): {title}", axes[0, -1])
 
 
-def draw_bias(s: Subject, o: Options, numbers, path: Path):
-    """Distances within L on a linear axis (ALiBi's lines), all of them on a log axis (T5's buckets, FIRE's
-    normaliser); dashed: a query at L - 1, which FIRE biases differently."""
-    d, far, near = numbers
+def draw_decay_trained(s: Subject, o: Options, data, path: Path):
+    """q.k against distance for the trained mean query and mean key on held-out text, per layer and head"""
+    draw_layers(s, *data, path, True, "logit of mean q, mean k", "trained mean query against mean key by distance")
+
+
+def draw_content_bias(s: Subject, o: Options, data, path: Path):
+    """a bias that reads the text (Shaw, FoX): its mean over held-out text against distance"""
+    draw_layers(s, *data, path, False, "mean bias over the text", "content bias by distance, mean over held-out text")
+
+
+def draw_bias(s: Subject, o: Options, data, path: Path):
+    """the score bias against distance per head (trained values from a checkpoint)"""
+    # distances within L on a linear axis (ALiBi's lines), all of them on a log axis (T5's buckets, FIRE's
+    # normaliser); dashed: a query at L - 1, which FIRE biases differently
+    d, far, near = data
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     colors = head_colors(s.pe.n_head)
     for ax in axes:
@@ -210,57 +192,25 @@ def draw_bias(s: Subject, o: Options, numbers, path: Path):
             ax.plot(d.numpy(), far[h].numpy(), color=colors[h], lw=1.2, label=f"head {h}")
             if near is not None:
                 ax.plot(d[: s.length].numpy(), near[h].numpy(), color=colors[h], lw=1, ls="--")
-        ax.set_xlabel("distance (query position - key position)")
-    axes[0].set_xlim(0, s.length)
-    axes[0].set_ylabel("bias added to the logit")
-    mark_length(axes[1], s.length)
-    log_distance(axes[1], d)
+    axes[0].set(xlim=(0, s.length), xlabel="distance (query position - key position)", ylabel="bias added to the logit")
+    distance_axis(axes[1], d, s.length)
     axes[1].set_xlabel("distance (query position - key position; log scale)")
-    figure_legend(fig, axes[1])
     where = f"query at {len(d) - 1}" + ("" if near is None else f"; dashed: query at {s.length - 1}")
-    save(fig, path, f"{s.label} ({s.state}): score bias by distance ({where})")
-
-
-def draw_content_bias(s: Subject, o: Options, per_layer, path: Path):
-    fig, axes = layer_panels(len(per_layer))
-    colors = head_colors(s.pe.n_head)
-    for layer, (ax, heads) in enumerate(zip(axes, per_layer, strict=True)):
-        for h, curve in enumerate(heads):
-            ax.plot(curve.numpy(), color=colors[h], lw=1, label=f"head {h}")
-        ax.set(title=f"layer {layer}", xlabel="distance")
-    axes[0].set_ylabel("mean bias over the text")
-    figure_legend(fig, axes[-1])
-    save(fig, path, f"{s.label} ({s.state}): content bias by distance, mean over held-out text")
+    save(fig, path, f"{s.label} ({s.state}): score bias by distance ({where})", axes[1])
 
 
 def draw_attention(s: Subject, o: Options, per_head, path: Path):
-    """evaluation/attention_map.py's maps (log colour: a sink is a bright first column)."""
+    """attention maps of chosen heads over a held-out window"""
     plot_attention_maps(s.model, s.tokens, s.length, per_head, path, heads=o.heads, dpi=ATTENTION_DPI, label=s.label)
 
 
-PICTURES = {  # name -> (numbers or why not, draw, what the index says it shows)
-    "vectors": (
-        vectors_numbers,
-        draw_vectors,
-        "the added position vectors (position x dimension) and the cosine of positions p and p + k",
-    ),
-    "decay": (
-        decay_numbers,
-        draw_decay,
-        "q.k against distance for random q = k (RoPE's long-term decay), and each rope scaling variant's",
-    ),
-    "decay_trained": (
-        decay_trained_numbers,
-        draw_decay_trained,
-        "q.k against distance for the trained mean query and mean key on held-out text, per layer and head",
-    ),
-    "bias": (bias_numbers, draw_bias, "the score bias against distance per head (trained values from a checkpoint)"),
-    "content_bias": (
-        content_bias_numbers,
-        draw_content_bias,
-        "a bias that reads the text (Shaw, FoX): its mean over held-out text against distance",
-    ),
-    "attention": (attention_numbers, draw_attention, "attention maps of chosen heads over a held-out window"),
+PICTURES = {  # name -> (its numbers or why the scheme has none, its drawing, what it shows: the drawing's docstring)
+    "vectors": (vectors_numbers, draw_vectors, draw_vectors.__doc__),
+    "decay": (decay_numbers, draw_decay, draw_decay.__doc__),
+    "decay_trained": (decay_trained_numbers, draw_decay_trained, draw_decay_trained.__doc__),
+    "bias": (bias_numbers, draw_bias, draw_bias.__doc__),
+    "content_bias": (content_bias_numbers, draw_content_bias, draw_content_bias.__doc__),
+    "attention": (attention_numbers, draw_attention, draw_attention.__doc__),
 }
 
 
@@ -269,13 +219,12 @@ def draw(s: Subject, o: Options, out_dir: Path) -> list[tuple[str, str | None, s
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, (numbers_of, draw_picture, _) in PICTURES.items():
-        numbers = numbers_of(s, o)
-        if isinstance(numbers, str):
-            rows.append((name, None, numbers))
-            continue
-        path = out_dir / f"{s.label}_{name}.png"
-        draw_picture(s, o, numbers, path)
-        rows.append((name, path.name, None))
+        data = numbers_of(s, o)
+        if isinstance(data, str):  # why the scheme has no such picture
+            rows.append((name, None, data))
+        else:
+            draw_picture(s, o, data, out_dir / f"{s.label}_{name}.png")
+            rows.append((name, f"{s.label}_{name}.png", None))
     return rows
 
 

@@ -16,12 +16,9 @@ from positional.rope_scaling import KINDS, Scaling
 
 @torch.no_grad()
 def position_vectors(pe, n: int) -> torch.Tensor | None:
-    """(n, d_model): what pe.embed adds at positions 0..n-1, scale included (n cut to a learned table's size);
-    None when it adds nothing."""
-    if pe.max_positions is not None:
-        n = min(n, pe.max_positions)
-    zeros = torch.zeros(n, pe.d_model)
-    added = pe.embed(zeros, torch.arange(n)).float()
+    """(n, d_model): what pe.embed adds at positions 0..n-1 (at most a learned table's size), or None if nothing."""
+    n = n if pe.max_positions is None else min(n, pe.max_positions)
+    added = pe.embed(torch.zeros(n, pe.d_model), torch.arange(n)).float()
     return added if added.abs().amax() > 0 else None
 
 
@@ -43,31 +40,22 @@ def rotary_logits(pe, q, k, distances: torch.Tensor, chunk: int = 512, scaling=N
     makes it (dynamic NTK reads that length)."""
     P = int(distances.max())
     rot = pe.rotation(torch.arange(P + 1), scaling)  # per-position tensors (RoPE: cos, sin), or None
-
-    def at(pos):
-        return None if rot is None else tuple(r[pos] for r in rot)
-
+    at = lambda pos: None if rot is None else tuple(r[pos] for r in rot)
     q_pos = torch.tensor([P])
     q_rot = pe.rotate(q[:, :, None].float().contiguous(), q_pos, at(q_pos))  # (N, H, 1, W)
     out = []
     for d in distances.split(chunk):  # keys (N, H, chunk, W) at a time: bounded memory at any distance
-        k_pos = P - d
         keys = k[:, :, None].float().expand(-1, -1, len(d), -1).contiguous()
-        out.append((q_rot * pe.rotate_key(keys, k_pos, at(k_pos))).sum(-1))
+        out.append((q_rot * pe.rotate_key(keys, P - d, at(P - d))).sum(-1))
     return torch.cat(out, dim=-1) / math.sqrt(q_rot.size(-1))
 
 
-def random_decay(
-    pe, distances: torch.Tensor, factor: float, original_length: int, samples: int = 128, seed: int = 0
-) -> dict[str, torch.Tensor]:
-    """Each rope scaling variant (KINDS) -> (D,): the mean logit over random q = k ~ N(0, I) and the heads, by
-    distance (independent q and k would average to 0). For plain RoPE it is sum_i 2 cos(d theta_i) / sqrt(Dh), the
-    long-term decay of Su et al. 2021."""
+def random_decay(pe, distances: torch.Tensor, factor: float, original_length: int, samples=128, seed=0) -> dict:
+    """Each rope scaling variant (KINDS) -> (D,): the mean logit of random q = k ~ N(0, I) (independent ones average
+    to 0) over the heads, by distance. For plain RoPE, sum_i 2 cos(d theta_i) / sqrt(Dh): Su et al. 2021's decay."""
     v = torch.randn(samples, pe.n_head, pe.head_dim, generator=torch.Generator().manual_seed(seed))
-    return {
-        kind: rotary_logits(pe, v, v, distances, scaling=Scaling(kind, factor, original_length)).mean(dim=(0, 1))
-        for kind in KINDS
-    }
+    scaled = {kind: Scaling(kind, factor, original_length) for kind in KINDS}
+    return {kind: rotary_logits(pe, v, v, distances, scaling=s).mean(dim=(0, 1)) for kind, s in scaled.items()}
 
 
 @torch.no_grad()
@@ -87,11 +75,11 @@ def bias_by_distance(pe, distances: torch.Tensor, query_position: int | None = N
     """(H, D): pe.score_bias of a query at query_position (default max(distances)) against keys d before it."""
     if pe.score_bias is None:
         return None
-    P = int(distances.max()) if query_position is None else int(query_position)
-    if P < int(distances.max()):
-        raise ValueError(f"a query at position {P} has no key {int(distances.max())} positions back")
-    h = torch.arange(pe.n_head)[:, None]
-    bias = pe.score_bias(h, torch.tensor([[P]]), P - distances[None, :])
+    far = int(distances.max())
+    P = far if query_position is None else int(query_position)
+    if P < far:
+        raise ValueError(f"a query at position {P} has no key {far} positions back")
+    bias = pe.score_bias(torch.arange(pe.n_head)[:, None], torch.tensor([[P]]), P - distances[None, :])
     return bias.float().expand(pe.n_head, len(distances))
 
 
@@ -102,10 +90,8 @@ def content_bias_by_distance(model, idx: torch.Tensor) -> torch.Tensor | None:
         return None
     n, out = model.pe.n_prefix, []
     for attn, x, plan in layer_inputs(model, idx):
-        q, _, _ = attn.project(x)
-        q = plan.queries(q)
-        state = None if attn.pe_layer is None else attn.pe_layer(x)
-        fn = attn.content(q, state, plan)
+        q = plan.queries(attn.project(x)[0])
+        fn = attn.content(q, None if attn.pe_layer is None else attn.pe_layer(x), plan)
         grid = content_grid(fn, q.size(0), q.size(1), q.size(2), len(plan.k_pos), q.device)[:, :, n:, n:]
         out.append(torch.stack([grid.diagonal(-d, -2, -1).mean(dim=(0, -1)) for d in range(grid.size(-1))], -1))
     return torch.stack(out)
