@@ -7,7 +7,7 @@ first, as a 1 + (W - 1) sink cache keeps it. Colour is log-scaled: a sink is a b
 
 import torch
 
-from evaluation.plots import _pyplot
+from evaluation.plots import pyplot
 from evaluation.sink_mass import attention_probs
 from utils.files import save_figure
 
@@ -25,7 +25,7 @@ def pick_heads(per_head: list[list[float]], n: int = 4) -> list[tuple[int, int]]
 def plot_attention_maps(model, tokens, window, per_head, path, n=4, heads=None, dpi=110, label=None, first=None):
     """Write the attention maps of n heads (pick_heads), or of `heads`, over `window` tokens from the middle of tokens.
     per_head: each layer's mean attention on the first token; first: a token id put first in the window."""
-    plt = _pyplot()
+    plt = pyplot()
     start = max(0, (len(tokens) - window) // 2)
     row = tokens[start : start + window].clone()
     if first is not None:

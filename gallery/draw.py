@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 
 from evaluation.attention_map import plot_attention_maps
-from evaluation.plots import LEGEND_SIZE, _pyplot
+from evaluation.plots import LEGEND_SIZE, pyplot
 from evaluation.sink_mass import first_token_attention
 from gallery import numbers
 from utils.errors import UserError
 from utils.files import read_json, save_figure, shape_problem, write_text
 
-plt = _pyplot()  # on the Agg backend: pictures are files
+plt = pyplot()  # on the Agg backend: pictures are files
 DPI = 100  # small files: a README shows a few of them
 ATTENTION_DPI = 80  # attention maps are noise to PNG's compression: at 110 dpi four 256 x 256 maps took 450 KB
 
@@ -122,7 +122,6 @@ def save(fig, path: Path, title: str, legend_of=None, loc: str = "outside right 
 
 
 def draw_vectors(s: Subject, o: Options, data, path: Path):
-    """the added position vectors (position x dimension) and the cosine of positions p and p + k"""
     v, similarity = data
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4), width_ratios=(1.5, 1), layout="constrained")
     lim = float(v.abs().max())
@@ -136,7 +135,6 @@ def draw_vectors(s: Subject, o: Options, data, path: Path):
 
 
 def draw_decay(s: Subject, o: Options, data, path: Path):
-    """q.k against distance for random q = k (RoPE's long-term decay), and each rope scaling variant's"""
     d, curves = data
     variants = [kind for kind in curves if kind != "none"]  # a panel each, over the unscaled curve
     rows = -(-len(variants) // 2)  # two panels a row, as many rows as the variants fill
@@ -171,17 +169,14 @@ def draw_layers(s: Subject, d: torch.Tensor, per_layer, path: Path, log: bool, y
 
 
 def draw_decay_trained(s: Subject, o: Options, data, path: Path):
-    """q.k against distance for the trained mean query and mean key on held-out text, per layer and head"""
     draw_layers(s, *data, path, True, "logit of mean q, mean k", "trained mean query against mean key by distance")
 
 
 def draw_content_bias(s: Subject, o: Options, data, path: Path):
-    """a bias that reads the text (Shaw, FoX): its mean over held-out text against distance"""
     draw_layers(s, *data, path, False, "mean bias over the text", "content bias by distance, mean over held-out text")
 
 
 def draw_bias(s: Subject, o: Options, data, path: Path):
-    """the score bias against distance per head (trained values from a checkpoint)"""
     # distances within L on a linear axis (ALiBi's lines), all of them on a log axis (T5's buckets, FIRE's
     # normaliser); dashed: a query at L - 1, which FIRE biases differently
     d, far, near = data
@@ -200,17 +195,32 @@ def draw_bias(s: Subject, o: Options, data, path: Path):
 
 
 def draw_attention(s: Subject, o: Options, per_head, path: Path):
-    """attention maps of chosen heads over a held-out window"""
     plot_attention_maps(s.model, s.tokens, s.length, per_head, path, heads=o.heads, dpi=ATTENTION_DPI, label=s.label)
 
 
-PICTURES = {  # name -> (its numbers or why the scheme has none, its drawing, what it shows: the drawing's docstring)
-    "vectors": (vectors_numbers, draw_vectors, draw_vectors.__doc__),
-    "decay": (decay_numbers, draw_decay, draw_decay.__doc__),
-    "decay_trained": (decay_trained_numbers, draw_decay_trained, draw_decay_trained.__doc__),
-    "bias": (bias_numbers, draw_bias, draw_bias.__doc__),
-    "content_bias": (content_bias_numbers, draw_content_bias, draw_content_bias.__doc__),
-    "attention": (attention_numbers, draw_attention, draw_attention.__doc__),
+PICTURES = {  # name -> (numbers or why not, draw, what the index says it shows)
+    "vectors": (
+        vectors_numbers,
+        draw_vectors,
+        "the added position vectors (position x dimension) and the cosine of positions p and p + k",
+    ),
+    "decay": (
+        decay_numbers,
+        draw_decay,
+        "q.k against distance for random q = k (RoPE's long-term decay), and each rope scaling variant's",
+    ),
+    "decay_trained": (
+        decay_trained_numbers,
+        draw_decay_trained,
+        "q.k against distance for the trained mean query and mean key on held-out text, per layer and head",
+    ),
+    "bias": (bias_numbers, draw_bias, "the score bias against distance per head (trained values from a checkpoint)"),
+    "content_bias": (
+        content_bias_numbers,
+        draw_content_bias,
+        "a bias that reads the text (Shaw, FoX): its mean over held-out text against distance",
+    ),
+    "attention": (attention_numbers, draw_attention, "attention maps of chosen heads over a held-out window"),
 }
 
 
