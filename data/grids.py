@@ -2,18 +2,11 @@
 
 python train.py data=grids positional=rope2d         (GridsData below: 16 rows of 14 cells, 256 tokens)
 python eval.py checkpoint=out/rope2d eval.mode=grids  (held-out grids at the training size, taller, wider, both)
-A grid is one document: BOS, then `height` rows, each a left wall `|`, `width` cells (`.` dead, `#` alive) and a right
-wall (a newline, so decoding a document prints the grid). Row 0 is random (each cell alive with probability
-data.density); every later row is the elementary cellular automaton data.rule (Wolfram's numbering) applied to the
-row above, a wall reading as a dead cell.
-Why this task: every token after row 0 is a fixed function of three tokens at fixed 2D offsets from it. In raster
-order those lie width + 1, width + 2 and width + 3 tokens back, offsets wrong for any other width; in (row, column)
-ids they are always (dy, dx) = (-1, -1), (-1, 0), (-1, +1). So the training size tests whether a scheme can point at
-the right cells at all (row 0 sets a floor of ln 2 per cell, the rest can reach 0), and a wider grid whether it
-learned a 2D offset or a 1D distance; a taller grid is only a longer sequence.
-Position ids are laid out as M-RoPE lays out an image after text (Qwen2-VL's get_rope_index): BOS at (0, 0, 0), the
-token in row r and column j (0 the left wall) at (1, 1 + r, 1 + j). data/loader.py's select_axes gives each scheme
-its part: mrope and sinusoidal3d read all three, rope2d and sinusoidal2d (height, width), a 1D scheme the token order.
+A grid is one document: BOS, then `height` rows of a left wall `|`, `width` cells (`.` dead, `#` alive) and a right
+wall (a newline: a decoded document prints the grid). Row 0 is random, each later row the automaton data.rule
+(Wolfram's numbering) of the row above, walls read as dead: a cell depends on three cells at fixed 2D offsets, at a
+raster distance that holds at one width only (why this task: docs/data.md). Position ids are M-RoPE's for an image
+after text (Qwen2-VL): BOS at (0, 0, 0), row r and column j (0 the left wall) at (1, 1 + r, 1 + j).
 """
 
 import base64
@@ -55,8 +48,7 @@ def random_grid(rng: np.random.Generator, height: int, width: int, rule: int, de
 
 def tokens(cells: np.ndarray) -> np.ndarray:
     """BOS, then each row as left wall, cells, right wall: 1 + height x (width + 2) ids."""
-    height = cells.shape[0]
-    walled = np.concatenate((np.full((height, 1), LEFT), cells, np.full((height, 1), RIGHT)), axis=1)
+    walled = np.pad(cells, ((0, 0), (1, 1)), constant_values=(LEFT, RIGHT))
     return np.concatenate(([len(CHARS)], walled.ravel())).astype(np.int64)
 
 
@@ -89,8 +81,7 @@ def write_grids(tmp: Path, data: dict, log):
 
 @dataclass
 class GridsData(Corpus):
-    """Elementary cellular automata as token grids with (temporal, height, width) position ids (data/grids.py):
-    python train.py data=grids positional=rope2d    (train.seq_len must be height x (width + 2): 256 here)"""
+    """Automaton grids with (temporal, height, width) ids (this module); train.seq_len must be height x (width + 2)."""
 
     name: str = folder_name("grids")
     source: Source = fixed("grids", "data")

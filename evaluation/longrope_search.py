@@ -3,15 +3,11 @@
 python -m evaluation.longrope_search checkpoint=out/rope target_length=1024          -> out/rope/longrope_x4.json
 python -m evaluation.longrope_search checkpoint=out/rope target_length=1024 search.generations=20 search.population=64
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope eval.lengths=[256,1024]   scores what it found
-It lives in evaluation/, not positional/, because its fitness runs the model on held-out text; the LongRoPE
-frequencies themselves are a rope_scaling kind like the others (positional/rope_scaling.py).
-A candidate is a factor lambda_i per rotary pair (theta_i' = theta_i / lambda_i) on a grid of search.step from 1 to
-search.max_factor (null: the paper's 1.25 s), non-decreasing from the highest frequency to the lowest (the paper's
-monotone constraint), and start_tokens, the first positions left unscaled (the paper's n-hat). Fitness: mean NLL over
-search.windows held-out windows of the target length (evaluation/longrope.py says which text), with LongRoPE's
-cos/sin scale sqrt(1 + ln s / ln L). The initial population is PI, NTK and YaRN as factors and their mutants; each
-generation keeps the best search.parents and adds search.mutations mutants and search.crossovers children. The paper
-runs a population of 64 for 40 generations on an LLM; the defaults here take a few CPU minutes on the tiny model.
+Here, not in positional/, because its fitness runs the model: the mean NLL, under LongRoPE's cos/sin scale, of
+search.windows held-out windows of the target length (evaluation/longrope.py says which text). A candidate is a factor
+lambda_i per rotary pair (theta_i' = theta_i / lambda_i) on a grid of search.step up to search.max_factor (null: the
+paper's 1.25 s), non-decreasing from the highest frequency to the lowest, and start_tokens, the first positions left
+unscaled (the paper's n-hat). The search starts from PI, NTK and YaRN written as factors, and their mutants.
 """
 
 import math
@@ -34,7 +30,7 @@ from utils import checkpoint, checks, runtime
 from utils.errors import UserError, cli, hydra_cli
 from utils.progress import progress, say
 
-SEEDS = ("linear", "ntk", "yarn")  # the closed-form kinds the initial population starts from (the paper's PI/NTK/YaRN)
+SEEDS = ("linear", "ntk", "yarn")  # the paper's PI, NTK and YaRN
 NOVEL_TRIES = 50  # draws a mutation gets to find a candidate not seen before, before a repeat is let through
 
 
@@ -70,16 +66,14 @@ def mutate(c: Candidate, space: Space, rng: np.random.Generator, rate: float, se
     start_tokens, with probability rate, moves one step in its list. Tries for a child unlike its parent and seen."""
     child = c
     for _ in range(NOVEL_TRIES):
-        levels = list(c.levels)
-        for i in range(len(levels)):
+        levels = [0, *c.levels, space.top]  # the first and last factor's bounds at the ends
+        for i in range(1, len(levels) - 1):
             if rng.random() < rate:
-                lo = levels[i - 1] if i > 0 else 0
-                hi = levels[i + 1] if i + 1 < len(levels) else space.top
-                levels[i] = int(rng.integers(lo, hi + 1))
+                levels[i] = int(rng.integers(levels[i - 1], levels[i + 1] + 1))
         k = space.starts.index(c.start) if c.start in space.starts else 0
         if rng.random() < rate:
             k = min(len(space.starts) - 1, max(0, k + (1 if rng.random() < 0.5 else -1)))
-        child = Candidate(tuple(levels), space.starts[k])
+        child = Candidate(tuple(levels[1:-1]), space.starts[k])
         if child != c and child not in seen:
             break
     return child
@@ -92,10 +86,8 @@ def crossover(a: Candidate, b: Candidate, rng: np.random.Generator, tries: int, 
         return None
     for _ in range(tries):
         pick = rng.random(len(a.levels)) < 0.5
-        child = Candidate(
-            tuple(int(y if p else x) for x, y, p in zip(a.levels, b.levels, pick, strict=True)),
-            b.start if rng.random() < 0.5 else a.start,
-        )
+        levels = tuple(int(y if p else x) for x, y, p in zip(a.levels, b.levels, pick, strict=True))
+        child = Candidate(levels, b.start if rng.random() < 0.5 else a.start)
         if monotone(child) and child not in (a, b) and child not in seen:
             return child
     return None
@@ -123,8 +115,7 @@ def evolve(seeds: list[Candidate], fitness, space: Space, s, rng: np.random.Gene
         child = mutate(seeds[i % len(seeds)], space, rng, s.mutation_rate, population)
         if child not in population:
             population.append(child)
-    initial = min(fit(c) for c in population)
-    history = [initial]
+    history = [min(fit(c) for c in population)]
     for _ in range(s.generations):
         parents = select(population, fit, s.parents)
         children = []
@@ -135,27 +126,28 @@ def evolve(seeds: list[Candidate], fitness, space: Space, s, rng: np.random.Gene
             i, j = sorted(rng.choice(len(parents), 2, replace=False)) if len(parents) > 1 else (0, 0)
             child = crossover(parents[i], parents[j], rng, s.crossover_tries, cache)
             children.append(child or mutate(parents[i], space, rng, s.mutation_rate, cache))
-        for c in children:
-            fit(c)
         population = parents + children
-        history.append(fit(select(population, fit, 1)[0]))
+        history.append(fit(select(population, fit, 1)[0]))  # select scores the children
     best = select(population, fit, 1)[0]
-    return {"best": best, "fitness": fit(best), "initial": initial, "history": history, "scores": cache}
+    return {"best": best, "fitness": fit(best), "initial": history[0], "history": history, "scores": cache}
+
+
+def measured(nll: float) -> dict:
+    return {"nll": nll, "ppl": math.exp(nll)}
 
 
 def search(cfg: DictConfig, rt) -> dict:
     model, ckpt = checkpoint.load_model(cfg.checkpoint, rt.device)
-    pe, train_length, target = model.pe, ckpt["seq_len"], cfg.target_length
-    pos = ckpt["model_config"]["positional"]
+    pe, train_length, target, s = model.pe, ckpt["seq_len"], cfg.target_length, cfg.search
+    built_in = ckpt["model_config"]["positional"].get("scaling", "none")
     if not pe.rotary:
         raise UserError(f"LongRoPE rescales rotary frequencies, and positional={pe.name} has none; pick a rope run")
-    if pos.get("scaling", "none") != "none":
+    if built_in != "none":
         raise UserError(
-            f"this model was fine-tuned with positional.scaling={pos['scaling']}, built into its frequencies; "
+            f"this model was fine-tuned with positional.scaling={built_in}, built into its frequencies; "
             f"LongRoPE would replace it, not compose with it: search on the run it was fine-tuned from"
         )
     factor = target / train_length
-    s = cfg.search
     top = (1.25 * factor if s.max_factor is None else s.max_factor) - 1.0
     space = Space(s.step, max(1, math.floor(top / s.step + 1e-9)), tuple(sorted({int(n) for n in s.start_tokens})))
 
@@ -163,8 +155,8 @@ def search(cfg: DictConfig, rt) -> dict:
     lengths = default_lengths(train_length) if cfg.eval.lengths is None else list(cfg.eval.lengths)
     spans = longrope.read_spans(works, max(lengths), cfg.eval.tokens)
     windows = longrope.search_windows(works, target, s.windows, spans)
-    regions = [Region(t, 0) for t in longrope.window_tokens(works, windows)]
-    scale = longrope_scale(factor, train_length)
+    docs = dict(works)
+    regions = [Region(docs[w["work"]][w["start"] : w["start"] + w["tokens"] + 1], 0) for w in windows]
 
     def nll(variant=None) -> float:
         return score(model, regions, target, "nonoverlap", target, cfg.eval.batch_tokens, rt, variant).nll
@@ -173,32 +165,28 @@ def search(cfg: DictConfig, rt) -> dict:
     bar = progress(None, f"longrope x{factor:g}", total=total, unit="cand")
 
     def fitness(c: Candidate) -> float:
-        scaling = Scaling("longrope", factor, train_length, rescale=space.factors(c), start_tokens=c.start)
-        value = nll(Variant(scaling))
+        value = nll(Variant(Scaling("longrope", factor, train_length, rescale=space.factors(c), start_tokens=c.start)))
         bar.update(1)
         bar.set_postfix(ppl=f"{math.exp(value):.2f}")
         return value
 
     t0 = time.time()
     seeds = [space.snap(scheme_factors(pe, kind, factor, train_length), space.starts[0]) for kind in SEEDS]
-    rng = np.random.default_rng(s.seed)
-    result = evolve(seeds, fitness, space, s, rng)
+    result = evolve(seeds, fitness, space, s, np.random.default_rng(s.seed))
     bar.close()
-    seed_nll = {kind: result["scores"][c] for kind, c in zip(SEEDS, seeds, strict=True)}
-    plain = nll()
-    best = result["best"]
-    record = {
+    return {
         "kind": "longrope",
-        "factors": space.factors(best),
-        "start_tokens": best.start,
-        "attn_scale": scale,
+        "factors": space.factors(result["best"]),
+        "start_tokens": result["best"].start,
+        "attn_scale": longrope_scale(factor, train_length),
         "target_length": target,
         "original_length": train_length,
         "factor": factor,
-        "fitness": {"nll": result["fitness"], "ppl": math.exp(result["fitness"])},
-        "initial_best": {"nll": result["initial"], "ppl": math.exp(result["initial"])},
-        "seeds": {k: {"nll": v, "ppl": math.exp(v)} for k, v in seed_nll.items()},  # as LongRoPE factors and scale
-        "plain_rope": {"nll": plain, "ppl": math.exp(plain)},
+        "fitness": measured(result["fitness"]),
+        "initial_best": measured(result["initial"]),
+        # the seeds as snapped LongRoPE factors, with LongRoPE's scale
+        "seeds": {kind: measured(result["scores"][c]) for kind, c in zip(SEEDS, seeds, strict=True)},
+        "plain_rope": measured(nll()),
         "history_nll": result["history"],
         "evaluations": len(result["scores"]),
         "search": OmegaConf.to_container(s),
@@ -209,7 +197,6 @@ def search(cfg: DictConfig, rt) -> dict:
         "device": str(rt.device),
         "seconds": round(time.time() - t0, 1),
     }
-    return record
 
 
 def run(cfg: DictConfig) -> Path:
@@ -217,10 +204,7 @@ def run(cfg: DictConfig) -> Path:
     rt = runtime.setup(cfg.device, cfg.dtype, 0)
     record = search(cfg, rt)
     path = longrope.save(checkpoint.checkpoint_path(cfg.checkpoint).parent, record)
-
-    def show(r: dict) -> str:
-        return f"ppl {r['ppl']:.2f}"
-
+    show = lambda r: f"ppl {r['ppl']:.2f}"
     say(
         f"longrope x{record['factor']:g} at {record['target_length']} on {len(record['windows'])} windows "
         f"({record['evaluations']} candidates, {record['seconds']} s): best {show(record['fitness'])}, initial "
