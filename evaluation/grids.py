@@ -149,7 +149,7 @@ def table(results: list[dict]) -> str:
     train = results[0]["train_size"]
     head = ["scheme", "seeds"] + [f"{h}x{w}" + (" (train)" if [h, w] == train else "") for h, w in sizes]
     body = [[g["label"], ",".join(map(str, g["seeds"]))] + [shown[gi, s] for s in sizes] for gi, g in enumerate(groups)]
-    return "\n".join(markdown(head, body, text_columns=2) + [LEGEND])
+    return markdown(head, body, text_columns=2) + "\n" + LEGEND
 
 
 def compare(results: list[dict], out_dir: Path) -> str:
