@@ -49,11 +49,7 @@ class PasskeyData(Corpus):
     bos_aligned: bool = True  # every training row starts at a sample's BOS
 
     RULES: ClassVar = (
-        Rule(
-            ("max_tokens", "min_tokens"),
-            lambda hi, lo: hi >= lo,
-            "{0} is below {1}; pass a range of sample lengths",
-        ),
+        Rule(("max_tokens", "min_tokens"), lambda hi, lo: hi >= lo, "{0} is below {1}; pass a range of sample lengths"),
     )
 
 
@@ -76,14 +72,14 @@ class Template:
 
     def __init__(self, enc, key_digits: int):
         self.enc, self.key_digits = enc, key_digits
-        self.before, self.middle, self.after = (np.array(enc.encode_ordinary(t), dtype=np.int64) for t in NEEDLE)
-        self.question = np.array(enc.encode_ordinary(QUESTION), dtype=np.int64)
+        self.before, self.middle, self.after = (self.ids(t) for t in NEEDLE)
+        self.question = self.ids(QUESTION)
+
+    def ids(self, text: str) -> np.ndarray:
+        return np.array(self.enc.encode_ordinary(text), dtype=np.int64)
 
     def key_tokens(self, key: str) -> np.ndarray:
-        return np.array(self.enc.encode_ordinary(" " + key), dtype=np.int64)
-
-    def random_key(self, rng: np.random.Generator) -> str:
-        return str(int(rng.integers(10 ** (self.key_digits - 1), 10**self.key_digits)))
+        return self.ids(" " + key)
 
     def fixed_tokens(self, key: str) -> int:
         """Tokens of a sample that are not filler (BOS not counted)."""
@@ -95,8 +91,7 @@ class Template:
         return length - self.fixed_tokens(key)
 
     def shortest(self) -> int:
-        """The shortest sample length with room for a key (the smallest and the largest key: a tokenizer may merge
-        digits)."""
+        """The shortest sample with room for the smallest and for the largest key (a tokenizer may merge digits)."""
         return max(self.fixed_tokens(k) for k in ("1" + "0" * (self.key_digits - 1), "9" * self.key_digits))
 
     def sample(
@@ -123,8 +118,8 @@ def filler_stream(docs) -> np.ndarray:
 
 
 def draw(template: Template, rng: np.random.Generator, stream: np.ndarray, length: int) -> tuple[str, int]:
-    """A random key, and a random start in stream with room for that key's filler at this length."""
-    key = template.random_key(rng)
+    """A random key of key_digits digits, and a random start in stream with room for its filler at this length."""
+    key = str(int(rng.integers(10 ** (template.key_digits - 1), 10**template.key_digits)))
     n = max(0, template.filler_length(key, length))
     if len(stream) < n:
         raise UserError(f"a passkey sample of {length} tokens needs {n} tokens of filler; the text has {len(stream)}")
@@ -142,8 +137,7 @@ def samples(template: Template, stream: np.ndarray, bos: int, n: int, lengths: t
 
 
 def write_passkey(tmp: Path, data: dict, base: Path, log):
-    """data=passkey into tmp: data.train_docs and data.val_docs samples over the training split of the corpus at
-    `base` (both splits': val_loss monitors the format; the corpus's held-out works are left for evaluation)."""
+    """data=passkey into tmp: its train and val samples, both drawn from the training split of the corpus at `base`."""
     spec = tokenizer.read_spec(base)
     enc, meta = tokenizer.load(spec), load_meta(base)
     template = Template(enc, int(data["key_digits"]))

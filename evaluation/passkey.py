@@ -22,29 +22,25 @@ from evaluation import plots, report
 from evaluation.bootstrap import wilson
 from evaluation.heldout import held_out_works
 from evaluation.length import resolve_lengths
-from evaluation.report import model_label, scheme_label
 from evaluation.variants import plan_variants
 from utils import checkpoint
 from utils.errors import UserError
 from utils.progress import progress, say
 
-DEFAULT_DIGITS = PasskeyData.key_digits  # a checkpoint trained on other data: data=passkey's default
-
 
 def key_digits(ckpt: dict, requested: int | None) -> int:
-    """eval.key_digits, or the digits the model was fine-tuned on (data=passkey), else the data config's default."""
+    """eval.key_digits, or the digits the model was fine-tuned on (data=passkey), else data=passkey's default."""
     if requested is not None:
         return requested
     data = ckpt["config"]["data"]
-    return int(data["key_digits"]) if data.get("source") == "passkey" else DEFAULT_DIGITS
+    return int(data["key_digits"]) if data.get("source") == "passkey" else PasskeyData.key_digits
 
 
 @torch.no_grad()
 def score(model, samples: list, batch_tokens: int, rt, variant=None) -> np.ndarray:
     """The share of each sample's key tokens that are the argmax at their position (teacher-forced): 1 where greedy
     decoding reads the key back exactly. Samples of one length, batched to about batch_tokens tokens."""
-    length = len(samples[0].tokens) - 1
-    per_batch = max(1, batch_tokens // length)
+    per_batch = max(1, batch_tokens // (len(samples[0].tokens) - 1))
     right = np.zeros(len(samples))
     for b in range(0, len(samples), per_batch):
         chunk = samples[b : b + per_batch]
@@ -81,27 +77,24 @@ def run_passkey(path, cfg, rt, out_dir: Path) -> dict:
 def score_variant(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], variant: str, at) -> dict:
     """Accuracy per (length, depth) cell under one variant (at(length): its Variant and what its cells record); writes
     <file_stem>.json and .png."""
-    pe, train_length = model.pe, ckpt["seq_len"]
-    enc = tokenizer.load(ckpt["tokenizer"])
-    bos = tokenizer.bos_id(ckpt["tokenizer"], enc)
+    enc, table = tokenizer.load(ckpt["tokenizer"]), model.pe.max_positions
     template = Template(enc, key_digits(ckpt, ev.key_digits))
     if lengths[0] < template.shortest():
         raise UserError(
             f"eval.lengths={lengths}: a passkey sample needs at least {template.shortest()} tokens; ask for longer"
         )
     works = held_out_works(ckpt, ev.prepare)
-    stream = filler_stream([doc for _, doc in works])
+    stream, bos = filler_stream([doc for _, doc in works]), tokenizer.bos_id(ckpt["tokenizer"], enc)
     depths = sorted({float(d) for d in ev.depths})
     rows, t0 = [], time.time()
     for length in progress(lengths, "passkey", unit="length"):
-        if pe.max_positions is not None and length > pe.max_positions:
-            note = f"n/a: learned table covers {pe.max_positions} positions"
+        if table is not None and length > table:
+            note = f"n/a: learned table covers {table} positions"
             rows += [{"length": length, "depth": d, "accuracy": None, "trials": 0, "note": note} for d in depths]
             continue
         t = time.time()
         value, setting = at(length)  # the same trials under every variant
-        cells = trials(template, stream, bos, length, depths, ev.trials, ev.seed)
-        for depth, samples in cells.items():
+        for depth, samples in trials(template, stream, bos, length, depths, ev.trials, ev.seed).items():
             share = score(model, samples, ev.batch_tokens, rt, value)
             k = int((share == 1).sum())
             rows.append(
@@ -113,11 +106,11 @@ def score_variant(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], 
         say(f"  {variant:>12} {length:>6}: accuracy (key tokens right) by depth {accs} ({time.time() - t:.1f} s)")
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
-        "scheme": scheme_label(ckpt),
+        "scheme": report.scheme_label(ckpt),
         "variant": variant,
         "positional": ckpt["model_config"]["positional"],
         "qk_norm": ckpt["model_config"].get("qk_norm", "rms"),  # learned gains: the heads may pass the rms cap
-        "train_length": train_length,
+        "train_length": ckpt["seq_len"],
         "train_data": ckpt["config"]["data"]["name"],
         "step": ckpt["step"],
         "key_digits": template.key_digits,
@@ -130,28 +123,27 @@ def score_variant(model, ckpt: dict, path, ev, rt, out_dir, lengths: list[int], 
         "seconds": round(time.time() - t0, 1),
         "results": rows,
     }
-    stem = file_stem(variant)
     print(passkey_table(result))
-    report.write_result(out_dir, stem, result, partial(plots.plot_passkey, result))
+    report.write_result(out_dir, file_stem(variant), result, partial(plots.plot_passkey, result))
     return result
+
+
+def _cell(r: dict) -> str:
+    return "n/a" if r["accuracy"] is None else f"{r['accuracy']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
 
 
 def passkey_table(result: dict) -> str:
     """A row per depth, a column per length: accuracy [95% interval]."""
     cells = {(r["length"], r["depth"]): r for r in result["results"]}
-
-    def cell(r):
-        return "n/a" if r["accuracy"] is None else f"{r['accuracy']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
-
-    col = max(len(cell(r)) for r in result["results"]) + 2
+    col = max(len(_cell(r)) for r in result["results"]) + 2
     lines = [
-        f"{model_label(result)} @ step {result['step']}, trained at {result['train_length']} on "
+        f"{report.model_label(result)} @ step {result['step']}, trained at {result['train_length']} on "
         f"{result['train_data']}: passkey accuracy ({result['key_digits']}-digit keys, {result['trials']} trials "
         "per cell)",
         f"{'depth':>6}" + "".join(f"{n:>{col}}" for n in result["lengths"]),
     ]
     for d in result["depths"]:
-        lines.append(f"{d:>6.2f}" + "".join(f"{cell(cells[(n, d)]):>{col}}" for n in result["lengths"]))
+        lines.append(f"{d:>6.2f}" + "".join(f"{_cell(cells[(n, d)]):>{col}}" for n in result["lengths"]))
     lines.append("[lo, hi]: Wilson 95% interval; filler from the held-out works " + ", ".join(result["works"]))
     lines += sorted({r["note"] for r in result["results"] if r.get("note")})
     return "\n".join(lines)

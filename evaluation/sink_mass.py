@@ -19,13 +19,9 @@ SINK_THRESHOLD = 0.3  # Gu et al. 2024, "When Attention Sink Emerges": above it,
 def layer_inputs(model, idx: torch.Tensor) -> list[tuple]:
     """Per layer, (its attention module, its input (B, T', D), its plan) in a full forward over idx; T' counts the
     learned sink tokens of positional=sink."""
-    seen, hooks = [], []
-
-    def capture(attn, args):
-        seen.append((attn, args[0], attn.own_plan(args[1])))
-
-    for block in model.blocks:
-        hooks.append(block.attn.register_forward_pre_hook(capture))
+    seen = []
+    capture = lambda attn, args: seen.append((attn, args[0], attn.own_plan(args[1])))
+    hooks = [block.attn.register_forward_pre_hook(capture) for block in model.blocks]
     try:
         model(idx)
     finally:
@@ -53,13 +49,12 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
     return probs
 
 
-def sink_shares(per_head: list[list[float]], threshold: float = SINK_THRESHOLD) -> dict:
-    """The share of heads whose mean attention on the first token is above threshold, per layer and over all."""
+def sink_shares(per_head: list[list[float]], threshold: float = SINK_THRESHOLD, name: str = "sink") -> dict:
+    """<name>_share(_all): the share of heads whose mean attention is above threshold, per layer (and over all)."""
     above = [sum(m > threshold for m in layer) for layer in per_head]
-    total = sum(len(layer) for layer in per_head)
     return {
-        "sink_share": [round(n / len(layer), 4) for n, layer in zip(above, per_head, strict=True)],
-        "sink_share_all": round(sum(above) / total, 4),
+        f"{name}_share": [round(n / len(layer), 4) for n, layer in zip(above, per_head, strict=True)],
+        f"{name}_share_all": round(sum(above) / sum(len(layer) for layer in per_head), 4),
     }
 
 
@@ -76,31 +71,33 @@ def first_token_attention(model, tokens: torch.Tensor, window: int, n_windows: i
     return result
 
 
+def rounded(values) -> list[float]:
+    return [round(float(v), 4) for v in values]
+
+
 def rows_first_token_attention(model, idx: torch.Tensor) -> dict:
     """Attention on the first key from the second-half queries of the rows idx (B, window): per layer the mean over
     heads, the largest head, every head and the share of sink heads, against a uniform share. With model.sink_logit=true
     also each head's share to the nothing slot: the gpt-oss sink, which no cache can evict."""
-    window = idx.size(1)
-    half = window // 2 + model.pe.n_prefix
+    window, n_prefix = idx.size(1), model.pe.n_prefix
+    half = window // 2 + n_prefix
     probs = [p[:, :, half:] for p in attention_probs(model, idx)]  # the second half's queries
     per_layer = [p[..., 0].mean(dim=(0, 2)) for p in probs]  # (H,) each
-    visible = torch.arange(half, window + model.pe.n_prefix, dtype=torch.float) + 1
-    heads = [[round(float(m), 4) for m in h] for h in per_layer]
+    visible = torch.arange(half, window + n_prefix, dtype=torch.float) + 1
     result = {
-        "mean": [round(float(h.mean()), 4) for h in per_layer],
-        "max_head": [round(float(h.max()), 4) for h in per_layer],
+        "mean": rounded(h.mean() for h in per_layer),
+        "max_head": rounded(h.max() for h in per_layer),
         "uniform": round(float((1 / visible).mean()), 4),
-        "heads": heads,
+        "heads": [rounded(h) for h in per_layer],
         "threshold": SINK_THRESHOLD,
         "window": window,
-        "first_token": "the learned sink token" if model.pe.n_prefix else "the window's first token",
+        "first_token": "the learned sink token" if n_prefix else "the window's first token",
         **sink_shares([h.tolist() for h in per_layer]),
     }
     if model.cfg.sink_logit:
-        nothing = [[round(float(m), 4) for m in (1 - p.sum(-1)).mean(dim=(0, 2))] for p in probs]
-        shares = sink_shares(nothing)
+        nothing = [rounded((1 - p.sum(-1)).mean(dim=(0, 2))) for p in probs]
         result.update(nothing_heads=nothing, nothing_max_head=[max(h) for h in nothing])
-        result.update(nothing_share=shares["sink_share"], nothing_share_all=shares["sink_share_all"])
+        result.update(sink_shares(nothing, name="nothing"))
     return result
 
 
@@ -108,16 +105,15 @@ def rows_first_token_attention(model, idx: torch.Tensor) -> dict:
 def nothing_cost(model, idx: torch.Tensor, targets: torch.Tensor) -> float:
     """For model.sink_logit=true: the mean loss (nats per token) with the nothing slot taken away (every sink logit
     -inf) less the loss with it: what evicting a sink that held exactly the model's no-op attention would cost."""
-    sinks = [block.attn.sink for block in model.blocks]
     base = model(idx, targets).item()
-    saved = [s.detach().clone() for s in sinks]
+    saved = [block.attn.sink.detach().clone() for block in model.blocks]
     try:
-        for s in sinks:
-            s.fill_(float("-inf"))
+        for block in model.blocks:
+            block.attn.sink.fill_(float("-inf"))
         return model(idx, targets).item() - base
     finally:
-        for s, keep in zip(sinks, saved, strict=True):
-            s.copy_(keep)
+        for block, keep in zip(model.blocks, saved, strict=True):
+            block.attn.sink.copy_(keep)
 
 
 def describe(sink: dict) -> str:

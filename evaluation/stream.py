@@ -14,9 +14,11 @@ draws for every method, so the differences (`pairs`) are paired.
 import math
 import time
 from functools import partial
+from itertools import combinations
 
 import numpy as np
 import torch
+from torch.nn.functional import cross_entropy
 
 from evaluation import bootstrap, report
 from evaluation.attention_map import plot_attention_maps
@@ -27,7 +29,7 @@ from evaluation.sink_mass import describe, first_token_attention
 from model.kv_cache import CacheError, DenseCache, SinkCache
 from utils import checkpoint
 from utils.errors import UserError
-from utils.progress import progress
+from utils.progress import progress, say
 
 
 def held_out_stream(ckpt: dict, n_tokens: int, allow_prepare: bool) -> tuple[np.ndarray, list[dict]]:
@@ -43,16 +45,16 @@ def held_out_stream(ckpt: dict, n_tokens: int, allow_prepare: bool) -> tuple[np.
 
 @torch.no_grad()
 def stream_nll(model, tokens: torch.Tensor, cache, rt, desc: str = "stream") -> tuple[np.ndarray, str | None]:
-    """NLL of tokens[1:] predicted one token at a time through `cache`; stops early if the cache refuses."""
-    nll = []
+    """NLL of tokens[1:] predicted one token at a time through `cache`, and why it stopped early (None: it did not)."""
+    nll, stopped = [], None
     try:
         for t in progress(range(len(tokens) - 1), desc, unit="tok"):
             with rt.autocast():
                 logits = model.decode(tokens[None, t : t + 1], cache)[0, -1].float()
-            nll.append(torch.nn.functional.cross_entropy(logits, tokens[t + 1]).item())
+            nll.append(cross_entropy(logits, tokens[t + 1]).item())
     except CacheError as e:
-        return np.array(nll), str(e)
-    return np.array(nll), None
+        stopped = str(e)
+    return np.array(nll), stopped
 
 
 @torch.no_grad()
@@ -60,42 +62,28 @@ def recompute_nll(model, tokens: torch.Tensor, window: int, rt, batch: int = 64)
     """Token t + 1 predicted from a fresh forward over tokens max(0, t - window + 1)..t."""
     n = len(tokens) - 1
     nll = np.zeros(n)
-    full = [t for t in range(n) if t + 1 >= window]
     for t in range(min(n, window - 1)):  # the start of the stream: one growing window each
         with rt.autocast():
             logits = model(tokens[None, : t + 1])[0, -1].float()
-        nll[t] = torch.nn.functional.cross_entropy(logits, tokens[t + 1]).item()
+        nll[t] = cross_entropy(logits, tokens[t + 1]).item()
+    full = [t for t in range(n) if t + 1 >= window]
     for i in progress(range(0, len(full), batch), "recompute", unit="batch"):
         ends = full[i : i + batch]
         rows = torch.stack([tokens[t + 1 - window : t + 1] for t in ends])
         with rt.autocast():
             logits = model(rows)[:, -1].float()
-        targets = torch.stack([tokens[t + 1] for t in ends])
-        nll[ends] = torch.nn.functional.cross_entropy(logits, targets, reduction="none").cpu().numpy()
+        nll[ends] = cross_entropy(logits, tokens[[t + 1 for t in ends]], reduction="none").cpu().numpy()
     return nll
 
 
-def blocks(nll: np.ndarray, size: int) -> list[float]:
-    return [float(nll[i : i + size].mean()) for i in range(0, len(nll), size)]
-
-
-def block_intervals(nll: np.ndarray, size: int) -> list[list[float]]:
-    """A 95% perplexity interval per block of `size` tokens, resampling its runs of size / 16 tokens."""
-    out = []
+def method_entry(nll: np.ndarray, size: int, seconds: float, note: str | None) -> dict:
+    """Mean NLL per block of `size` tokens, each with a 95% perplexity interval that resamples its runs of size / 16."""
+    means, intervals = [], []
     for i in range(0, len(nll), size):
         sums, counts = bootstrap.contiguous_blocks(nll[i : i + size], max(1, size // 16))
-        out.append(bootstrap.ppl_interval(bootstrap.resample(sums, counts, bootstrap.block_draws(len(sums)))))
-    return out
-
-
-def method_entry(nll: np.ndarray, size: int, seconds: float, note: str | None) -> dict:
-    return {
-        "nll": blocks(nll, size),
-        "ci": block_intervals(nll, size),
-        "tokens": len(nll),
-        "seconds": round(seconds, 1),
-        "note": note,
-    }
+        means.append(float(nll[i : i + size].mean()))
+        intervals.append(bootstrap.ppl_interval(bootstrap.resample(sums, counts, bootstrap.block_draws(len(sums)))))
+    return {"nll": means, "ci": intervals, "tokens": len(nll), "seconds": round(seconds, 1), "note": note}
 
 
 def summarize(results: dict, raw: dict, size: int) -> list[dict]:
@@ -106,19 +94,11 @@ def summarize(results: dict, raw: dict, size: int) -> list[dict]:
         sums, counts = bootstrap.contiguous_blocks(nll, size)
         draws[name] = bootstrap.resample(sums, counts, bootstrap.block_draws(len(sums), ["stream", len(nll)]))
         results[name]["mean"] = {"ppl": float(np.exp(nll.mean())), "ci": bootstrap.ppl_interval(draws[name])}
-    names = list(draws)
     return [
         {"a": x, "b": y, **bootstrap.difference(draws[x], draws[y])}
-        for i, x in enumerate(names)
-        for y in names[i + 1 :]
+        for x, y in combinations(draws, 2)
         if len(raw[x]) == len(raw[y])
     ]
-
-
-def sink_counts(sinks: int, size: int) -> list[int]:
-    """How many first tokens each sinks row keeps: 1 (a learned sink, or StreamingLLM's minimum), 4 (its default) and
-    `sinks` where that differs; each below W."""
-    return sorted(s for s in {1, 4, sinks} if 0 < s < size)
 
 
 def run_stream(path, cfg, rt, out_dir):
@@ -129,35 +109,31 @@ def run_stream(path, cfg, rt, out_dir):
     size = sinks + window
     stream, parts = held_out_stream(ckpt, ev.stream_tokens, ev.prepare)
     tokens = torch.from_numpy(stream.astype(np.int64)).to(rt.device)
-    methods = {
-        "dense": lambda: DenseCache(model, 1, min(ev.dense_limit, ev.stream_tokens) + pe.n_prefix),
-        f"window 0+{size}": lambda: SinkCache(model, 1, 0, size),
-    }
-    for s in sink_counts(sinks, size):  # s=s: each cache its own count, not the loop's last
-        methods[f"sinks {s}+{size - s}"] = lambda s=s: SinkCache(model, 1, s, size - s)
+    dense = min(ev.dense_limit, ev.stream_tokens) + pe.n_prefix
+    # (name, first tokens kept; None: dense). Sinks rows keep 1 (a learned sink, or StreamingLLM's minimum), 4 (its
+    # default) and cache.sinks, each below W
+    methods = [("dense", None), (f"window 0+{size}", 0)]
+    methods += [(f"sinks {s}+{size - s}", s) for s in sorted(s for s in {1, 4, sinks} if 0 < s < size)]
     results, raw, t_all = {}, {}, time.time()
-    for name, make in methods.items():
+    for name, s in methods:
         t = time.time()
         try:
-            nll, stopped = stream_nll(model, tokens, make(), rt, name)
+            cache = DenseCache(model, 1, dense) if s is None else SinkCache(model, 1, s, size - s)
+            nll, stopped = stream_nll(model, tokens, cache, rt, name)
         except CacheError as e:  # absolute schemes refuse sink caches
             results[name] = {"nll": [], "tokens": 0, "note": f"n/a: {e}"}
-            print(f"  {name:>16}: n/a ({e})", flush=True)
+            say(f"  {name:>16}: n/a ({e})")
             continue
         note = f"stopped at {len(nll)} tokens: {stopped}" if stopped else None
         results[name], raw[name] = method_entry(nll, ev.block, time.time() - t, note), nll
-        print(
-            f"  {name:>16}: mean ppl {math.exp(nll.mean()):.2f} over {len(nll):,} tokens ({time.time() - t:.0f} s)",
-            flush=True,
-        )
+        say(f"  {name:>16}: mean ppl {math.exp(nll.mean()):.2f} over {len(nll):,} tokens ({time.time() - t:.0f} s)")
     first = None if pe.n_prefix else tokens[0]  # the token a 1 + (W - 1) cache keeps: BOS, or the learned sink
     sink = first_token_attention(model, tokens, train_length, first=first)
     if pe.max_positions is None or size <= pe.max_positions:
-        t = time.time()
-        nll = recompute_nll(model, tokens, size - pe.n_prefix, rt)  # the model adds its learned sinks itself
-        results[f"recompute {size}"] = method_entry(nll, ev.block, time.time() - t, None)
-        raw[f"recompute {size}"] = nll
-        print(f"  {'recompute':>16}: mean ppl {math.exp(nll.mean()):.2f} ({time.time() - t:.0f} s)", flush=True)
+        t, name = time.time(), f"recompute {size}"
+        raw[name] = recompute_nll(model, tokens, size - pe.n_prefix, rt)  # the model adds its learned sinks itself
+        results[name] = method_entry(raw[name], ev.block, time.time() - t, None)
+        say(f"  {'recompute':>16}: mean ppl {math.exp(raw[name].mean()):.2f} ({time.time() - t:.0f} s)")
     pairs = summarize(results, raw, ev.block)
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
@@ -187,26 +163,30 @@ def _cell(ppl: float, ci: list[float] | None) -> str:
     return f"{ppl:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else f"{ppl:.1f}"
 
 
+def _column(m: dict, picks: list[int]) -> list[str]:
+    """One method's cells at the picked blocks ('-' past its end), then its mean over the stream."""
+    ci = m.get("ci", [None] * len(m["nll"]))
+    cells = [_cell(math.exp(m["nll"][b]), ci[b]) if b < len(m["nll"]) else "-" for b in picks]
+    return cells + [_cell(m["mean"]["ppl"], m["mean"]["ci"]) if "mean" in m else "-"]
+
+
 def stream_table(result: dict, rows: int = 10) -> str:
     """Perplexity [95% interval] at up to `rows` evenly spaced blocks, a column per method; the mean over the stream;
     which methods are within noise of each other."""
-    names, methods = list(result["methods"]), result["methods"]
+    methods = result["methods"]
     n_blocks = max(len(m["nll"]) for m in methods.values())
     picks = sorted({round(i * (n_blocks - 1) / (rows - 1)) for i in range(rows)}) if n_blocks > 1 else [0]
-    table = []
-    for b in picks:
-        cells = [_cell(math.exp(m["nll"][b]), m.get("ci", [None] * (b + 1))[b]) if b < len(m["nll"]) else "-"
-                 for m in methods.values()]  # fmt: skip
-        table.append((f"{min((b + 1) * result['block'], result['stream_tokens']):,}", cells))  # a last block's end
-    table.append(("mean", [_cell(m["mean"]["ppl"], m["mean"]["ci"]) if "mean" in m else "-" for m in methods.values()]))
-    width = max([len(n) for n in names] + [len(c) for _, cells in table for c in cells]) + 2
+    columns = [_column(m, picks) for m in methods.values()]
+    # a row's label: the tokens seen by its block's end (a last, shorter block ends with the stream)
+    labels = [f"{min((b + 1) * result['block'], result['stream_tokens']):,}" for b in picks] + ["mean"]
+    width = max(len(s) for s in [*methods, *(c for column in columns for c in column)]) + 2
     lines = [
         f"{result['scheme']}: perplexity per block of {result['block']} tokens over a "
         f"{result['stream_tokens']:,}-token stream (trained at {result['train_length']}; "
         f"{', '.join(p['work'] for p in result.get('works', []))})",
-        f"{'tokens seen':>12}" + "".join(f"{n:>{width}}" for n in names),
+        f"{'tokens seen':>12}" + "".join(f"{n:>{width}}" for n in methods),
     ]
-    lines += [f"{first:>12}" + "".join(f"{c:>{width}}" for c in cells) for first, cells in table]
+    lines += [f"{label:>12}" + "".join(f"{c[i]:>{width}}" for c in columns) for i, label in enumerate(labels)]
     lines.append("[lo, hi]: 95% bootstrap interval (evaluation/bootstrap.py)")
     same = [f"{p['a']} ~ {p['b']}" for p in result.get("pairs", []) if p["within_noise"]]
     lines.append("within noise of each other over the stream (paired): " + ("; ".join(same) or "none"))
