@@ -2,9 +2,9 @@
 
 python eval.py checkpoint=out/rope 'eval.hf_rope_scaling={rope_type: yarn, factor: 4, beta_fast: 32, beta_slow: 1}'
 python sample.py checkpoint=out/rope 'hf_rope_scaling={rope_type: llama3, factor: 8}'
-HFRopeScaling holds the keys transformers reads for the six rope types below (`type`: the legacy name of
-`rope_type`); a key the rope_type does not read (transformers warns and ignores it) is refused. scaling() maps the dict
-onto what transformers computes (modeling_rope_utils.py, 5.x), with L = original_max_position_embeddings, s = factor:
+A key the rope_type does not read (transformers warns and ignores it) is refused. scaling() computes what transformers
+does (modeling_rope_utils.py, 5.x) with L = original_max_position_embeddings (omitted: the checkpoint's training
+length; transformers: max_position_embeddings) and s = factor:
   default   none
   linear    linear at s (transformers divides the frequencies by s, PI the positions: the same angles)
   dynamic   dynamic_ntk with alpha = s
@@ -12,9 +12,8 @@ onto what transformers computes (modeling_rope_utils.py, 5.x), with L = original
             by (0.1 mscale ln s + 1) / (0.1 mscale_all_dim ln s + 1) where both are non-zero, else by 0.1 ln s + 1
   longrope  longrope with short_factor up to L and long_factor past it; factor omitted: the length scored / L
   llama3    llama3 with low_freq_factor (1), high_freq_factor (4)
-L, where omitted, is the checkpoint's training length (transformers: max_position_embeddings). The length scored is
-eval.py's eval length, or sample.py's cache capacity: transformers switches longrope's factors as the sequence grows,
-which a KV cache would mix; one set per row keeps every cached key at one frequency.
+The length scored is eval.py's eval length, or sample.py's cache capacity: transformers switches longrope's factors
+as the sequence grows, which a KV cache would mix; one set per row keeps every cached key at one frequency.
 """
 
 from dataclasses import dataclass, fields
@@ -24,34 +23,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from settings import Rule, choices, setting
 
-from . import rope_scaling
-from .rope_scaling import Scaling
+from .rope_scaling import NONE, RAMPS, Scaling, longrope_scale, yarn_scale
 
 RopeType = choices("RopeType", "default", "linear", "dynamic", "yarn", "longrope", "llama3")
-KIND = {  # rope_type -> the rope_scaling kind that computes what transformers does
-    "default": "none",
-    "linear": "linear",
-    "dynamic": "dynamic_ntk",
-    "yarn": "yarn_released",
-    "longrope": "longrope",
-    "llama3": "llama3",
-}
+KIND = {"default": "none", "dynamic": "dynamic_ntk", "yarn": "yarn_released"}  # the others: the rope type's own name
 READ_BY = {  # key -> the rope types that read it
     "factor": ("linear", "dynamic", "yarn", "longrope", "llama3"),
     "original_max_position_embeddings": ("dynamic", "yarn", "longrope", "llama3"),
-    "low_freq_factor": ("llama3",),
-    "high_freq_factor": ("llama3",),
-    "beta_fast": ("yarn",),
-    "beta_slow": ("yarn",),
-    "short_factor": ("longrope",),
-    "long_factor": ("longrope",),
+    **dict.fromkeys(("low_freq_factor", "high_freq_factor"), ("llama3",)),
+    **dict.fromkeys(("beta_fast", "beta_slow"), ("yarn",)),
+    **dict.fromkeys(("short_factor", "long_factor"), ("longrope",)),
     "attention_factor": ("yarn", "longrope"),
-    "mscale": ("yarn",),
-    "mscale_all_dim": ("yarn",),
-    "truncate": ("yarn",),
+    **dict.fromkeys(("mscale", "mscale_all_dim", "truncate"), ("yarn",)),
 }
 NEED_FACTOR = ("linear", "dynamic", "yarn", "llama3")  # transformers requires it; longrope derives it from lengths
-LENGTH = 2**24  # the longest original length taken (utils/schema.py MAX_TOKENS)
 
 
 def named_type(rope_type, legacy) -> str:
@@ -70,8 +55,9 @@ def read_rule(key: str) -> Rule:
     )
 
 
-def ordered(high, low, default_high: float, default_low: float) -> bool:
-    """Whether a ramp's upper bound is above its lower one, each its default where not given."""
+def ordered(high, low, kind: str) -> bool:
+    """Whether a ramp's upper bound is above its lower one, each the kind's default (RAMPS) where not given."""
+    default_high, default_low = RAMPS[kind]
     return (default_high if high is None else high) > (default_low if low is None else low)
 
 
@@ -86,7 +72,7 @@ class HFRopeScaling:
         None,
         "pass the length the unscaled frequencies were trained at, or omit it for the checkpoint's",
         ge=2,
-        le=LENGTH,
+        le=2**24,  # the longest length taken (utils/schema.py MAX_TOKENS)
     )
     low_freq_factor: float | None = setting(None, "pass llama3's low_freq_factor, e.g. 1", gt=0)  # null: 1
     high_freq_factor: float | None = setting(None, "pass llama3's high_freq_factor, e.g. 4", gt=0)  # null: 4
@@ -118,19 +104,17 @@ class HFRopeScaling:
         ),
         Rule(
             ("short_factor", "long_factor", "rope_type", "type"),
-            lambda short, long, rope_type, legacy: (
-                named_type(rope_type, legacy) != "longrope" or None not in (short, long)
-            ),
+            lambda short, long, name, legacy: named_type(name, legacy) != "longrope" or None not in (short, long),
             "{0} and {1}: rope_type longrope needs both, one factor per rotary pair",
         ),
         Rule(
             ("high_freq_factor", "low_freq_factor"),
-            lambda high, low: ordered(high, low, *rope_scaling.RAMPS["llama3"]),
+            lambda high, low: ordered(high, low, "llama3"),
             "{0} must be above {1} (null: 4 and 1): the band between them is where frequencies are blended",
         ),
         Rule(
             ("beta_fast", "beta_slow"),
-            lambda fast, slow: ordered(fast, slow, *rope_scaling.RAMPS["yarn_released"]),
+            lambda fast, slow: ordered(fast, slow, "yarn_released"),
             "{0} must be above {1} (null: 32 and 1): the ramp runs from the pairs turning beta_slow times over the "
             "original length to those turning beta_fast times",
         ),
@@ -153,7 +137,7 @@ def rope_type(hf) -> str:
 
 
 def kind(hf) -> str:
-    return KIND[rope_type(hf)]
+    return KIND.get(rope_type(hf), rope_type(hf))
 
 
 def row_name(hf) -> str:
@@ -166,54 +150,36 @@ def as_dict(hf) -> dict:
     return {k: v for k, v in plain.items() if v is not None}
 
 
-def rotary_pairs(pe) -> int:
-    """The pairs a rotary scheme turns per head: one longrope factor each."""
-    return len(rope_scaling.scheme_factors(pe, "none", 1.0, 2))
-
-
-def yarn_attention(factor: float, attention_factor, mscale, mscale_all_dim) -> float:
-    if attention_factor is not None:
-        return float(attention_factor)
-    if mscale and mscale_all_dim:
-        return rope_scaling.yarn_scale(factor, mscale) / rope_scaling.yarn_scale(factor, mscale_all_dim)
-    return rope_scaling.yarn_scale(factor)
-
-
-def longrope_factors(hf, length: int, original: int, pairs: int, key: str) -> list[float]:
-    """short_factor at lengths up to the original, long_factor past it, one factor per rotary pair."""
-    name = "short_factor" if length <= original else "long_factor"
-    factors = list(getattr(hf, name))
-    if len(factors) != pairs:
-        raise ValueError(
-            f"{key}.{name} holds {len(factors)} factors and this model rotates {pairs} pairs per head; pass "
-            f"{pairs}, one per pair"
-        )
-    return factors
+def yarn_attention(hf, factor: float) -> float:
+    if hf.attention_factor is not None:
+        return float(hf.attention_factor)
+    if hf.mscale and hf.mscale_all_dim:
+        return yarn_scale(factor, hf.mscale) / yarn_scale(factor, hf.mscale_all_dim)
+    return yarn_scale(factor)
 
 
 def scaling(hf, train_length: int, length: int, pe, key: str) -> Scaling:
     """The Scaling transformers computes for this dict, scoring `length` tokens of a model trained at train_length;
     key: the setting that holds the dict, for its errors."""
-    original = hf.original_max_position_embeddings or train_length
-    which = rope_type(hf)
+    which, original = rope_type(hf), hf.original_max_position_embeddings or train_length
     factor = hf.factor if hf.factor is not None else length / original  # only longrope may omit it
     if which == "default":
-        return rope_scaling.NONE
-    if which in ("linear", "llama3"):
-        bounds = {"beta_fast": hf.high_freq_factor, "beta_slow": hf.low_freq_factor} if which == "llama3" else {}
-        return Scaling(KIND[which], factor, original, **bounds)
+        return NONE
+    if which == "linear":
+        return Scaling("linear", factor, original)
     if which == "dynamic":
         return Scaling("dynamic_ntk", factor, original, alpha=factor)
+    if which == "llama3":
+        return Scaling("llama3", factor, original, beta_fast=hf.high_freq_factor, beta_slow=hf.low_freq_factor)
     if which == "yarn":
-        return Scaling(
-            "yarn_released",
-            factor,
-            original,
-            beta_fast=hf.beta_fast,
-            beta_slow=hf.beta_slow,
-            truncate=hf.truncate is not False,
-            attn_scale=yarn_attention(factor, hf.attention_factor, hf.mscale, hf.mscale_all_dim),
+        ramp = {"beta_fast": hf.beta_fast, "beta_slow": hf.beta_slow, "truncate": hf.truncate is not False}
+        return Scaling("yarn_released", factor, original, attn_scale=yarn_attention(hf, factor), **ramp)
+    name = "short_factor" if length <= original else "long_factor"
+    factors, pairs = list(getattr(hf, name)), getattr(pe, "inner", pe).freq_dim() // 2  # a sink: the rope inside
+    if len(factors) != pairs:
+        raise ValueError(
+            f"{key}.{name} holds {len(factors)} factors and this model rotates {pairs} pairs per head; pass "
+            f"{pairs}, one per pair"
         )
-    factors = longrope_factors(hf, length, original, rotary_pairs(pe), key)
-    scale = rope_scaling.longrope_scale(factor, original) if hf.attention_factor is None else hf.attention_factor
+    scale = longrope_scale(factor, original) if hf.attention_factor is None else hf.attention_factor
     return Scaling("longrope", factor, original, rescale=factors, attn_scale=scale)

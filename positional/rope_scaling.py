@@ -1,29 +1,25 @@
-"""Context extension for rotary embeddings: a Scaling value, passed to a scheme's rotation or built into a model.
+"""Context extension for rotary embeddings: a frozen Scaling value, passed to a scheme's rotation or built into a model.
 
 python eval.py checkpoint=out/rope eval.rope_scaling=yarn      (or linear, ntk, dynamic_ntk, yarn_released, llama3, all)
 python eval.py checkpoint=out/rope eval.rope_scaling=longrope  (after python -m evaluation.longrope_search ...)
-python eval.py checkpoint=out/rope 'eval.hf_rope_scaling={rope_type: llama3, factor: 4}'   (hf_rope_scaling.py)
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4   (built in)
-A Scaling is a frozen value: nothing rewrites a scheme's frequencies in place. With s = factor, d = head dim,
-theta_i = base^(-2i/d) and r_i = L_orig theta_i / (2 pi), the rotations pair i makes over the original length:
+With s = factor, d = head dim, theta_i = base^(-2i/d) and r_i = L_orig theta_i / (2 pi), pair i's turns over L_orig:
   linear         positional interpolation (Chen et al. 2023): positions / s
   ntk            NTK-aware: base' = base * s^(d/(d-2))
-  dynamic_ntk    NTK with s = alpha x max(1, current length / L_orig) - (alpha - 1), recomputed from the positions
-                 (HF transformers' `dynamic` reads its `factor` as alpha)
+  dynamic_ntk    NTK at s = alpha max(1, length / L_orig) - (alpha - 1) for the current length (HF's `dynamic`)
   yarn           (Peng et al. 2023, arXiv 2309.00071 Def. 2) theta_i' = theta_i ((1 - g)/s + g), g linear in r_i from 0
                  at beta_slow=1 to 1 at beta_fast=32; cos, sin multiplied by 0.1 ln s + 1 (the logits by its square)
-  yarn_released  YaRN as its released code (jquesnelle/yarn) and HF's `rope_type: yarn` compute it: the ramp linear in
-                 the pair index, not in r_i, between the pairs that turn beta_fast and beta_slow times over L_orig,
-                 rounded to whole pairs (truncate=False: unrounded). Both ramps meet at their ends, differ between them
-  llama3         Llama 3.1's wavelength bands (low_freq_factor 1, high_freq_factor 4): yarn's ramp in r_i with
-                 beta_fast = high and beta_slow = low; no cos/sin scale
-  longrope       (Ding et al. 2024) searched factors lambda_i, one per rotary pair, theta_i' = theta_i / lambda_i, the
-                 first `start_tokens` positions unscaled; cos, sin multiplied by sqrt(1 + ln s / ln L_orig) (the
-                 released code's "su" scale, microsoft/LongRoPE, as HF's Phi-3 applies it). Its factors come from
-                 evaluation/longrope_search.py or a HF dict: a SEARCHED kind, never part of eval's `all`
+  yarn_released  YaRN as jquesnelle/yarn and HF's `rope_type: yarn` compute it: g linear in the pair index, not in
+                 r_i, between the pairs turning beta_fast and beta_slow times, rounded to whole pairs (truncate=False:
+                 unrounded); the two ramps meet at their ends and differ between them
+  llama3         Llama 3.1's bands: yarn's ramp at beta_fast = high_freq_factor (4), beta_slow = low_freq_factor (1),
+                 with no cos/sin scale
+  longrope       (Ding et al. 2024) lambda_i per pair, searched by evaluation/longrope_search.py or given by a HF dict,
+                 theta_i' = theta_i / lambda_i, the first start_tokens positions unscaled; cos, sin multiplied by
+                 sqrt(1 + ln s / ln L_orig) (microsoft/LongRoPE's "su" scale, as HF's Phi-3); never in eval's `all`
 At s <= 1 every kind gives the plain frequencies (longrope: unless its factors are given); an explicit attn_scale (HF's
-attention_factor) applies at any s. dynamic_ntk is for full forwards: a KV cache would hold keys rotated at the scale
-of the step that stored them. Every other kind rotates at fixed frequencies, so a KV cache decodes it exactly.
+attention_factor) applies at any s. A KV cache decodes every kind exactly but dynamic_ntk, whose scale follows the
+length: its cached keys would keep the scale of the step that stored them.
 """
 
 import math
@@ -34,8 +30,7 @@ import torch
 
 from . import rerope
 
-# closed-form: a factor is all they need
-KINDS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "yarn_released", "llama3")
+KINDS = ("none", "linear", "ntk", "dynamic_ntk", "yarn", "yarn_released", "llama3")  # closed form: a factor suffices
 SEARCHED = ("longrope",)  # per-pair factors searched for one model and length
 DCA_KINDS = ("dca",)  # positional/dca.py, imported when one is asked for: a training run never loads it
 SPLITS = rerope.KINDS + DCA_KINDS  # keep the frequencies, add rotations: model/split_attention.py
@@ -47,24 +42,21 @@ SCALED = ("yarn", "yarn_released")  # cos, sin multiplied by 0.1 ln s + 1 unless
 
 @dataclass(frozen=True)
 class Scaling:
-    """A rope scaling kind at factor s from original_length, and its options: rescale and start_tokens (longrope's
-    per-pair factors and unscaled first positions); attn_scale, the cos/sin scale in place of the kind's own (None:
-    the kind's); beta_fast, beta_slow (None: RAMPS); truncate (yarn_released); alpha (dynamic_ntk); window, leak
-    (rerope's w and k), chunk, window (dca's S and w), resolved here when not given."""
+    """A rope scaling kind and its options: each kind's own, refused by the others; None: resolved here."""
 
     kind: str = "none"
-    factor: float = 1.0
-    original_length: int = 1
-    rescale: tuple[float, ...] | None = None
-    start_tokens: int = 0
-    attn_scale: float | None = None
-    beta_fast: float | None = None
+    factor: float = 1.0  # s
+    original_length: int = 1  # L_orig
+    rescale: tuple[float, ...] | None = None  # longrope's lambda_i, one per rotary pair
+    start_tokens: int = 0  # longrope's first positions, unscaled
+    attn_scale: float | None = None  # the cos/sin scale in place of the kind's own
+    beta_fast: float | None = None  # the ramp kinds' (None: RAMPS)
     beta_slow: float | None = None
-    truncate: bool = True
-    alpha: float = 1.0
-    window: int | None = None
-    leak: float | None = None
-    chunk: int | None = None
+    truncate: bool = True  # yarn_released: the ramp's ends rounded to whole pairs
+    alpha: float = 1.0  # dynamic_ntk
+    window: int | None = None  # rerope's w, dca's w
+    leak: float | None = None  # rerope's k
+    chunk: int | None = None  # dca's S
 
     def __post_init__(self):
         if self.kind not in ALL_KINDS:
@@ -78,7 +70,7 @@ class Scaling:
         fix("original_length", int(self.original_length))
         fix("start_tokens", int(self.start_tokens) if self.factor > 1.0 else 0)
         if self.rescale is not None:
-            fix("rescale", tuple(float(x) for x in torch.as_tensor(self.rescale, dtype=torch.float64).flatten()))
+            fix("rescale", tuple(torch.as_tensor(self.rescale, dtype=torch.float64).flatten().tolist()))
         if self.kind in RAMPS:
             fast, slow = RAMPS[self.kind]
             fix("beta_fast", float(fast if self.beta_fast is None else self.beta_fast))
@@ -108,33 +100,36 @@ class Scaling:
     def frequencies(self, head_dim: int, base: float) -> tuple[torch.Tensor, float, float]:
         """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) of the static frequencies (dynamic_ntk,
         rerope, dca: the unscaled ones); the cos/sin scale is attn_scale where given, else the kind's own."""
-        inv_freq, pos_scale, scale = self.own_frequencies(head_dim, base)
-        return inv_freq, pos_scale, scale if self.attn_scale is None else float(self.attn_scale)
-
-    def own_frequencies(self, head_dim: int, base: float) -> tuple[torch.Tensor, float, float]:
-        """frequencies() with the kind's own cos/sin scale."""
-        inv_freq = base_inv_freq(head_dim, base)
-        if self.kind == "longrope" and (self.factor > 1.0 or self.rescale is not None):
-            return (
-                inv_freq / check_rescale(self.rescale, len(inv_freq)),
-                1.0,
-                longrope_scale(self.factor, self.original_length),
-            )
-        if self.kind in ("none", "dynamic_ntk", "longrope", *SPLITS) or self.factor <= 1.0:
-            return inv_freq, 1.0, 1.0
-        if self.kind == "linear":
-            return inv_freq, 1.0 / self.factor, 1.0
-        if self.kind == "ntk":
-            return base_inv_freq(head_dim, ntk_base(base, self.factor, head_dim)), 1.0, 1.0
-        g = self.kept(head_dim, base)
-        return inv_freq * ((1.0 - g) / self.factor + g), 1.0, yarn_scale(self.factor) if self.kind in SCALED else 1.0
+        inv_freq, s = base_inv_freq(head_dim, base), self.factor
+        if self.kind == "longrope" and (s > 1.0 or self.rescale is not None):
+            inv_freq = inv_freq / check_rescale(self.rescale, len(inv_freq))
+        elif self.kind == "ntk" and s > 1.0:
+            inv_freq = base_inv_freq(head_dim, ntk_base(base, s, head_dim))
+        elif self.kind in RAMPS and s > 1.0:
+            g = self.kept(head_dim, base)
+            inv_freq = inv_freq * ((1.0 - g) / s + g)
+        pos_scale = 1.0 / s if self.kind == "linear" and s > 1.0 else 1.0
+        if self.attn_scale is not None:
+            return inv_freq, pos_scale, float(self.attn_scale)
+        if self.kind == "longrope":
+            return inv_freq, pos_scale, longrope_scale(s, self.original_length)
+        return inv_freq, pos_scale, yarn_scale(s) if self.kind in SCALED else 1.0
 
     def kept(self, head_dim: int, base: float) -> torch.Tensor:
-        """g_i of a ramp kind: 1 keeps pair i's frequency, 0 divides it by s, between them theta_i ((1 - g)/s + g)."""
-        if self.kind == "yarn_released":
-            dims = released_dims(head_dim, base, self.original_length, self.beta_fast, self.beta_slow, self.truncate)
-            return 1.0 - released_ramp(head_dim // 2, *dims)
-        return yarn_ramp(head_dim, base, self.original_length, self.beta_fast, self.beta_slow)
+        """g_i of a ramp kind: 1 keeps pair i's frequency, 0 divides it by s."""
+        if self.kind != "yarn_released":  # the paper's ramp, linear in r_i
+            rotations = self.original_length * base_inv_freq(head_dim, base) / (2 * math.pi)
+            return ((rotations - self.beta_slow) / (self.beta_fast - self.beta_slow)).clamp(0.0, 1.0)
+        low = turning_pair(self.beta_fast, head_dim, base, self.original_length)
+        high = turning_pair(self.beta_slow, head_dim, base, self.original_length)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        # clamped to [0, head_dim - 1] as the released code does (a bound in dims, although the ramp runs over pairs)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        if low == high:  # never an empty ramp
+            high += 0.001
+        pairs = torch.arange(head_dim // 2, dtype=torch.float64)
+        return 1.0 - ((pairs - low) / (high - low)).clamp(0.0, 1.0)
 
 
 def check_options(scaling: Scaling):
@@ -164,45 +159,22 @@ def check_options(scaling: Scaling):
 NONE = Scaling()
 
 
-def base_inv_freq(head_dim: int, base: float) -> torch.Tensor:
-    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+def base_inv_freq(head_dim: int, base, device=None) -> torch.Tensor:
+    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
 
 
 def ntk_base(base: float, factor, head_dim: int):
     return base * factor ** (head_dim / (head_dim - 2))
 
 
-def yarn_scale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's cos/sin multiplier 0.1 mscale ln s + 1 (1 at s <= 1); the logits get its square."""
-    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def yarn_ramp(head_dim: int, base: float, original_length: int, beta_fast=32.0, beta_slow=1.0):
-    """g_i in [0, 1], linear in r_i = L / wavelength_i: 0 interpolates the frequency fully, 1 keeps it."""
-    rotations = original_length * base_inv_freq(head_dim, base) / (2 * math.pi)
-    return ((rotations - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
-
-
 def turning_pair(beta: float, head_dim: int, base: float, original_length: int) -> float:
-    """The (fractional) pair index i whose frequency turns beta times over original_length: L theta_i = 2 pi beta,
-    theta_i = base^(-2i/d), so i = d ln(L / (2 pi beta)) / (2 ln base)."""
+    """The (fractional) pair i that turns beta times over original_length: L base^(-2i/d) = 2 pi beta."""
     return head_dim * math.log(original_length / (2 * math.pi * beta)) / (2 * math.log(base))
 
 
-def released_dims(head_dim, base, original_length, beta_fast, beta_slow, truncate=True) -> tuple[float, float]:
-    """The released code's ramp ends in pairs, widened to whole pairs unless truncate is off, clamped to
-    [0, head_dim - 1] (the released code's bound, in dims although the ramp runs over pairs), never empty."""
-    low = turning_pair(beta_fast, head_dim, base, original_length)
-    high = turning_pair(beta_slow, head_dim, base, original_length)
-    if truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, head_dim - 1)
-    return low, high + 0.001 if low == high else high
-
-
-def released_ramp(pairs: int, low: float, high: float) -> torch.Tensor:
-    """(pairs,) 0 at pair index i <= low (kept), rising linearly in i to 1 at i >= high (interpolated)."""
-    return ((torch.arange(pairs, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
+def yarn_scale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's cos/sin multiplier 0.1 mscale ln s + 1 (1 at s <= 1); the logits get its square."""
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def longrope_scale(factor: float, original_length: int) -> float:
@@ -224,25 +196,18 @@ def check_rescale(rescale, pairs: int) -> torch.Tensor:
     return lam
 
 
-def static_frequencies(
-    kind: str, head_dim: int, base: float, factor: float, original_length: int, **options
-) -> tuple[torch.Tensor, float, float]:
-    """Scaling(kind, ...).frequencies for a kind other than rerope's; options: Scaling's."""
+def static_frequencies(kind: str, head_dim: int, base: float, factor: float, original_length: int, **options):
+    """Scaling(kind, ...).frequencies for a kind other than the splits; options: Scaling's."""
     if kind not in KINDS + SEARCHED:
         raise ValueError(f"unknown rope scaling '{kind}'; choose one of: {', '.join(KINDS + SEARCHED)}")
     return Scaling(kind, factor, original_length, **options).frequencies(head_dim, base)
 
 
-def dynamic_inv_freq(
-    head_dim: int, base: float, original_length: int, length: torch.Tensor, alpha: float = 1.0
-) -> torch.Tensor:
-    """Dynamic NTK frequencies (float32) for the current length, a tensor: no host sync. base' = base (alpha n / L -
-    (alpha - 1))^(d/(d-2)), n at least L, as HF's dynamic factor; in float64 so that at s = 1 (and alpha = 1) they
-    equal the plain frequencies bit for bit."""
-    s = (length.double() / original_length).clamp(min=1.0)
-    s = alpha * s - (alpha - 1.0)
-    exponent = torch.arange(0, head_dim, 2, device=length.device, dtype=torch.float64) / head_dim
-    return ((base * s ** (head_dim / (head_dim - 2))) ** (-exponent)).float()
+def dynamic_inv_freq(head_dim: int, base: float, original_length: int, length: torch.Tensor, alpha: float = 1.0):
+    """Dynamic NTK frequencies (float32) for the current length, a tensor: no host sync. In float64 so that at s = 1
+    (and alpha = 1) they equal the plain frequencies bit for bit."""
+    s = alpha * (length.double() / original_length).clamp(min=1.0) - (alpha - 1.0)
+    return base_inv_freq(head_dim, ntk_base(base, s, head_dim), length.device).float()
 
 
 def equivalent_factors(kind: str, head_dim: int, base: float, factor: float, original_length: int) -> torch.Tensor:
@@ -259,15 +224,13 @@ def scheme_factors(pe, kind: str, factor: float, original_length: int) -> torch.
 
 
 def refusal(key: str, kind: str, pe, trained: str | None, off: str | None = None) -> str | None:
-    """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None; eval.py's and
-    sample.py's wording. trained: the model's built-in positional.scaling; off: how to ask for none instead."""
-    if kind == "none":
-        return None
-    if trained:
+    """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None (eval.py's and
+    sample.py's wording). trained: the model's built-in positional.scaling; off: how to ask for none instead."""
+    if kind != "none" and trained:
         return (
             f"{key}={kind}: this model was trained with positional.scaling={trained}, built into it; another scaling "
             f"would replace it, not compose with it: {off or f'pass {key}=none'}"
         )
-    if not pe.rotary:
+    if kind != "none" and not pe.rotary:
         return f"{key}={kind} applies to rotary schemes (rope, prope, xpos, pope, sink over rope), not {pe.name}"
     return None
