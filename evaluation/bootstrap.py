@@ -2,16 +2,12 @@
 
 python eval.py checkpoint=out/rope                       an interval for every cell of length.json (and stream.json)
 python eval.py sweep_dir=multirun/<time>                 + which differences between runs are within noise
-Blocks, never single tokens, are resampled: the NLLs of neighbouring tokens are correlated (one scene, one speaker),
-so a token bootstrap would give intervals far too narrow. A block is one scored piece in the length evaluation
-(evaluation/pieces.py; pieces lie thousands of tokens apart), eval.block tokens in the stream. The interval is the
-2.5th and 97.5th percentile of 2,000 draws of the token-weighted mean NLL, as perplexity: how much the number would
-move had other passages of the same works been scored; with four held-out works it cannot say how another kind of
-text would score.
-Paired: rows scored on the same pieces share their block draws, so the difference of their draws is a paired
-bootstrap; when its interval holds 0 the difference is within noise. Runs that differ only in seed: each draw also
-resamples a group's runs, so its interval holds the seed-to-seed spread too. Seeded: the same inputs give the same
-intervals.
+Blocks, not tokens, are resampled: neighbouring tokens' NLLs are correlated (one scene, one speaker), so a token
+bootstrap would be far too narrow. A block is a scored piece (evaluation/pieces.py) or eval.block tokens of a stream.
+The interval (2.5th to 97.5th percentile of 2,000 draws of the token-weighted mean NLL) says how much the number would
+move had other passages of the same works been scored, not how another kind of text would score. Rows scored on the
+same pieces share their block draws, so their difference is a paired bootstrap; each draw also resamples a seed
+group's runs, so the seed-to-seed spread enters too. Seeded: the same inputs give the same intervals.
 """
 
 import hashlib
@@ -35,16 +31,14 @@ def block_draws(n_blocks: int, key=None, draws: int = DRAWS) -> np.ndarray:
 
 
 def resample(block_nll: np.ndarray, block_tokens: np.ndarray, idx: np.ndarray, run_key=None) -> np.ndarray:
-    """Mean NLL per token of each draw. block_nll: (runs, blocks) summed NLL per block; block_tokens: (blocks,); idx:
-    block_draws. With several runs each draw also resamples the runs (pick_runs)."""
+    """Mean NLL per token of each draw. block_nll: (runs, blocks) summed NLL per block; idx: block_draws."""
     block_nll = np.atleast_2d(block_nll)
     tokens = np.asarray(block_tokens, dtype=np.float64)[idx].sum(axis=1)
     return pick_runs(block_nll[:, idx].sum(axis=2) / tokens, run_key)
 
 
 def pick_runs(per_run: np.ndarray, run_key=None) -> np.ndarray:
-    """per_run: (runs, draws). Each draw averages as many runs picked with replacement, so the seed-to-seed spread
-    enters the interval."""
+    """per_run: (runs, draws). Each draw averages as many runs picked with replacement."""
     if len(per_run) == 1:
         return per_run[0]
     runs = _rng(SEED + 1, run_key).integers(0, len(per_run), (per_run.shape[1], len(per_run)))
@@ -64,12 +58,8 @@ def ppl_interval(samples: np.ndarray) -> list[float]:
 def difference(a: np.ndarray, b: np.ndarray) -> dict:
     """The interval of draws of mean NLL a - b (paired when drawn with the same block indices); 0 in it: noise."""
     lo, hi = interval(a - b)
-    return {
-        "diff_nll": round(float(np.mean(a - b)), 5),
-        "lo": round(lo, 5),
-        "hi": round(hi, 5),
-        "within_noise": lo <= 0 <= hi,
-    }
+    diff = round(float(np.mean(a - b)), 5)
+    return {"diff_nll": diff, "lo": round(lo, 5), "hi": round(hi, 5), "within_noise": lo <= 0 <= hi}
 
 
 def contiguous_blocks(nll: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:

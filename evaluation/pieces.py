@@ -2,9 +2,8 @@
 
 python eval.py checkpoint=out/rope eval.tokens=65536      (evaluation/length.py scores them at every length)
 Every length and mode scores exactly these tokens, so lengths and schemes are comparable; each piece's NLL is kept
-for the bootstrap (evaluation/bootstrap.py). Pieces come equally from each distinct held-out work, spread over the
-document rather than its opening only. A piece's region holds up to M tokens of its document before it: the context
-sliding windows read.
+for the bootstrap. Pieces come equally from each distinct held-out work, spread over the whole document; a piece's
+region adds up to M tokens before it, the context sliding windows read.
 """
 
 import math
@@ -43,7 +42,7 @@ def equal_shares(total: int, caps: list[int]) -> list[int]:
 
 def spread(slots: int, k: int) -> list[int]:
     """k distinct slots of 0..slots-1, evenly spaced; slot 0 (no text before it for sliding windows) only if need be."""
-    cands = list(range(1, slots)) if slots - 1 >= k else list(range(slots))
+    cands = range(1 if slots > k else 0, slots)
     if k == 1:
         return [cands[len(cands) // 2]]
     return [cands[round(i * (len(cands) - 1) / (k - 1))] for i in range(k)]
@@ -83,8 +82,5 @@ def read_span(p: Piece, max_len: int) -> tuple[int, int]:
 
 
 def regions(works: list[tuple[str, np.ndarray]], pieces: list[Piece], max_len: int) -> list[Region]:
-    out = []
-    for p in pieces:
-        lo, hi = read_span(p, max_len)
-        out.append(Region(works[p.doc][1][lo:hi], p.start - lo))
-    return out
+    spans = [read_span(p, max_len) for p in pieces]
+    return [Region(works[p.doc][1][lo:hi], p.start - lo) for p, (lo, hi) in zip(pieces, spans, strict=True)]

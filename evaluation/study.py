@@ -20,8 +20,8 @@ def results(study: Path, kind: str) -> list[tuple[Path, dict]]:
 
 
 def markdown_table(rows: list[dict], train_length: int, mode: str = "nonoverlap") -> str:
-    """The README's table of compare.compare's rows, best at the training length first: ppl, `±sd` over the seeds at the
-    training length and the longest, `[lo, hi]`; **bold**: lowest in its column, `~`: within noise of it."""
+    """The README's table of compare.compare's rows, best at the training length first; ±sd only at the training length
+    and the longest."""
     rows = [r for r in rows if r["mode"] == mode]
     lengths = sorted({r["length"] for r in rows})
     cells = {(label(r), r["length"]): r for r in rows}
@@ -55,7 +55,6 @@ def report(study: Path) -> str:
     )
     table = compare.compare(lengths, study / "eval")
     kept = files.read_json(study / "eval" / "compare.json", {"groups": list, "results": list})
-    rows = kept["results"]
     group_of = {run: g["label"] for g in kept["groups"] for run in g["runs"]}
     sizes = sorted({len(g["seeds"]) for g in kept["groups"]})
     seeds = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
@@ -77,7 +76,7 @@ def report(study: Path) -> str:
         "Nonoverlapping windows, mean ±sd over the seeds [95% interval]; **bold**: lowest in its column, ~: within",
         "noise of it (the text table's marks):",
         "",
-        markdown_table(rows, lengths[0]["train_length"]),
+        markdown_table(kept["results"], lengths[0]["train_length"]),
         "",
         "## Streaming",
     ]

@@ -37,10 +37,8 @@ def random_positions(ckpt: dict) -> int | None:
 
 
 def positions(n_tokens: int, limit: int | None, rng: np.random.Generator, device) -> torch.Tensor | None:
-    """The positions a batch of n_tokens is scored at: 0..n-1 (None), or a sorted random subset of range(limit)."""
-    if limit is None:
-        return None
-    return torch.from_numpy(np.sort(rng.choice(limit, size=n_tokens, replace=False))).to(device)
+    """0..n-1 (None), or a sorted random subset of range(limit)."""
+    return None if limit is None else torch.from_numpy(np.sort(rng.choice(limit, n_tokens, replace=False))).to(device)
 
 
 @torch.no_grad()
@@ -50,9 +48,7 @@ def score(model, samples: list[np.ndarray], limit: int | None, rng, device) -> n
     for lo in range(0, len(samples), BATCH):
         chunk = samples[lo : lo + BATCH]
         width = max(len(s) for s in chunk)
-        rows = np.full((len(chunk), width), tasks.PAD, dtype=np.int64)
-        for i, s in enumerate(chunk):
-            rows[i, : len(s)] = s
+        rows = np.stack([np.pad(s, (0, width - len(s)), constant_values=tasks.PAD) for s in chunk]).astype(np.int64)
         x = torch.from_numpy(rows[:, :-1]).to(device)
         guess = model(x, pos=positions(width - 1, limit, rng, device)).argmax(-1).cpu().numpy()
         for i, s in enumerate(chunk):
@@ -64,12 +60,11 @@ def score(model, samples: list[np.ndarray], limit: int | None, rng, device) -> n
 def cell(model, ckpt: dict, task: str, n: int, ev, device) -> dict:
     """One (task, length) cell: accuracy and its interval, or n/a with why."""
     samples = tasks.held_out(task, n, ev.trials, ev.seed)
-    longest, limit = max(len(s) for s in samples) - 1, random_positions(ckpt)
+    longest, limit, table = max(len(s) for s in samples) - 1, random_positions(ckpt), model.pe.max_positions
     row = {"task": task, "n": n, "tokens": longest}
-    table = model.pe.max_positions
-    if table is not None and longest > table or limit is not None and longest > limit:
-        why = f"learned table covers {table}" if table is not None and longest > table else f"random range {limit}"
-        return {**row, "accuracy": None, "trials": 0, "note": f"n/a: {why} positions, a sample needs {longest}"}
+    for cap, why in ((table, f"learned table covers {table}"), (limit, f"random range {limit}")):
+        if cap is not None and longest > cap:
+            return {**row, "accuracy": None, "trials": 0, "note": f"n/a: {why} positions, a sample needs {longest}"}
     rng = np.random.default_rng([ev.seed, n, zlib.crc32(task.encode())])  # the positions' draws, per cell
     right = score(model, samples, limit, rng, device)
     k = int(right.sum())
@@ -84,9 +79,7 @@ def run_tasks(path, cfg, rt, out_dir: Path) -> dict:
     for task in progress(data["tasks"], "tasks", unit="task"):
         for n in tasks.TASKS[task].test:
             rows.append(cell(model, ckpt, task, n, cfg.eval, rt.device))
-            r = rows[-1]
-            shown = "n/a" if r["accuracy"] is None else f"{r['accuracy']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]"
-            say(f"  {task:>8} n={n:<4} ({r['tokens']} tokens): {shown}")
+            say(f"  {task:>8} n={n:<4} ({rows[-1]['tokens']} tokens): {shown(rows[-1])}")
     result = {
         "checkpoint": str(checkpoint.checkpoint_path(path)),
         "scheme": report.scheme_label(ckpt) + ("+random" if random_positions(ckpt) else ""),
@@ -105,9 +98,16 @@ def run_tasks(path, cfg, rt, out_dir: Path) -> dict:
     return result
 
 
+def by_length(res: dict, task: str) -> dict:
+    """{n: row} of one run's task, each row with the key of the samples it scored (its draw)."""
+    return {
+        r["n"]: {**r, "draw": [res["seed"], task, r["n"], r["trials"]]} for r in res["results"] if r["task"] == task
+    }
+
+
 def seed_groups(results: list[dict]) -> dict:
-    """{task: {label: [each run's {n: row}]}}. Runs are grouped within each task set (data.tasks), so a battery of one
-    run per task labels its groups by scheme; where two task sets trained one task, the label names its set."""
+    """{task: {label: [each run's {n: row}]}}, grouped within each task set (data.tasks): where two task sets trained
+    one task, the label names its set."""
     by_set = {}
     for res in results:
         by_set.setdefault(tuple(res["train_config"]["data"]["tasks"]), []).append(res)
@@ -117,19 +117,16 @@ def seed_groups(results: list[dict]) -> dict:
         for g in group_runs(members):
             for task in g["runs"][0]["train"]:
                 label = g["label"] if len(sets_of[task]) == 1 else f"{g['label']} [data.tasks={','.join(task_set)}]"
-                runs = [{r["n"]: {**r, "draw": [res["seed"], task, r["n"], r["trials"]]} for r in res["results"]
-                         if r["task"] == task} for res in g["runs"]]  # fmt: skip
-                out.setdefault(task, {})[label] = runs
+                out.setdefault(task, {})[label] = [by_length(res, task) for res in g["runs"]]
     return out
 
 
 def accuracy_draws(rows: list[dict], key) -> np.ndarray:
     """Bootstrap draws of a seed group's accuracy: each run's samples resampled (the same indices for the same samples,
-    so groups pair), then the runs (bootstrap.pick_runs). Where each seed scored its own samples (eval.seed), every
-    group picks the same seeds in a draw, so that its samples still pair with another group's."""
+    so groups pair), then the runs. Where each seed scored its own samples, every group picks the same seeds in a
+    draw, so that its samples still pair with another group's."""
     rows = sorted(rows, key=lambda r: r["draw"][0])
-    per_run = [np.asarray(r["right"], dtype=np.float64)[bootstrap.block_draws(r["trials"], r["draw"])].mean(axis=1)
-               for r in rows]  # fmt: skip
+    per_run = [np.array(r["right"])[bootstrap.block_draws(r["trials"], r["draw"])].mean(axis=1) for r in rows]
     seeds = [r["draw"][0] for r in rows]
     return bootstrap.pick_runs(np.array(per_run), [seeds, *key[1:]] if len(set(seeds)) > 1 else key)
 
@@ -140,16 +137,15 @@ def group_cell(rows: list, key) -> tuple[dict | None, np.ndarray | None]:
     right or wrong on every sample has no bootstrap spread)."""
     if any(r is None or r["accuracy"] is None for r in rows):
         return None, None
-    draws, accuracy = accuracy_draws(rows, key), float(np.mean([r["accuracy"] for r in rows]))
+    seeds, draws = [r["accuracy"] for r in rows], accuracy_draws(rows, key)
+    accuracy, ci, sd = float(np.mean(seeds)), rows[0]["ci"], None
     samples = sum(r["trials"] for r in {json.dumps(r["draw"]): r for r in rows}.values())
-    ci = rows[0]["ci"]
     if len(rows) > 1:
         boot, sample_only = bootstrap.interval(draws), wilson(accuracy * samples, samples)
         ci = [round(min(boot[0], sample_only[0]), 4), round(max(boot[1], sample_only[1]), 4)]
-    sd = float(np.std([r["accuracy"] for r in rows], ddof=1)) if len(rows) > 1 else None
-    cell = {"accuracy": accuracy, "seeds": [r["accuracy"] for r in rows], "sd": sd, "ci": ci, "samples": samples,
-            "trials": sum(r["trials"] for r in rows)}  # fmt: skip
-    return cell, draws
+        sd = float(np.std(seeds, ddof=1))
+    trials = sum(r["trials"] for r in rows)
+    return {"accuracy": accuracy, "seeds": seeds, "sd": sd, "ci": ci, "samples": samples, "trials": trials}, draws
 
 
 def difference(a: tuple[dict, np.ndarray], b: tuple[dict, np.ndarray]) -> dict:
@@ -188,23 +184,24 @@ def cells(results: list[dict]) -> dict:
     return summary(results)["cells"]
 
 
+def shown(c: dict | None) -> str:
+    """A run's or a seed group's cell: accuracy, mark, ±sd over seeds, [95% interval]; n/a."""
+    if c is None or c["accuracy"] is None:
+        return "n/a"
+    sd = "" if c.get("sd") is None else f" ±{c['sd']:.2f}"
+    return f"{c['accuracy']:.2f}{c.get('mark', '')}{sd} [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]"
+
+
 def table(results: list[dict], by_task: dict | None = None) -> str:
-    """Per task, a row per seed group, a column per length: accuracy, mark, ±sd over seeds, [95% interval]."""
-    by_task = cells(results) if by_task is None else by_task
+    """Per task, a row per seed group, a column per length."""
     lines = []
-    for task, groups in by_task.items():
+    for task, groups in (cells(results) if by_task is None else by_task).items():
         lengths = sorted({n for by_n in groups.values() for n in by_n})
         train = next((r["train"][task] for r in results if task in r["train"]), None)
         lines += ["", f"{task} (trained on n in {train[0]}..{train[1]})" if train else task]
         lines += ["| scheme | " + " | ".join(f"n={n}" for n in lengths) + " |", "| --- |" + " ---: |" * len(lengths)]
         for label, by_n in groups.items():
-            shown = []
-            for n in lengths:
-                c = by_n.get(n)
-                sd = "" if c is None or c["sd"] is None else f" ±{c['sd']:.2f}"
-                shown.append("n/a" if c is None else f"{c['accuracy']:.2f}{c['mark']}{sd} [{c['ci'][0]:.2f}, "
-                             f"{c['ci'][1]:.2f}]")  # fmt: skip
-            lines.append(f"| {label} | " + " | ".join(shown) + " |")
+            lines.append(f"| {label} | " + " | ".join(shown(by_n.get(n)) for n in lengths) + " |")
     lines.append(LEGEND)
     return "\n".join(lines).lstrip()
 
@@ -231,13 +228,12 @@ def rests_on(results: list[dict]) -> str:
     trials, draws = sorted({r["trials"] for r in results}), sorted({r["seed"] for r in results})
     shared = f"the same samples (eval.seed={draws[0]}) for every run"
     shared = shared if len(draws) == 1 else "samples drawn with eval.seed " + ", ".join(map(str, draws))
-    return (f"A cell rests on {'-'.join(map(str, seeds))} seed{'s' * (seeds[-1] > 1)} x "
-            f"{', '.join(map(str, trials))} held-out samples, {shared}.")  # fmt: skip
+    seeds = f"{'-'.join(map(str, seeds))} seed{'s' * (seeds[-1] > 1)}"
+    return f"A cell rests on {seeds} x {', '.join(map(str, trials))} held-out samples, {shared}."
 
 
 def write_report(folder: Path) -> str:
-    """<folder>/REPORT.md and eval/tasks.{json,txt,png} from the runs' stored eval/tasks.json, scoring nothing again
-    (runs/tasks.sh ends with it)."""
+    """<folder>/REPORT.md and eval/tasks.{json,txt,png} from the runs' stored eval/tasks.json, scoring nothing again."""
     found = sorted(p for p in folder.rglob("eval/tasks.json") if p.parent.parent != folder)  # not the summary
     if not found:
         raise UserError(f"no eval/tasks.json under {folder}; run python eval.py checkpoint=<run> eval.mode=tasks")
