@@ -18,26 +18,14 @@ import numpy as np
 from evaluation import bootstrap, plots, report
 
 IGNORED = (  # where and how a run was logged or stored, never what it learned
-    "seed",
-    "out_dir",
-    "device",
-    "compile",
-    "logger",
-    "data.cache_dir",
-    "train.resume",
-    "train.overwrite",
-    "train.log_interval",
-    "train.eval_interval",
-    "train.eval_batches",
-    "train.ckpt_interval",
-    "train.sample_tokens",
-    "train.time_limit_min",
-)
+    "seed out_dir device compile logger data.cache_dir train.resume train.overwrite train.log_interval "
+    "train.eval_interval train.eval_batches train.ckpt_interval train.sample_tokens train.time_limit_min"
+).split()
 
 
 def flatten(tree, prefix: str = "") -> dict:
     if not isinstance(tree, dict):
-        return {prefix: tree}
+        return {prefix.rstrip("."): tree}
     return {k: v for key, sub in tree.items() for k, v in flatten(sub, f"{prefix}{key}.").items()}
 
 
@@ -45,7 +33,7 @@ def run_config(result: dict) -> dict:
     """The flattened training config that defines a run's group (its checkpoint path where none is recorded)."""
     if "train_config" not in result:
         return {"checkpoint": result["checkpoint"]}
-    flat = {k.rstrip("."): v for k, v in flatten(result["train_config"]).items()}
+    flat = flatten(result["train_config"])
     kept = {k: v for k, v in flat.items() if not any(k == i or k.startswith(i + ".") for i in IGNORED)}
     return {**kept, "step": result.get("step"), "pieces": result.get("pieces")}
 
@@ -53,18 +41,16 @@ def run_config(result: dict) -> dict:
 OFF = (None, False, "none", 0, 1.0)  # an option's value when off: what a run saved before the option had
 
 
-def is_off(value) -> bool:
+def agree(a: dict, b: dict, key: str) -> bool:
+    """Equal values for key, where a key only one config has (a run saved before the option) matches at OFF only."""
+    if key in a and key in b:
+        return a[key] == b[key]
+    value = a.get(key, b.get(key))
     return any(type(value) is type(off) and value == off for off in OFF)
 
 
 def same_run(a: dict, b: dict) -> bool:
-    """Equal configs, where a key only one of them has matches only at its off value."""
-    return all(a[k] == b[k] if k in a and k in b else is_off(a.get(k, b.get(k))) for k in a.keys() | b.keys())
-
-
-def only(config: dict, key: str) -> dict:
-    """config's entry for key alone, or nothing where it lacks the key (a run saved before the option)."""
-    return {key: config[key]} if key in config else {}
+    return all(agree(a, b, k) for k in a.keys() | b.keys())
 
 
 def group_runs(results: list[dict]) -> list[dict]:
@@ -81,25 +67,25 @@ def group_runs(results: list[dict]) -> list[dict]:
             group["config"] = {**group["config"], **config}  # the newest keys, for the label
             group["runs"].append(res)
     for g in groups:
-        g["key"] = json.dumps(g["config"], sort_keys=True, default=str)
-        g["scheme"] = g["runs"][0]["scheme"]
+        config, scheme = g["config"], g["runs"][0]["scheme"]
+        twins = [h["config"] for h in groups if h["runs"][0]["scheme"] == scheme]
+        differ = [
+            k for k in sorted(config) if k != "pieces" and 2 * sum(agree(config, h, k) for h in twins) <= len(twins)
+        ]
+        g["key"] = json.dumps(config, sort_keys=True, default=str)
+        g["scheme"] = scheme
         g["seeds"] = [r.get("train_config", {}).get("seed") for r in g["runs"]]
-        twins = [h for h in groups if h["runs"][0]["scheme"] == g["scheme"]]
-        differ = sorted(
-            k
-            for k in g["config"]
-            if k != "pieces"
-            and any(not same_run(only(g["config"], k), only(h["config"], k)) for h in twins)
-            and 2 * sum(same_run(only(g["config"], k), only(h["config"], k)) for h in twins) <= len(twins)
-        )
-        g["label"] = g["scheme"] + (" [" + ", ".join(f"{k}={g['config'][k]}" for k in differ) + "]" if differ else "")
+        g["label"] = scheme + (" [" + ", ".join(f"{k}={config[k]}" for k in differ) + "]" if differ else "")
     return groups
 
 
-def aggregate(group: dict, variant: str, length: int, mode: str) -> tuple[dict, np.ndarray | None]:
+def cell_of(row: dict) -> tuple:
+    return row["variant"], row["length"], row["mode"]
+
+
+def aggregate(group: dict, cell: tuple) -> tuple[dict, np.ndarray | None]:
     """A group's row for one cell, and its bootstrap draws of mean NLL (None for an n/a cell)."""
-    cells = [next(r for r in res["results"] if (r["variant"], r["length"], r["mode"]) == (variant, length, mode))
-             for res in group["runs"]]  # fmt: skip
+    cells = [next(r for r in res["results"] if cell_of(r) == cell) for res in group["runs"]]
     first = cells[0]
     row = {k: first[k] for k in ("scheme", "variant", "length", "mode", "stride", "tokens", "note") if k in first}
     row.update(run_label=group["label"], runs=len(cells), seeds=group["seeds"])
@@ -113,20 +99,17 @@ def aggregate(group: dict, variant: str, length: int, mode: str) -> tuple[dict, 
     pieces = group["runs"][0]["pieces"]
     tokens = np.array([p["tokens"] for p in pieces], dtype=np.float64)
     block_nll = np.array([c["piece_nll"] for c in cells]) * tokens  # (runs, pieces) summed NLL
-    draws = bootstrap.resample(block_nll, tokens, piece_draws(pieces), run_key=[group["key"], variant, length, mode])
+    idx = bootstrap.block_draws(len(pieces), [[p["work"], p["start"], p["tokens"]] for p in pieces])
+    draws = bootstrap.resample(block_nll, tokens, idx, run_key=[group["key"], *cell])
     row["ci"] = bootstrap.ppl_interval(draws)
     row["piece_nll"] = [round(float(x), 6) for x in block_nll.mean(axis=0) / tokens]
     return row, draws
 
 
-def piece_draws(pieces: list[dict]) -> np.ndarray:
-    """The block draws for one set of pieces: rows scored on the same pieces get the same, hence paired."""
-    return bootstrap.block_draws(len(pieces), [[p["work"], p["start"], p["tokens"]] for p in pieces])
-
-
-def same_pieces(a: dict, b: dict) -> bool:
-    """Scored on the same pieces, hence paired (runs trained at different lengths score different pieces)."""
-    return a.get("pieces_key") == b.get("pieces_key")
+def difference(rows: list[dict], draws: list[np.ndarray], i: int, j: int) -> dict:
+    """Rows scored on the same pieces share their block draws, so their difference is paired (runs trained at
+    different lengths score different pieces)."""
+    return {**bootstrap.difference(draws[i], draws[j]), "paired": rows[i]["pieces_key"] == rows[j]["pieces_key"]}
 
 
 def mark_noise(rows: list[dict], draws: list[np.ndarray | None]) -> list[dict]:
@@ -138,14 +121,12 @@ def mark_noise(rows: list[dict], draws: list[np.ndarray | None]) -> list[dict]:
     for (length, mode), idx in columns.items():
         best = min(idx, key=lambda i: rows[i]["ppl"])
         rows[best]["mark"] = "*"
-        for i in idx:
-            if i != best:
-                d = {**bootstrap.difference(draws[i], draws[best]), "paired": same_pieces(rows[i], rows[best])}
-                rows[i]["vs_best"] = {"best": report.label(rows[best]), **d}
-                rows[i]["mark"] = "~" if d["within_noise"] else ""
+        for i in (i for i in idx if i != best):
+            rows[i]["vs_best"] = {"best": report.label(rows[best]), **difference(rows, draws, i, best)}
+            rows[i]["mark"] = "~" if rows[i]["vs_best"]["within_noise"] else ""
         for i, j in combinations(idx, 2):
             pair = {"a": report.label(rows[i]), "b": report.label(rows[j]), "length": length, "mode": mode}
-            pairs.append({**pair, **bootstrap.difference(draws[i], draws[j]), "paired": same_pieces(rows[i], rows[j])})
+            pairs.append({**pair, **difference(rows, draws, i, j)})
     return pairs
 
 
@@ -154,15 +135,13 @@ def compare(results: list[dict], out_dir: Path) -> str:
     if not results:
         raise ValueError("no eval results to compare")
     groups = group_runs(results)
-    cells = list(dict.fromkeys((r["variant"], r["length"], r["mode"]) for res in results for r in res["results"]))
+    cells = list(dict.fromkeys(cell_of(r) for res in results for r in res["results"]))
     rows, draws = [], []
     for g in groups:
         # the cells every run of the group scored (one seed may hold sliding windows its others skipped)
-        have = set.intersection(
-            *({(r["variant"], r["length"], r["mode"]) for r in run["results"]} for run in g["runs"])
-        )
+        have = set.intersection(*({cell_of(r) for r in run["results"]} for run in g["runs"]))
         for cell in (c for c in cells if c in have):
-            row, d = aggregate(g, *cell)
+            row, d = aggregate(g, cell)
             row["pieces_key"] = json.dumps(g["runs"][0].get("pieces"))
             rows.append(row)
             draws.append(d)

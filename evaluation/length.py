@@ -1,11 +1,10 @@
 """eval.mode=length: perplexity at and far past the training length, on held-out documents.
 
 python eval.py checkpoint=out/rope eval.lengths=[128,512,4096] eval.stride=64
-Every cell scores the same held-out pieces (evaluation/pieces.py) under each variant asked for
-(evaluation/variants.py), in two modes per length L: nonoverlap (windows of L tokens; NLL by position shows where a
-scheme breaks down) and sliding (windows moved by a stride s, scoring the last s of each: L - s to L tokens of
-context). The default stride is L / 2: a fixed small one costs L / s forwards per scored window (32x the nonoverlap
-cost at L = 4096, s = 128).
+Every cell scores the same held-out pieces (evaluation/pieces.py) under each variant (evaluation/variants.py), in two
+modes per length L: nonoverlap (windows of L tokens; NLL by position shows where a scheme breaks down) and sliding
+(windows moved by a stride s, scoring the last s of each). The default stride is L / 2: a small fixed one costs L / s
+forwards per scored window (32x the nonoverlap cost at L = 4096, s = 128).
 """
 
 import math
@@ -46,38 +45,23 @@ class Cell:
         return math.exp(self.nll)
 
 
-def nonoverlap_windows(n: int, first: int, length: int):
-    """(start, n_tokens, first scored index within the window) of windows of `length` from `first`, the last one shorter
-    where needed, so every target is scored."""
-    return [(s, min(length, n - s), 0) for s in range(first, n, length)]
-
-
-def sliding_windows(n: int, first: int, length: int, stride: int):
-    """Windows of `length` ending every `stride` tokens from `first` on, each scoring the targets since the last end.
-    With too little text before `first`, the first window starts at 0 and scores every target up to `length`. Every
-    window is `length` long where the region has the tokens (one compiled shape per length on CUDA)."""
-    windows, prev = [], first
+def windows(region: Region, length: int, mode: str, stride: int):
+    """(start, n_tokens, first scored index) of each window. nonoverlap: windows of `length` from region.first, the last
+    one shorter where needed. sliding: windows of `length` ending every `stride` tokens, each scoring the targets since
+    the last end; with too little text before region.first, the first starts at 0 and scores every target up to
+    `length`. Sliding windows are all `length` long where the region has the tokens (one compiled shape per length)."""
+    n, prev = len(region.tokens) - 1, region.first
+    if mode == "nonoverlap":
+        return [(s, min(length, n - s), 0) for s in range(prev, n, length)]
+    out = []
     if min(prev + stride, n) < length:
-        end = min(length, n)
-        windows.append((0, end, prev))
-        prev = end
+        out.append((0, min(length, n), prev))
+        prev = min(length, n)
     while prev < n:
         end = min(prev + stride, n)
-        windows.append((end - length, length, prev - (end - length)))
+        out.append((end - length, length, prev - (end - length)))
         prev = end
-    return windows
-
-
-def windows(region: Region, length: int, mode: str, stride: int):
-    n = len(region.tokens) - 1
-    if mode == "nonoverlap":
-        return nonoverlap_windows(n, region.first, length)
-    return sliding_windows(n, region.first, length, stride)
-
-
-def scored_nll(model, inputs: torch.Tensor, targets: torch.Tensor, first: int, variant=None) -> torch.Tensor:
-    """NLL (B, n - first) of targets[:, first:]; the head runs on the scored positions only (keep_from)."""
-    return model(inputs, targets[:, first:], reduction="none", keep_from=first, variant=variant)
+    return out
 
 
 @torch.no_grad()
@@ -85,11 +69,11 @@ def score(model, regions: list[Region], length: int, mode: str, stride: int, bat
     """Sum the NLL of the scored tokens over all windows of one (length, mode) into a Cell, batching windows of equal
     length and first scored index."""
     cell = Cell(piece_nll=np.zeros(len(regions)), piece_tokens=np.zeros(len(regions), dtype=np.int64))
+    if mode == "nonoverlap":
+        cell.by_position, cell.position_count = np.zeros(length), np.zeros(length)
     if rt.device.type == "cuda":  # the cell's own peak (on the CPU the process's peak RSS, which never falls)
         torch.cuda.reset_peak_memory_stats(rt.device)
     t0 = time.time()
-    if mode == "nonoverlap":
-        cell.by_position, cell.position_count = np.zeros(length), np.zeros(length)
     jobs = {}
     for r, region in enumerate(regions):
         for start, n, first in windows(region, length, mode, stride):
@@ -101,9 +85,9 @@ def score(model, regions: list[Region], length: int, mode: str, stride: int, bat
             rows = [regions[r].tokens[s : s + n + 1] for r, s in chunk]
             rows += rows[-1:] * (per_batch - len(rows))  # a full last batch: one shape per length
             rows = torch.from_numpy(np.stack(rows).astype(np.int64)).to(rt.device)
-            with rt.autocast():
-                nll = scored_nll(model, rows[:, :-1], rows[:, 1:], first, variant).float().view(per_batch, -1)
-            nll = nll.cpu().numpy().astype(np.float64)
+            with rt.autocast():  # the head runs on the scored positions only (keep_from)
+                nll = model(rows[:, :-1], rows[:, first + 1 :], reduction="none", keep_from=first, variant=variant)
+            nll = nll.float().view(per_batch, -1).cpu().numpy().astype(np.float64)
             for i, (r, _) in enumerate(chunk):
                 cell.piece_nll[r] += nll[i].sum()
                 cell.piece_tokens[r] += n - first
@@ -138,10 +122,8 @@ def scored_text(ckpt: dict, ev, max_len: int):
     pieces = scoring_pieces(works, max_len, ev.tokens)
     if not pieces:
         longest = max(len(d) - 1 for _, d in works)
-        raise UserError(
-            f"eval length {max_len} is longer than every held-out document (the longest has "
-            f"{longest} tokens); ask for shorter eval.lengths"
-        )
+        too_long = f"eval length {max_len} is longer than every held-out document (the longest has {longest} tokens)"
+        raise UserError(too_long + "; ask for shorter eval.lengths")
     if len(pieces) * max_len < ev.tokens:  # never fewer than asked without saying so
         say(
             f"note: eval.tokens={ev.tokens} is more than the held-out works hold in whole {max_len}-token pieces; "

@@ -6,7 +6,9 @@ python eval.py sweep_dir=multirun/2026-11-22_10-00-00   -> <sweep_dir>/eval/comp
 
 import json
 import os
+import shlex
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -25,13 +27,11 @@ def scheme_label(ckpt: dict) -> str:
     """The scheme as its checkpoint defines it, for every report: rope, rope/PPPN (iRoPE, whose module is rope),
     rope[yarn x4 from 256] (fine-tuned with a scaling), rope[at 1024 from 256] (fine-tuned longer, unscaled),
     nope[dropped rope] (DroPE)."""
-    model_config = ckpt["model_config"]
-    pos = model_config["positional"]
+    pos, init = ckpt["model_config"]["positional"], ckpt.get("init_from") or {}
     name = pos["name"]
     if "N" in str(pos.get("layers", "")) and name != "nope":
         name += f"/{pos['layers']}"
-    init = ckpt.get("init_from") or {}
-    trained = f"dropped {init['dropped']}" if init.get("dropped") else trained_scaling(model_config)
+    trained = f"dropped {init['dropped']}" if init.get("dropped") else trained_scaling(ckpt["model_config"])
     if not trained and init and init.get("seq_len") != ckpt.get("seq_len"):  # fine-tuned longer, unscaled
         trained = f"at {ckpt['seq_len']} from {init['seq_len']}"
     return f"{name}[{trained}]" if trained else name
@@ -61,23 +61,21 @@ def table(rows: list[dict], lengths: list[int], title: str, same_text: bool = Tr
     names = list(dict.fromkeys(label(r) for r in rows))
     keys = sorted({(label(r), r["mode"]) for r in rows}, key=lambda k: (names.index(k[0]), k[1]))
     cells = {(label(r), r["mode"], r["length"]): fmt_ppl(r) for r in rows}
+    cells |= {("scheme", "mode", n): str(n) for n in lengths}  # the header line
     width = max([len(k[0]) for k in keys] + [6])
-    col = max([len(c) for c in cells.values()] + [len(str(n)) for n in lengths]) + 2
-    lines = [title, f"{'scheme':<{width}}  {'mode':<10}" + "".join(f"{n:>{col}}" for n in lengths)]
-    for name, mode in keys:
-        lines.append(
-            f"{name:<{width}}  {mode:<10}" + "".join(f"{cells.get((name, mode, n), '-'):>{col}}" for n in lengths)
-        )
+    col = max(len(c) for c in cells.values()) + 2
+    lines = [title]
+    for name, mode in [("scheme", "mode"), *keys]:
+        line = "".join(f"{cells.get((name, mode, n), '-'):>{col}}" for n in lengths)
+        lines.append(f"{name:<{width}}  {mode:<10}{line}")
     counts = {r["tokens"] for r in rows if r.get("tokens")}
     if counts and not same_text:
         lines.append("the runs scored different held-out pieces (trained at different lengths): rows are not paired")
     elif len(counts) == 1:
         lines.append(f"every cell scored the same {counts.pop():,} held-out tokens")
     elif counts:
-        lines.append(
-            "tokens scored per cell: "
-            + ", ".join(f"{label(r)}/{r['mode']}/{r['length']}={r['tokens']:,}" for r in rows if r.get("tokens"))
-        )
+        per_cell = ", ".join(f"{label(r)}/{r['mode']}/{r['length']}={r['tokens']:,}" for r in rows if r.get("tokens"))
+        lines.append(f"tokens scored per cell: {per_cell}")
     if any(r.get("ci") for r in rows):
         lines.append("[lo, hi]: 95% bootstrap interval over the scored pieces (evaluation/bootstrap.py)")
     lines += sorted({r["note"] for r in rows if r.get("note")})
@@ -142,24 +140,26 @@ def made_by(folder: Path) -> list[str]:
     record = folder / "commands.txt"
     if not record.exists():
         return []
-    return ["Made by (`commands.txt`, each call of the script that wrote this folder):", "", "```bash",
-            *record.read_text().splitlines(), "```", ""]  # fmt: skip
+    head = "Made by (`commands.txt`, each call of the script that wrote this folder):"
+    return [head, "", "```bash", *record.read_text().splitlines(), "```", ""]
+
+
+def timeless(d: dict) -> dict:
+    """A result's dict without its timings and memory, which differ from run to run."""
+    return {k: v for k, v in d.items() if k not in ("seconds", "peak_memory_mb")}
 
 
 def same_result(path: Path, content: str) -> bool:
-    """Whether path holds this result, its timings and memory aside (they differ from run to run); one that cannot
-    be read is another."""
-    drop = lambda d: {k: v for k, v in d.items() if k not in ("seconds", "peak_memory_mb")}  # noqa: E731
+    """Whether path holds this result, timings and memory aside; one that cannot be read is another."""
     try:
-        return json.loads(path.read_text(), object_hook=drop) == json.loads(content, object_hook=drop)
+        return json.loads(path.read_text(), object_hook=timeless) == json.loads(content, object_hook=timeless)
     except (OSError, ValueError):
         return False
 
 
 def keep_earlier(path: Path, content: str) -> str:
-    """Before a result replaces a different one of the same name (timings and memory aside), link the earlier one's
-    files into <folder>/earlier/<stem>-<its time>.*, so no result is lost to the next; returns the words that say so,
-    or ''."""
+    """Before a result replaces a different one of the same name, link the earlier one's files into
+    <folder>/earlier/<stem>-<its time>.*, so no result is lost; returns the words that say so, or ''."""
     if not path.exists() or same_result(path, content):
         return ""
     when = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(path.stat().st_mtime))
@@ -196,9 +196,6 @@ def markdown(rows: list[dict], fmt=str) -> str:
 def show_table(rows: list[dict], title: str, note: str, json_path: Path | None = None):
     """Print rows as a markdown table under its title and note; with json_path, also write {title, note, command, rows}
     there, so a table can be kept as evidence in results/."""
-    import shlex
-    import sys
-
     print(f"\n{title}: {note}\n\n{markdown(rows)}")
     if json_path is not None:
         result = {"title": title, "note": note, "command": shlex.join(["python", *sys.argv]), "rows": rows}
