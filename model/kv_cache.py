@@ -50,21 +50,21 @@ class _Cache:
     raw_keys = False  # True: keys stored before rotation and rotated at read, at their in-cache positions
 
     def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None, n_layer=None, variant=None):
-        cfg = model.cfg
+        cfg, pe = model.cfg, model.pe
         self.variant = variant  # every key is rotated under it (model/variant.py)
         device = device or model.lm_head.weight.device
         dtype = dtype or model.lm_head.weight.dtype
-        shape = (cfg.n_layer if n_layer is None else n_layer, batch_size, cfg.n_kv_head, capacity, cfg.head_dim)
+        shape = (cfg.n_layer if n_layer is None else n_layer, batch_size, cfg.n_kv_head, capacity)
         parts = 0 if variant is None else variant.parts  # a split's rotations beside the own (ReRoPE, DCA)
-        key_dim = cfg.head_dim if self.raw_keys else model.pe.rotated_dim() * (1 + parts)  # PoPE: wider
-        self.k = torch.zeros(shape[:-1] + (key_dim,), dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        state = (cfg.n_layer, batch_size, model.pe.state_dim, capacity)  # fp32: FoX sums it over the whole cache
-        self.state = torch.zeros(state, device=device) if model.pe.state_dim else None
-        self.pe, self.capacity, self.length = model.pe, capacity, 0
-        self.offset = model.pe.n_prefix  # prefix tokens sit at negative positions
+        key_dim = cfg.head_dim if self.raw_keys else pe.rotated_dim() * (1 + parts)  # PoPE: wider
+        self.k = torch.zeros(*shape, key_dim, dtype=dtype, device=device)
+        self.v = torch.zeros(*shape, cfg.head_dim, dtype=dtype, device=device)
+        state = (cfg.n_layer, batch_size, pe.state_dim, capacity)  # fp32: FoX sums it over the whole cache
+        self.state = torch.zeros(state, device=device) if pe.state_dim else None
+        self.pe, self.capacity, self.length = pe, capacity, 0
+        self.offset = pe.n_prefix  # prefix tokens sit at negative positions
         self.slot_pos = torch.arange(capacity, device=device) - self.offset
-        axes = model.pe.axes  # a multi-axis scheme's ids per slot (a sink cache shifts them at read)
+        axes = pe.axes  # a multi-axis scheme's ids per slot (a sink cache shifts them at read)
         self.ids = torch.zeros(axes, capacity, dtype=torch.long, device=device) if axes > 1 else None
         self.explicit_ids = False  # static decoding reads slot positions only
 
@@ -78,30 +78,32 @@ class _Cache:
         self.state[layer, :, :, step.slots] = state
         return self.state[layer, :, :, : self.length]
 
-    def keep_ids(self, slots: slice, ids, stream_pos):
-        """Store the new tokens' ids (axes, n) in their slots; None: their stream positions on every axis."""
+    def step(self, slots: slice, ids, stream_pos, q_pos, k_pos) -> Step:
+        """Store the new tokens' ids (axes, n) in their slots (None: their stream positions on every axis)."""
         if self.ids is None:
             if ids is not None:
                 raise CacheError(f"positional={self.pe.name} reads one position per token; give the cache no ids")
-            return
+            return Step(self, slots, q_pos, k_pos, q_pos, k_pos)
         self.ids[:, slots] = stream_pos if ids is None else ids
         self.explicit_ids |= ids is not None
+        return Step(self, slots, q_pos, k_pos, self.ids[:, slots], self.ids[:, : self.length])
 
-    def step(self, slots: slice, q_pos, k_pos, **rings) -> Step:
-        if self.ids is None:
-            return Step(self, slots, q_pos, k_pos, q_pos, k_pos, **rings)
-        return Step(self, slots, q_pos, k_pos, self.ids[:, slots], self.ids[:, : self.length], **rings)
+    def append(self, n: int, ids) -> Step:
+        """The next n free slots, as a dense cache (and a sink cache until it is full) takes them."""
+        slots = slice(self.length, self.length + n)
+        self.length += n
+        q_pos = self.slot_pos[slots]
+        return self.step(slots, ids, q_pos, q_pos, self.slot_pos[: self.length])
 
 
 class DenseCache(_Cache):
     """Every token kept, its key rotated once, as its position never changes. Under a split (ReRoPE, DCA) each of its
     rotations side by side (ReRoPE: 1.5x the memory, DCA 2x), as re-rotating every key per step would cost as much as
-    attending to it.
-    A window layer keeps a ring of its W most recent keys (C for a chunk), masked to the window."""
+    attending to it. A window layer keeps a ring of its W most recent keys (C for a chunk), masked to the window."""
 
     def __init__(self, model, batch_size: int, capacity: int, dtype=None, device=None, variant=None):
-        if model.pe.max_positions is not None and capacity > model.pe.max_positions + model.pe.n_prefix:
-            capacity = model.pe.max_positions + model.pe.n_prefix
+        if model.pe.max_positions is not None:
+            capacity = min(capacity, model.pe.max_positions + model.pe.n_prefix)
         cfg = model.cfg
         windowed = [i for i in range(cfg.n_layer) if cfg.layer_window(i) is not None]
         full = [i for i in range(cfg.n_layer) if i not in windowed]
@@ -136,22 +138,17 @@ class DenseCache(_Cache):
     def advance(self, n: int, ids=None) -> Step:
         if n > self.room():
             raise CacheError(f"dense cache has room for {self.room()} more tokens, {n} were given")
-        slots = slice(self.length, self.length + n)
-        self.length += n
-        q_pos = self.slot_pos[slots]
-        self.keep_ids(slots, ids, q_pos)
-        rings = {}
+        step = self.append(n, ids)
         if self.ring:  # window layers see the ring as it was plus this step's keys; it keeps the last W
-            kept = q_pos[-self.window :]
-            ring_slots = (kept + self.offset) % self.window
-            rings = {"window_k_pos": torch.cat((self.ring_pos, q_pos)), "ring_slots": ring_slots}
-            self.ring_pos[ring_slots] = kept
-        return self.step(slots, q_pos, self.slot_pos[: self.length], **rings)
+            kept = step.q_pos[-self.window :]
+            step.ring_slots = (kept + self.offset) % self.window
+            step.window_k_pos = torch.cat((self.ring_pos, step.q_pos))
+            self.ring_pos[step.ring_slots] = kept
+        return step
 
     def write(self, step: Step, layer: int, k, v, state, plan):
-        k = plan.new_keys(k)  # at the new keys' own positions
-        keys, values = self._store(step, layer, k, self.k, self.wk), self._store(step, layer, v, self.v, self.wv)
-        return keys, values, self.write_state(step, layer, state)
+        keys = self._store(step, layer, plan.new_keys(k), self.k, self.wk)  # rotated once, at their own positions
+        return keys, self._store(step, layer, v, self.v, self.wv), self.write_state(step, layer, state)
 
     def _store(self, step: Step, layer: int, x, rows, rings):
         """Write keys or values into a full layer's row or a window layer's ring; return all the layer attends over."""
@@ -195,24 +192,21 @@ class SinkCache(_Cache):
     def room(self) -> int:
         return self.capacity - self.seen if self.seen < self.capacity else 1
 
+    def _age_rank(self, ring):
+        """Each window slot's rank from oldest (0) to newest, once the cache is full."""
+        return (ring - (self.seen - self.window - self.sinks)) % self.window
+
     def advance(self, n: int, ids=None) -> Step:
         if n > self.room():
             raise CacheError(f"sink cache can take {self.room()} tokens in this step, {n} were given")
-        if self.seen + n <= self.capacity:  # still filling: exactly a dense cache
-            slots = slice(self.seen, self.seen + n)
-            self.seen += n
-            self.length = self.seen
-            q_pos = self.slot_pos[slots]
-            self.keep_ids(slots, ids, q_pos)
-            return self.step(slots, q_pos, self.slot_pos[: self.length])
-        slot = self.sinks + (self.seen - self.sinks) % self.window  # overwrite the oldest window token
+        self.seen += n
+        if self.seen <= self.capacity:  # still filling: exactly a dense cache
+            return self.append(n, ids)
+        slot = self.sinks + (self.seen - 1 - self.sinks) % self.window  # overwrite the oldest window token
         slots = slice(slot, slot + 1)
-        self.seen += 1
-        self.keep_ids(slots, ids, self.seen - 1 - self.offset)  # a text token's id: its place in the stream
-        oldest = self.seen - self.window  # token index of the oldest token still in the window
-        age_rank = (self._ring - (oldest - self.sinks)) % self.window
-        k_pos = torch.cat((self.slot_pos[: self.sinks], self.sinks + age_rank - self.offset))
-        step = self.step(slots, self.slot_pos[self.capacity - 1 : self.capacity], k_pos)
+        k_pos = torch.cat((self.slot_pos[: self.sinks], self.sinks + self._age_rank(self._ring) - self.offset))
+        stream_pos = self.seen - 1 - self.offset  # a text token's id: its place in the stream
+        step = self.step(slots, ids, stream_pos, self.slot_pos[self.capacity - 1 : self.capacity], k_pos)
         if self.ids is not None:  # shifted on every axis so the window's smallest id follows the sinks
             window = self.ids[:, self.sinks :]
             shift = window.min() - self.slot_pos[self.sinks]
@@ -229,20 +223,17 @@ class SinkCache(_Cache):
         """Which tokens (0-based, prefix included) the cache holds, in slot order."""
         if self.seen <= self.capacity:
             return torch.arange(self.seen)
-        oldest = self.seen - self.window
-        ring = oldest + (self._ring.cpu() - (oldest - self.sinks)) % self.window
+        ring = self.seen - self.window + self._age_rank(self._ring.cpu())
         return torch.cat((torch.arange(self.sinks), ring))
 
 
 def cache_sizes(model, kind: str, train_length: int, sinks=None, window=None, max_len=None) -> dict:
     """The cache's sizes and capacity from cache=dense|sink and cache.*. Defaults: a sink cache holds a training
     sequence (the scheme's sink tokens, or 4 sinks, then the window); a dense one 16 x that, or the scheme's limit."""
-    prefix = model.pe.n_prefix
+    prefix, limit = model.pe.n_prefix, model.pe.max_positions
     if kind == "dense":
-        capacity = (max_len or model.pe.max_positions or 16 * train_length) + prefix
-        if model.pe.max_positions is not None:
-            capacity = min(capacity, model.pe.max_positions + prefix)
-        return {"capacity": capacity}
+        capacity = max_len or limit or 16 * train_length
+        return {"capacity": (capacity if limit is None else min(capacity, limit)) + prefix}
     if kind == "sink":
         sinks = (prefix or 4) if sinks is None else sinks
         window = train_length + prefix - sinks if window is None else window
@@ -267,26 +258,15 @@ def hold_matrices(model, dtype: torch.dtype):
 
 
 @torch.no_grad()
-def generate(
-    model,
-    prompt: torch.Tensor,
-    cache,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    generator: torch.Generator | None = None,
-    decoder=None,
-):
+def generate(model, prompt, cache, max_new_tokens: int, temperature=1.0, top_k=None, generator=None, decoder=None):
     """Yield (B,) token ids a step at a time, without end if max_new_tokens < 0. decoder(model, cache): the step
     after the prompt (model/static_decode.py StaticDecoder); None: eager model.decode."""
     logits = model.decode(prompt, cache)[:, -1]  # the prompt: eager, in as few chunks as the cache allows
-    step = lambda tok: model.decode(tok, cache)[:, -1]  # noqa: E731
-    if decoder is not None:
-        step = decoder(model, cache)
+    step = None if decoder is None else decoder(model, cache)
     n = 0
     while max_new_tokens < 0 or n < max_new_tokens:
         tok = sample_next(logits, temperature, top_k, generator)
         yield tok
         n += 1
-        if max_new_tokens < 0 or n < max_new_tokens:
-            logits = step(tok[:, None])
+        if n != max_new_tokens:
+            logits = model.decode(tok[:, None], cache)[:, -1] if step is None else step(tok[:, None])

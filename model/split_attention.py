@@ -3,17 +3,15 @@ ReRoPE's far keys (positional/rerope.py Far) and Dual Chunk Attention's chunks (
 
 python eval.py checkpoint=out/rope eval.rope_scaling=rerope          (or leaky_rerope, dca)
 python sample.py checkpoint=out/rope rope_scaling=dca                (through either KV cache)
-A split gives the plan's own rotation its positions (main: ReRoPE's are the tokens', DCA's j mod c), the positions
-of its other parts' queries and keys, and select(q_pos, k_pos): the part each score takes (0: the plan's own). The
-plan holds Parts, whose queries() and keys() return [own | part 1 | ...] side by side, so a dense cache stores a
-key's every rotation (each depends on the key's position alone) and a sink cache rotates them at read. Each key
-enters the softmax once, with the score of its part:
+A split gives the plan's own rotation its positions (main: ReRoPE's are the tokens', DCA's j mod c), its other
+parts' query and key positions, and select(q_pos, k_pos): the part each score takes (0: the plan's own). Parts'
+queries() and keys() are [own | part 1 | ...] side by side, so a dense cache stores a key's every rotation (each
+depends on the key's position alone) and a sink cache rotates them at read. Each key enters the softmax once:
   sdpa       a causal forward: per query block, one SDPA call over the keys each part takes (split_blocks);
              decoding steps and short rows as the reference
   reference  every part's score matrix in fp32, the selected one per (query, key)
-  flex       a call per part, each over the keys it takes, weighted by its share of the softmax:
-             out = sum_p out_p e^(lse_p - lse), lse = logsumexp_p(lse_p) (a part with no key in a row has
-             lse_p = -inf; every row has a key of part 0, itself)
+  flex       a call per part over the keys it takes: out = sum_p out_p e^(lse_p - lse), lse = logsumexp_p(lse_p)
+             (a part with no key in a row has lse_p = -inf; every row has a key of part 0, itself)
 """
 
 import math
@@ -28,8 +26,7 @@ from .flex import block_mask, flex_call, flex_positions, visible_mod, without_no
 
 @dataclass
 class Parts:
-    """The other parts' rotation states, and (once masked for a plan) which part each score takes, in its backend's
-    form."""
+    """The other parts' rotation states and, once masked for a plan, each score's part in the form its backend reads."""
 
     split: object  # positional/rerope.py Far or positional/dca.py Chunks
     scaling: object  # the Scaling whose frequencies rotate every part
@@ -60,6 +57,10 @@ class Parts:
             parts.k_rot = [pe.rotation(p, self.scaling) for p in parts.k_pos]
         return parts
 
+    def own_rotation(self, pe, pos):
+        """The plan's own rotation, at the split's main positions (DCA: j mod c)."""
+        return pe.rotation(self.split.main(pos), self.scaling)
+
     def queries(self, pe, q) -> list:
         return [pe.rotate(q, p, r) for p, r in zip(self.q_pos, self.q_rot, strict=True)]
 
@@ -83,19 +84,18 @@ class Parts:
 
     def attend(self, q, k, v, plan, bias, sink=None):
         """q and k [own | part 1 | ...] side by side (plan.queries, plan.keys) -> (B, H, Tq, Dh)."""
-        if plan.backend == "flex":
-            return self.flex(q, k, v, plan, sink)
         if plan.mask.blocks and plan.backend == "sdpa":
             return split_blocks(q, k, v, plan, bias, sink)
         qs, ks = q.chunk(self.split.parts + 1, dim=-1), k.chunk(self.split.parts + 1, dim=-1)
+        if plan.backend == "flex":
+            return self.flex(qs, ks, v, plan, sink)
         scores = dot_scores(qs[0], ks[0])
         for p in range(1, len(qs)):
             scores = torch.where(self.part == p, dot_scores(qs[p], ks[p]), scores)
         return weighted_values(softmax_weights(scores, bias, sink), v, qs[0].dtype)
 
-    def flex(self, q, k, v, plan, sink=None):
+    def flex(self, qs, ks, v, plan, sink=None):
         """A call per part, each weighted by its share of the whole softmax."""
-        qs, ks = q.chunk(self.split.parts + 1, dim=-1), k.chunk(self.split.parts + 1, dim=-1)
         masks = [plan.mask.block_mask, *self.block_masks]
         calls = [
             flex_call(a, b, v, plan, m, plan.mask.score_mod, lse=True) for a, b, m in zip(qs, ks, masks, strict=True)
@@ -128,6 +128,7 @@ def split_blocks(q, k, v, plan, bias, sink=None):
     slotted = [F.pad(kp, (p * dh, (n - 1 - p) * dh)) for p, kp in enumerate(k.chunk(n, dim=-1))]
     width = v.size(-1)  # values padded to the keys' width: SDPA's fused CPU kernel wants one head dim (2.4x faster)
     v = F.pad(v, (0, q.size(-1) - width))
+    scale, gqa = 1 / math.sqrt(dh), q.size(1) != k.size(1)
     out = []
     for (s, e), spans in zip(plan.mask.blocks, parts.spans, strict=True):
         keys = torch.cat([slotted[p][:, :, lo:hi] for p, (lo, hi) in enumerate(spans)], dim=2)
@@ -139,11 +140,7 @@ def split_blocks(q, k, v, plan, bias, sink=None):
             mask = mask + (b if b.dim() == 4 else b[None]).to(q.dtype)
         if sink is not None:
             keys, values, mask = with_nothing_slot(keys, values, mask, sink.to(q.dtype), e - s)
-        out.append(
-            sdpa(
-                q[:, :, s:e], keys, values, attn_mask=mask, scale=1 / math.sqrt(dh), enable_gqa=q.size(1) != k.size(1)
-            )[..., :width]
-        )
+        out.append(sdpa(q[:, :, s:e], keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)[..., :width])
     return torch.cat(out, dim=2)
 
 
@@ -153,9 +150,6 @@ def part_spans(q_pos, k_pos, part, blocks, n_parts: int) -> list[list[tuple[int,
     seen = k_pos[None, :] <= q_pos[:, None]
     spans = []
     for s, e in blocks:
-        block = []
-        for p in range(n_parts + 1):
-            cols = ((part[s:e] == p) & seen[s:e]).any(0).nonzero()
-            block.append((int(cols[0]), int(cols[-1]) + 1) if len(cols) else (0, 0))
-        spans.append(block)
+        cols = [((part[s:e] == p) & seen[s:e]).any(0).nonzero() for p in range(n_parts + 1)]
+        spans.append([(int(c[0]), int(c[-1]) + 1) if len(c) else (0, 0) for c in cols])
     return spans

@@ -2,9 +2,9 @@
 
 python bench/decode_bench.py --checkpoint out/rope --static     (rows "sink static", "dense static")
 python sample.py checkpoint=out/rope static=true
-Every step attends over the whole preallocated cache, so shapes and addresses never change and the step compiles
-once: the new key goes to its slot by index_copy_, unwritten slots sit at a position past every query (causally
-masked), and the host copies the cache's bookkeeping into three small tensors the compiled step reads.
+Every step attends over the whole preallocated cache, so shapes and addresses never change and it compiles once:
+the new key goes to its slot by index_copy_, unwritten slots sit past every query (causally masked), and the host
+copies the cache's bookkeeping into three small tensors the compiled step reads.
 """
 
 import torch

@@ -2,9 +2,9 @@
 
 python eval.py checkpoint=out/rope eval.rope_scaling=all eval.log_scaling=true   (one Variant per row and length)
 python sample.py checkpoint=out/rope rope_scaling=dca                             (a KV cache holds its Variant)
-A variant gives each scheme's layers their rotation and plans (hooks, called by GPT.plan): the model as trained
-builds none of this. A KV cache is made for one variant (its keys are rotated under it). Nothing on the model
-changes, so variants scored in any order give the numbers each gives alone.
+A variant gives each scheme's layers their rotation and plans (hooks, called by GPT.plan); the model as trained builds
+none of this. A KV cache is made for one variant (its keys are rotated under it). Nothing on the model changes, so
+variants scored in any order give the numbers each gives alone.
 """
 
 from dataclasses import dataclass, fields, replace
@@ -52,8 +52,8 @@ class Variant:
 
             if pe.content_bias is not None:
                 raise ValueError(f"rope scaling {self.scaling.kind} scores no content bias ({pe.name})")
-            parts, main = Parts.at(pe, q_pos, k_pos, self.scaling), self.scaling.split.main
-            rotation = lambda pos: pe.rotation(main(pos), self.scaling)  # noqa: E731  (DCA: j mod c)
+            parts = Parts.at(pe, q_pos, k_pos, self.scaling)
+            rotation = partial(parts.own_rotation, pe)
         if self.full_layers and not nope:
             trained = (pe.rotation, q_ids, k_ids)
         return rotation, partial(VariantPlan.make, parts=parts, q_scale=q_scale, trained=trained)
@@ -64,17 +64,16 @@ AS_TRAINED = Variant()
 
 @dataclass
 class VariantPlan(AttnPlan):
-    """A plan whose queries carry the log-length factor, and whose keys score through the rotation their split part
-    selects (ReRoPE, DCA): queries() and keys() return [own | part 1 | ...] side by side. Under full_layers its
-    windows rotate as trained."""
+    """A plan whose queries carry the log-length factor and whose keys score through their split part's rotation
+    (ReRoPE, DCA: queries() and keys() are [own | part 1 | ...] side by side). Under full_layers its windows rotate
+    as trained."""
 
     q_scale: torch.Tensor | None = None  # (Tq, 1) log-length factor of the queries (model/log_scaling.py)
     parts: object = None  # model/split_attention.py Parts
     trained: tuple | None = None  # full_layers: (the scheme's own rotation, query ids, key ids) for the windows
 
     @classmethod
-    def make(cls, pe, q_pos, k_pos, causal, n_head, backend="auto", sink=False, window=None, rot=None, *, parts,
-             q_scale, trained=None):  # fmt: skip
+    def make(cls, pe, q_pos, k_pos, causal, n_head, backend, sink, window=None, rot=None, *, parts, q_scale, trained):
         keep = sink or parts is not None  # a split reads the plan's mask, where plain causal attention has none
         plan = make_plan(pe, q_pos, k_pos, causal, n_head, backend, keep, window, rot)
         plan = cls(**{f.name: getattr(plan, f.name) for f in fields(AttnPlan)}, q_scale=q_scale, trained=trained)
@@ -125,5 +124,5 @@ class VariantPlan(AttnPlan):
 
     def remade(self, k_pos, n_head, backend, sink, window, rot, same_keys):
         parts = None if self.parts is None else self.parts.over(self.pe, self.q_pos, None if same_keys else k_pos)
-        return self.make(self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, rot, parts=parts,
-                         q_scale=self.q_scale)  # fmt: skip
+        args = (self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, rot)
+        return self.make(*args, parts=parts, q_scale=self.q_scale, trained=None)
