@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from settings import Rule, choices, setting
 
-from .rope_scaling import NONE, RAMPS, Scaling, longrope_scale, yarn_scale
+from .rope_scaling import NONE, RAMPS, Scaling, longrope_scale, scheme_factors, yarn_scale
 
 RopeType = choices("RopeType", "default", "linear", "dynamic", "yarn", "longrope", "llama3")
 KIND = {"default": "none", "dynamic": "dynamic_ntk", "yarn": "yarn_released"}  # the others: the rope type's own name
@@ -175,7 +175,7 @@ def scaling(hf, train_length: int, length: int, pe, key: str) -> Scaling:
         ramp = {"beta_fast": hf.beta_fast, "beta_slow": hf.beta_slow, "truncate": hf.truncate is not False}
         return Scaling("yarn_released", factor, original, attn_scale=yarn_attention(hf, factor), **ramp)
     name = "short_factor" if length <= original else "long_factor"
-    factors, pairs = list(getattr(hf, name)), getattr(pe, "inner", pe).freq_dim() // 2  # a sink: the rope inside
+    factors, pairs = list(getattr(hf, name)), len(scheme_factors(pe, "none", 1.0, 2))  # one per rotary pair
     if len(factors) != pairs:
         raise ValueError(
             f"{key}.{name} holds {len(factors)} factors and this model rotates {pairs} pairs per head; pass "
