@@ -35,23 +35,21 @@ class TokenSplit:
         self.position_axes = int(meta.get("position_axes", 0))  # 0: text
         self.positions = [np.load(folder / s["positions"], mmap_mode="r") for s in info["shards"] if "positions" in s]
 
-    def document_positions(self, i: int) -> np.ndarray:
-        start, end = self._span(i)
-        s = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
-        lo = start - int(self.shard_starts[s])
-        return np.asarray(self.positions[s][:, lo : lo + end - start], dtype=np.int64)
-
-    def _span(self, i: int) -> tuple[int, int]:
+    def _locate(self, i: int) -> tuple[int, int, int]:
+        """(shard, start, end) of document i within its shard (documents never straddle shards)."""
         start = int(self.doc_starts[i])
         end = int(self.doc_starts[i + 1]) if i + 1 < len(self.doc_starts) else self.n_tokens
-        return start, end
+        s = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
+        return s, start - int(self.shard_starts[s]), end - int(self.shard_starts[s])
 
     def document(self, i: int) -> np.ndarray:
-        """Tokens of document i, its BOS first (documents never straddle shards)."""
-        start, end = self._span(i)
-        s = int(np.searchsorted(self.shard_starts, start, side="right")) - 1
-        lo = start - int(self.shard_starts[s])
-        return np.asarray(self.shards[s][lo : lo + end - start], dtype=np.int64)
+        """Tokens of document i, its BOS first."""
+        s, lo, hi = self._locate(i)
+        return np.asarray(self.shards[s][lo:hi], dtype=np.int64)
+
+    def document_positions(self, i: int) -> np.ndarray:
+        s, lo, hi = self._locate(i)
+        return np.asarray(self.positions[s][:, lo:hi], dtype=np.int64)
 
     def documents(self) -> list[np.ndarray]:
         return [self.document(i) for i in range(len(self.doc_starts))]
@@ -99,15 +97,14 @@ class RowSampler:
             select_axes(np.zeros((split.position_axes, 1)), axes)  # a scheme that cannot read them fails here
             bos_aligned = True
         self.bos, self.starts = None, None  # plain tiling: row j starts at j * seq_len
+        per_shard = [max(0, (len(s) - 1) // seq_len) for s in split.shards]
         if bos_aligned:
-            self.bos, self.starts = split.bos, []
-            for i, shard in enumerate(split.shards):
-                lo, hi = split.shard_starts[i], split.shard_starts[i + 1]
-                docs = split.doc_starts[(split.doc_starts >= lo) & (split.doc_starts < hi)] - lo
-                self.starts.append(aligned_starts(docs, len(shard), seq_len))
-        per_shard = (
-            [len(s) for s in self.starts] if bos_aligned else [max(0, (len(s) - 1) // seq_len) for s in split.shards]
-        )
+            self.bos, docs, bounds = split.bos, split.doc_starts, split.shard_starts
+            self.starts = [
+                aligned_starts(docs[(docs >= lo) & (docs < hi)] - lo, hi - lo, seq_len)
+                for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+            per_shard = [len(s) for s in self.starts]
         self.row_starts = np.cumsum([0] + per_shard)
         self.n_rows = int(self.row_starts[-1])
         if self.n_rows == 0:

@@ -8,6 +8,7 @@ each with a small tokenizer of its own.
 """
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -64,31 +65,28 @@ def prepare(data: dict, tok: dict, log=print) -> Path:
     log = log or (lambda *args: None)
     if (out / "meta.json").exists():
         return out
-    source = data["source"]  # a generator (data/<source>.py) is imported only when asked for
-    if source == "grids":
-        from data.grids import write_grids
-
-        return build_atomically(out, lambda tmp: write_grids(tmp, data, log), data, tok, log)
-    if source == "tasks":
-        from data.tasks import write_tasks
-
-        return build_atomically(out, lambda tmp: write_tasks(tmp, data, log), data, tok, log)
+    source = data["source"]
     if source == "passkey":
-        from data.passkey import write_passkey
-
-        base = prepare(data["base"], tok, log)
-        return build_atomically(out, lambda tmp: write_passkey(tmp, data, base, log), data, tok, log)
-    return build_atomically(out, lambda tmp: write_corpus(tmp, data, tok, log), data, tok, log)
-
-
-def build_atomically(out: Path, fill, data: dict, tok: dict, log) -> Path:
-    """fill(tmp) writes the dataset into a temporary folder, renamed to `out` once whole."""
+        base = prepare(data["base"], tok, log)  # the corpus it draws from, prepared first
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         log(f"preparing {data['name']} with tokenizer {tokenizer_key(tok)} in {out}")
-        fill(tmp)
+        if source == "grids":  # a generator (data/<source>.py) is imported only when asked for
+            from data.grids import write_grids
+
+            write_grids(tmp, data, log)
+        elif source == "tasks":
+            from data.tasks import write_tasks
+
+            write_tasks(tmp, data, log)
+        elif source == "passkey":
+            from data.passkey import write_passkey
+
+            write_passkey(tmp, data, base, log)
+        else:
+            write_corpus(tmp, data, tok, log)
         seal(tmp)
         try:
             tmp.rename(out)  # `out` only ever appears whole
@@ -115,38 +113,20 @@ def write_corpus(tmp: Path, data: dict, tok: dict, log):
     bos = tokenizer.bos_id(spec, enc)
     dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
     meta = {"vocab_size": enc.n_vocab, "bos": bos, "dtype": np.dtype(dtype).name, "splits": {}}
+    shard_tokens = int(data.get("shard_tokens", 2**28))
     for split in SPLITS:
-        meta["splits"][split] = write_split(
-            tmp, split, documents(data, split), enc, bos, dtype, int(data.get("shard_tokens", 2**28))
-        )
-        info = meta["splits"][split]
+        batches = _batched(documents(data, split), 256)
+        docs = (np.array([bos, *ids], dtype=np.int64) for batch in batches for ids in enc.encode_ordinary_batch(batch))
+        info = meta["splits"][split] = write_token_split(tmp, split, docs, dtype, shard_tokens)
         log(f"  {split}: {info['n_docs']} documents, {info['n_tokens']:,} tokens")
         if info["n_docs"] == 0:
             raise UserError(f"data={data['name']}: the {split} split is empty; add documents or change the split")
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
-def write_split(folder: Path, split: str, docs, enc, bos: int, dtype, shard_tokens: int) -> dict:
-    """Tokenize documents in batches, each with a BOS first."""
-
-    def token_docs():
-        for batch in _batched(docs, 256):
-            for ids in enc.encode_ordinary_batch(batch):
-                doc = np.empty(len(ids) + 1, dtype=np.int64)
-                doc[0], doc[1:] = bos, ids
-                yield doc
-
-    return write_token_split(folder, split, token_docs(), dtype, shard_tokens)
-
-
-def _batched(it, n):
-    batch = []
-    for x in it:
-        batch.append(x)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
+def _batched(items, n: int):
+    items = iter(items)
+    while batch := list(itertools.islice(items, n)):
         yield batch
 
 
