@@ -8,6 +8,7 @@ Face sources' settings are declared here (TextData, HFData), loaded when data= p
 """
 
 import importlib.util
+import itertools
 import random
 import re
 from collections.abc import Iterator
@@ -174,45 +175,27 @@ def hf_documents(data: dict, split: str) -> Iterator[str]:
         import datasets
     except ImportError:
         raise UserError(f"data={data['name']} needs Hugging Face datasets: pip install datasets") from None
-    field = data.get("text_field", "text")
     val_split = data.get("hf_val_split")
-
-    def stream(hf_split):
-        try:
-            ds = datasets.load_dataset(
-                data["hf_path"],
-                name=data.get("hf_name"),
-                data_files=data.get("data_files"),
-                split=hf_split,
-                streaming=True,
-            )
-        except Exception as e:  # network, missing files, unknown dataset: all end the run the same way
-            raise UserError(f"cannot load dataset {data['hf_path']} ({type(e).__name__}: {e})") from None
-        for row in ds:
-            yield row[field]
-
-    if val_split:
-        limit = data["val_docs"] if split == "val" else data["max_docs"]
-        yield from _take(stream(val_split if split == "val" else data["hf_split"]), limit)
-        return
-    n_val, kept = data["val_docs"], 0
-    train_left = data["max_docs"]
-    for text in stream(data["hf_split"]):
-        if kept < n_val and len(text) >= data["val_min_chars"]:
-            kept += 1
-            if split == "val":
-                yield text
-        elif split == "train":
-            if train_left is not None and train_left <= 0:
-                return
-            train_left = None if train_left is None else train_left - 1
-            yield text
-        elif kept >= n_val:
-            return
+    try:
+        rows = datasets.load_dataset(
+            data["hf_path"],
+            name=data.get("hf_name"),
+            data_files=data.get("data_files"),
+            split=val_split if val_split and split == "val" else data["hf_split"],
+            streaming=True,
+        )
+    except Exception as e:  # network, missing files, unknown dataset: all end the run the same way
+        raise UserError(f"cannot load dataset {data['hf_path']} ({type(e).__name__}: {e})") from None
+    texts = (row[data.get("text_field", "text")] for row in rows)
+    if not val_split:
+        texts = (text for is_val, text in _held_out(texts, data) if is_val == (split == "val"))
+    yield from itertools.islice(texts, data["val_docs"] if split == "val" else data["max_docs"])
 
 
-def _take(it, limit):
-    for i, x in enumerate(it):
-        if limit is not None and i >= limit:
-            return
-        yield x
+def _held_out(texts, data: dict):
+    """(is it val?, text) for each text: val holds the first data.val_docs of data.val_min_chars characters or more."""
+    kept = 0
+    for text in texts:
+        is_val = kept < data["val_docs"] and len(text) >= data["val_min_chars"]
+        kept += is_val
+        yield is_val, text

@@ -28,13 +28,8 @@ def train_bpe(texts, vocab_size: int, max_chars: int) -> dict:
     logging.getLogger("rustbpe").setLevel(logging.WARNING)  # its progress is a hundred lines
     tok = rustbpe.Tokenizer()
     tok.train_from_iterator(_limit(texts, max_chars), vocab_size - 1)  # one id left for BOS
-    ranks = {bytes(piece): rank for piece, rank in tok.get_mergeable_ranks()}
-    return {
-        "kind": "bpe",
-        "pattern": tok.get_pattern(),
-        "ranks": {base64.b64encode(k).decode(): v for k, v in ranks.items()},
-        "special": {BOS: len(ranks)},
-    }
+    ranks = {base64.b64encode(bytes(piece)).decode(): rank for piece, rank in tok.get_mergeable_ranks()}
+    return {"kind": "bpe", "pattern": tok.get_pattern(), "ranks": ranks, "special": {BOS: len(ranks)}}
 
 
 def _limit(texts, max_chars):
@@ -47,35 +42,26 @@ def _limit(texts, max_chars):
 
 
 def tiktoken_spec(name: str) -> dict:
-    """tiktoken's own encoding; its <|endoftext|> serves as BOS."""
-    _check_tiktoken_files(name)
-    enc = tiktoken.get_encoding(name)
-    return {"kind": "tiktoken", "name": name, "bos": "<|endoftext|>", "n_vocab": enc.n_vocab}
-
-
-def _check_tiktoken_files(name: str):
-    """Fail fast offline: tiktoken would otherwise wait on a download with no timeout."""
+    """tiktoken's own encoding; its <|endoftext|> serves as BOS. Offline, its files must be cached: tiktoken would
+    otherwise wait on a download with no timeout."""
+    env, host = os.environ, "openaipublic.blob.core.windows.net"
     cache = (
-        os.environ.get("TIKTOKEN_CACHE_DIR")
-        or os.environ.get("DATA_GYM_CACHE_DIR")
+        env.get("TIKTOKEN_CACHE_DIR")
+        or env.get("DATA_GYM_CACHE_DIR")
         or os.path.join(tempfile.gettempdir(), "data-gym-cache")
     )
-    urls = {
-        "gpt2": [
-            "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
-            "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-        ]
-    }
-    files = [os.path.join(cache, hashlib.sha1(u.encode()).hexdigest()) for u in urls.get(name, [])]
-    if files and all(os.path.exists(f) for f in files):
-        return
-    try:
-        socket.create_connection(("openaipublic.blob.core.windows.net", 443), timeout=5).close()
-    except OSError:
-        raise UserError(
-            f"tokenizer={name} needs tiktoken's files, which are not cached ({cache}) and cannot be downloaded "
-            f"(no network); use the default tokenizer=bpe, or copy the cache there from a machine online"
-        ) from None
+    urls = [f"https://{host}/gpt-2/encodings/main/{f}" for f in ("vocab.bpe", "encoder.json")] if name == "gpt2" else []
+    files = [os.path.join(cache, hashlib.sha1(u.encode()).hexdigest()) for u in urls]
+    if not (files and all(os.path.exists(f) for f in files)):
+        try:
+            socket.create_connection((host, 443), timeout=5).close()
+        except OSError:
+            raise UserError(
+                f"tokenizer={name} needs tiktoken's files, which are not cached ({cache}) and cannot be downloaded "
+                f"(no network); use the default tokenizer=bpe, or copy the cache there from a machine online"
+            ) from None
+    enc = tiktoken.get_encoding(name)
+    return {"kind": "tiktoken", "name": name, "bos": "<|endoftext|>", "n_vocab": enc.n_vocab}
 
 
 def read_spec(folder) -> dict:
