@@ -4,10 +4,9 @@ python train.py positional=irope                                 (rope, position
 python train.py positional=alibi positional.layers=PPN           (any scheme that acts in attention)
 python train.py experiment=gemma3                   (RoPE at base 10,000 in 5 sliding-window layers of 6, 1M in the 6th)
 python train.py init_from=out/rope train.seq_len=1024 positional.scaling=yarn positional.scaling_factor=4
-A scheme is one file here, named as it is picked; SCHEMES imports its module only when asked for. build() makes a
-scheme, build_layers() also NoPE for positional.layers' N layers, build_long() the scheme at positional.global_base
-for the full-attention layers. An option a spec leaves out takes the constructor's default, what the scheme did
-before the option existed, so an older checkpoint builds as it was trained.
+A scheme is one file here, named as it is picked; SCHEMES imports its module only when asked for. An option a spec
+leaves out takes the constructor's default, what the scheme did before the option existed, so an older checkpoint
+builds as it was trained.
 """
 
 from dataclasses import asdict, fields, is_dataclass
@@ -17,23 +16,8 @@ from omegaconf.errors import ValidationError
 
 import settings
 
-from .base import SCHEMES, Positional, PositionalOptions, PositionAxesError, PositionLimitError, Schemes, names
+from .base import SCHEMES, Positional, PositionalOptions, PositionAxesError, PositionLimitError, Schemes, names  # noqa: F401
 
-__all__ = [
-    "SCALING_KEYS",
-    "SCHEMES",
-    "PositionAxesError",
-    "Positional",
-    "PositionLimitError",
-    "Schemes",
-    "build",
-    "build_layers",
-    "build_long",
-    "layer_pattern",
-    "names",
-    "options",
-    "spec_of",
-]
 NOPE_OPTIONS = ("attn_scale", "floor_scale")  # with positional.layers: the N layers' query temperature (nope.py)
 # a RoPE extension trained into the model: options no scheme's constructor takes, build() passes a Scaling
 SCALING_KEYS = ("scaling", "scaling_factor", "original_length")
@@ -79,24 +63,22 @@ def rotary(spec: dict) -> bool:
 
 
 def build(spec, n_head: int, head_dim: int, d_model: int, key: str = "positional", checked=False) -> Positional:
-    """Make a scheme from its options ({'name': 'rope', 'base': 10000, ...}). layers and global_base are build_layers'
-    and build_long's: ignored here, refused in a wrapped scheme. checked: options() made spec."""
+    """Make a scheme from its options ({'name': 'rope', 'base': 10000, ...}); checked: options() made spec. layers and
+    global_base are build_layers' and build_long's: ignored here, refused in a wrapped scheme."""
     spec = dict(spec if checked else options(spec_of(spec), key))  # a copy: options are popped below
     if spec.pop("global_base", None) is not None and key != "positional":
         raise ValueError(f"{key}.global_base is read from positional.global_base alone; set it there")
     scaling = {k: spec.pop(k) for k in SCALING_KEYS if k in spec}
     name = spec.pop("name")
-    kind = scaling.get("scaling", "none")
     # its own options, and for nope its query temperature (the N layers' elsewhere)
     own = {k: v for k, v in spec.items() if k not in SHARED or name == "nope" and k in NOPE_OPTIONS}
     if name == "sink":  # a wrapper: its inner scheme is built from its own options, and takes the scaling
-        own["inner"] = build(
-            {**spec.get("inner", {"name": "rope"}), **scaling}, n_head, head_dim, d_model, key + ".inner"
-        )
-    elif kind != "none":  # a rotary scheme's, whose module imports rope_scaling already
+        inner = {**spec.get("inner", {"name": "rope"}), **scaling}
+        own["inner"] = build(inner, n_head, head_dim, d_model, key + ".inner")
+    elif scaling.get("scaling", "none") != "none":  # a rotary scheme's, whose module imports rope_scaling already
         from .rope_scaling import Scaling
 
-        own["scaling"] = Scaling(kind, scaling.get("scaling_factor", 1.0), scaling["original_length"])
+        own["scaling"] = Scaling(scaling["scaling"], scaling.get("scaling_factor", 1.0), scaling["original_length"])
     try:
         return SCHEMES[name](n_head, head_dim, d_model, **own)
     except TypeError as e:  # an option with no default left out of a spec built in code (learned's max_positions)

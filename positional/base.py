@@ -5,9 +5,8 @@ embeddings, rotate() and rotate_key() transform queries and keys, score_bias() a
 reads content is built per layer (layer_module, content_bias); a scheme whose weights read every score (CoPE,
 stick-breaking, PaTH) gives them itself (content_weights). Positions are explicit integer tensors, (T,) or (axes, T)
 for a multi-axis scheme (rope2d, mrope); a (T,) id sits on every axis, M-RoPE's rule for text. A scheme is named by
-its file (positional/t5.py: positional=t5), its options a PositionalOptions subclass beside it (RoPEOptions next to
-RoPE), which Hydra checks as it composes (utils/schema.py LazyGroup). docs/schemes.md lists each hook with the schemes
-that give it.
+its file (positional/t5.py: positional=t5), its options a PositionalOptions subclass beside it, which Hydra checks as
+it composes (utils/schema.py LazyGroup). docs/schemes.md lists each hook with the schemes that give it.
 """
 
 import functools
@@ -25,7 +24,6 @@ from settings import Rule, UserError, choices, setting
 
 LAYERS = r"[PN]+"  # positional.layers: P a layer of the scheme, N a layer with no positions (NoPE), tiled
 
-
 # positional.scaling, a RoPE extension trained into the model (rope_scaling.py); no dynamic_ntk, which moves with
 # the length, so a fine-tune would not fix its frequencies: ntk is its fixed form
 Trained = choices("Trained", "none", "linear", "ntk", "yarn", "yarn_released", "llama3")
@@ -36,16 +34,15 @@ def rotates(name: str) -> bool:
     return name == "sink" or name not in SCHEMES or SCHEMES[name].rotary
 
 
-def is_scheme(name: str) -> bool:
-    return name in names()
-
-
 @dataclass
 class PositionalOptions:
     """The options every scheme shares; a saved config keeps the optional ones only where on (positional.spec_of)."""
 
     name: str = setting(  # set by picking the scheme: positional=t5
-        MISSING, "pick one with positional=<name> (a file of positional/)", test=is_scheme, must="name a scheme"
+        MISSING,
+        "pick one with positional=<name> (a file of positional/)",
+        test=lambda n: n in names(),
+        must="name a scheme",
     )
     # kept in the saved config, so eval.py and sample.py build the same scaled frequencies
     scaling: Trained = "none"
@@ -83,7 +80,7 @@ class PositionalOptions:
 
 def key_order(q_pos, k_pos):
     """(order, inverse) sorting the keys by position and back, for schemes that sum over keys in order (FoX, CoPE,
-    stick-breaking, PaTH); None in a full forward (q_pos is k_pos), whose keys are in order, unlike a cache's."""
+    stick-breaking, PaTH); None in a full forward (q_pos is k_pos), whose keys are in order."""
     if q_pos is k_pos:
         return None
     order = k_pos.argsort()
@@ -176,7 +173,7 @@ class Positional(nn.Module):
 
     def fit_state(self, state: dict, prefix: str) -> None:
         """Fit a saved state dict's entries under prefix to this instance's sizes, in place (init_from at another
-        length: Learned resizes its table). Default: nothing depends on the length."""
+        length: Learned resizes its table)."""
 
     def check_length(self, n_positions: int) -> None:
         """Raise PositionLimitError if positions 0..n_positions-1 are not all covered."""
@@ -209,9 +206,8 @@ class Schemes(Mapping):
     def __getitem__(self, name: str):
         if name not in names():
             raise KeyError(name)
-        module = importlib.import_module(f"positional.{name}")
-        found = (c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Positional))
-        cls = next(c for c in found if c.name == name)
+        found = vars(importlib.import_module(f"positional.{name}")).values()
+        cls = next(c for c in found if isinstance(c, type) and issubclass(c, Positional) and c.name == name)
         return getattr(cls, self.of) if self.of else cls
 
     def __iter__(self):
