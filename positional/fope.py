@@ -24,6 +24,7 @@ from settings import setting
 
 from .base import Positional, PositionalOptions
 from .rope import rotate_by
+from .rope_scaling import base_inv_freq, full_turns
 
 
 @dataclass
@@ -35,13 +36,6 @@ class FoPEOptions(PositionalOptions):
     )
     # the coefficients' noise (the release: 0.3 at 60M parameters, 0.4 at 180M, 0.6 at 1.2B); 0: RoPE on the kept
     sigma: float = setting(0.3, "pass the coefficients' xavier gain, 0 for none", ge=0)
-
-
-def kept_frequencies(head_dim: int, base: float, train_length: int) -> torch.Tensor:
-    """RoPE's frequencies at or above the floor 2 pi / L, the highest first (float64; counted in Python, so that a
-    model built on the meta device has them too)."""
-    kept = sum(base ** (-2 * j / head_dim) >= 2 * math.pi / train_length for j in range(head_dim // 2))
-    return (base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))[:kept]
 
 
 def coefficients(n: int, d_out: int, sigma: float, n_head: int) -> torch.Tensor:
@@ -63,7 +57,7 @@ class FoPE(Positional):
         super().__init__(n_head, head_dim, d_model)
         if head_dim % 2:
             raise ValueError(f"fope needs an even head dim, got {head_dim}")
-        theta = kept_frequencies(head_dim, base, train_length)
+        theta = base_inv_freq(head_dim, base)[: full_turns(head_dim, base, train_length)]  # the highest first
         if len(theta) == 0:
             raise ValueError(
                 f"positional.train_length={train_length}: no frequency turns a full period within it; pass a longer "

@@ -18,6 +18,7 @@ from settings import setting
 
 from .base import PositionalOptions
 from .prope import PRoPE
+from .rope_scaling import full_turns
 
 
 @dataclass
@@ -33,7 +34,7 @@ class HoPE(PRoPE):
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, train_length: int = 256, scaling=None):
         # train_length 256: the default train.seq_len, for a spec built in code
-        kept = sum(base ** (-j / (head_dim // 2)) >= 2 * math.pi / train_length for j in range(head_dim // 2))
+        kept = full_turns(head_dim, base, train_length)
         if kept == 0:
             raise ValueError(
                 f"positional.train_length={train_length}: no pair turns a full period within it (the fastest takes "

@@ -10,7 +10,7 @@ A query at i and a key at j, d = i - j, score as the scheme does at the distance
 Far scores come from a second rotation of the same queries and keys, queries at w + (i - w) / k and keys at j / k
 (rerope: w and 0): each depends on its own token alone, so keys are rotated once and a KV cache keeps them, and
 scores stay translation invariant. Attention takes the near score where d < w and the far one elsewhere
-(model/attention.py Far), so each key is in the softmax once.
+(model/split_attention.py), so each key is in the softmax once.
 Defaults: w = L/2 (L the training length; Su used 512 and 1024 with LLaMA-2's 4096). k = auto: the smallest k that
 keeps every distance of the target length L' (eval: each eval length; sample: the cache's capacity) inside the trained
 ones, w + (L' - 1 - w) / k <= L - 1 (Su's patch: k = 16, w = 512, L = 4096).
@@ -49,30 +49,27 @@ def leak(kind: str, w: int, original_length: int, factor: float, k: float | None
     return max(1.0, (longest - w) / (trained - w))
 
 
-def far_positions(pos: torch.Tensor, key: bool, w: int, k: float) -> torch.Tensor:
-    """Where the far rotation puts queries, w + (pos - w) / k, or keys, pos / k (float)."""
-    scale = 0.0 if math.isinf(k) else 1.0 / k
-    pos = pos.float()
-    return pos * scale if key else w + (pos - w) * scale
-
-
 @dataclass(frozen=True)
 class Far:
     """ReRoPE's scores as a split (model/split_attention.py): the scheme's own rotation for a key at distance d < w,
-    the far rotation (part 1) for the others."""
+    the far rotation (part 1, queries at w + (i - w) / k, keys at j / k) for the others."""
 
     window: int
     leak: float
     parts = 1
 
+    @property
+    def scale(self) -> float:
+        return 0.0 if math.isinf(self.leak) else 1.0 / self.leak
+
     def main(self, pos: torch.Tensor) -> torch.Tensor:
         return pos
 
     def queries(self, pos: torch.Tensor) -> list[torch.Tensor]:
-        return [far_positions(pos, False, self.window, self.leak)]
+        return [self.window + (pos.float() - self.window) * self.scale]
 
     def keys(self, pos: torch.Tensor) -> list[torch.Tensor]:
-        return [far_positions(pos, True, self.window, self.leak)]
+        return [pos.float() * self.scale]
 
     def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """The part a (query, key) score takes, elementwise (flex's mask_mod reads it too)."""

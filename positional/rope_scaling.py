@@ -42,7 +42,7 @@ SCALED = ("yarn", "yarn_released")  # cos, sin multiplied by 0.1 ln s + 1 unless
 
 @dataclass(frozen=True)
 class Scaling:
-    """A rope scaling kind and its options: each kind's own, refused by the others; None: resolved here."""
+    """A rope scaling kind and its options: each kind's own, refused by the others."""
 
     kind: str = "none"
     factor: float = 1.0  # s
@@ -58,7 +58,7 @@ class Scaling:
     leak: float | None = None  # rerope's k
     chunk: int | None = None  # dca's S
 
-    def __post_init__(self):
+    def __post_init__(self):  # each option checked, then resolved where None
         if self.kind not in ALL_KINDS:
             raise ValueError(f"unknown rope scaling '{self.kind}'; choose one of: {', '.join(ALL_KINDS)}")
         if self.start_tokens and self.kind not in SEARCHED:
@@ -91,11 +91,11 @@ class Scaling:
         """How a split kind scores through several rotations (rerope.Far, dca.Chunks), or None."""
         if self.kind in rerope.KINDS:
             return rerope.Far(self.window, self.leak)
-        if self.kind in DCA_KINDS:
-            from . import dca
+        if self.kind not in DCA_KINDS:
+            return None
+        from . import dca
 
-            return dca.Chunks(self.chunk, self.window)
-        return None
+        return dca.Chunks(self.chunk, self.window)
 
     def frequencies(self, head_dim: int, base: float) -> tuple[torch.Tensor, float, float]:
         """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) of the static frequencies (dynamic_ntk,
@@ -163,6 +163,12 @@ def base_inv_freq(head_dim: int, base, device=None) -> torch.Tensor:
     return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
 
 
+def full_turns(head_dim: int, base: float, length: int) -> int:
+    """How many of RoPE's pairs turn a full period within length, theta_j = base^(-2j/d) >= 2 pi / L (counted in
+    Python, so that a model built on the meta device has it too)."""
+    return sum(base ** (-2 * j / head_dim) >= 2 * math.pi / length for j in range(head_dim // 2))
+
+
 def ntk_base(base: float, factor, head_dim: int):
     return base * factor ** (head_dim / (head_dim - 2))
 
@@ -197,7 +203,7 @@ def check_rescale(rescale, pairs: int) -> torch.Tensor:
 
 
 def static_frequencies(kind: str, head_dim: int, base: float, factor: float, original_length: int, **options):
-    """Scaling(kind, ...).frequencies for a kind other than the splits; options: Scaling's."""
+    """Scaling(kind, ...).frequencies for a kind other than the splits."""
     if kind not in KINDS + SEARCHED:
         raise ValueError(f"unknown rope scaling '{kind}'; choose one of: {', '.join(KINDS + SEARCHED)}")
     return Scaling(kind, factor, original_length, **options).frequencies(head_dim, base)
@@ -224,8 +230,8 @@ def scheme_factors(pe, kind: str, factor: float, original_length: int) -> torch.
 
 
 def refusal(key: str, kind: str, pe, trained: str | None, off: str | None = None) -> str | None:
-    """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None (eval.py's and
-    sample.py's wording). trained: the model's built-in positional.scaling; off: how to ask for none instead."""
+    """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None. trained: the
+    model's built-in positional.scaling; off: how to ask for none instead."""
     if kind != "none" and trained:
         return (
             f"{key}={kind}: this model was trained with positional.scaling={trained}, built into it; another scaling "
