@@ -27,8 +27,7 @@ QWEN2_VL_SECTIONS = (16, 24, 24)
 
 def default_sections(pairs: int) -> list[int]:
     """Qwen2-VL's 16:24:24 split of a head's rotary pairs, rounded (the width takes what is left)."""
-    t = round(pairs * QWEN2_VL_SECTIONS[0] / sum(QWEN2_VL_SECTIONS))
-    h = round(pairs * QWEN2_VL_SECTIONS[1] / sum(QWEN2_VL_SECTIONS))
+    t, h = (round(pairs * n / sum(QWEN2_VL_SECTIONS)) for n in QWEN2_VL_SECTIONS[:2])
     return [t, h, pairs - t - h]
 
 
@@ -62,15 +61,15 @@ class MRoPE(RoPE):
         if interleaved:  # sections are then just the counts
             axis_of_pair = [i % 3 for i in range(pairs)]
             sections = [axis_of_pair.count(axis) for axis in range(3)]
-        sections = default_sections(pairs) if sections is None else [int(s) for s in sections]
+        else:  # contiguous blocks: temporal, then height, then width
+            sections = default_sections(pairs) if sections is None else [int(s) for s in sections]
+            axis_of_pair = [axis for axis, n in enumerate(sections) for _ in range(n)]
         if sum(sections) != pairs:  # three positive counts: MRoPEOptions
             raise ValueError(
                 f"positional.sections={sections} must sum to the head's {pairs} rotary pairs (temporal, height, "
                 f"width); e.g. positional.sections={default_sections(pairs)}"
             )
         self.sections = sections
-        if not interleaved:  # contiguous blocks: temporal, then height, then width
-            axis_of_pair = [axis for axis, n in enumerate(sections) for _ in range(n)]
         self.register_buffer("pair_axis", torch.tensor(axis_of_pair), persistent=False)
 
     def extra_repr(self):

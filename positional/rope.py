@@ -3,10 +3,10 @@
 python train.py positional=rope positional.base=10000
 python train.py positional=rope positional.rotary_fraction=0.25      (partial rotary, GPT-NeoX style)
 python train.py experiment=gemma3      (positional.global_base: the full-attention layers at base 1M, as Gemma 3)
-Scores then depend only on q_pos - k_pos. Context extensions (rope_scaling.py, rerope.py) are passed to
-rotation(pos, scaling), or built in at construction (a fine-tune's positional.scaling). rotary_fraction < 1 rotates
-the first fraction of each head's pairs at the frequencies of a head that many dims wide; the other pairs get
-frequency 0 (cos 1, sin 0), so every backend and cache serves it unchanged.
+Scores then depend only on q_pos - k_pos. Context extensions (rope_scaling.py) are passed to rotation(pos, scaling),
+or built in at construction (a fine-tune's positional.scaling). rotary_fraction < 1 rotates the first fraction of each
+head's pairs at the frequencies of a head that many dims wide; the other pairs get frequency 0 (cos 1, sin 0), so
+every backend and cache serves it unchanged.
 """
 
 from dataclasses import dataclass
@@ -40,8 +40,8 @@ TABLE_MIN = 1 << 17  # elements of x from which the laid-out tables pay for them
 def _rotate_into(out, x, cos, sin):
     """Write the rotation of x into out. cos and sin are first laid out over every head in x's memory order: against
     tables broadcast over the heads each op's inner loop is one 16-float half row, 2-3x slower on the CPU
-    (bench/cpu_bench.py). The tables cost 25-50 us, which a small x (a decoding step) never earns back, so below
-    TABLE_MIN every op goes half by half against the broadcast cos and sin (break-even near 64K elements, 1 thread)."""
+    (bench/cpu_bench.py). The tables cost 25-50 us, which a small x (a decoding step) never earns back: below
+    TABLE_MIN every op goes half by half (break-even near 64K elements, 1 thread)."""
     h = x.size(-1) // 2
     x1, x2, o1, o2 = x[..., :h], x[..., h:], out[..., :h], out[..., h:]
     if x.numel() < TABLE_MIN:
@@ -78,8 +78,7 @@ class _Rotate(torch.autograd.Function):
 @dataclass
 class RoPEOptions(PositionalOptions):
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
-    # < 1: partial rotary (GPT-NeoX)
-    rotary_fraction: float = setting(
+    rotary_fraction: float = setting(  # < 1: partial rotary (GPT-NeoX)
         1.0, "pass a fraction in (0, 1] of each head's dimension pairs to rotate", gt=0, le=1
     )
     # the full-attention layers' base (model.window_pattern's L; positional/__init__.py build_long). Gemma 3: 1,000,000
@@ -105,8 +104,7 @@ class RoPE(Positional):
                 f"positional.rotary_fraction={rotary_fraction} rotates no pair of a {head_dim}-dim head; pass a "
                 f"larger one"
             )
-        # a fine-tune's positional.scaling; an eval-time one is passed to rotation
-        self.scaling = rope_scaling.NONE if scaling is None else scaling
+        self.scaling = scaling or rope_scaling.NONE  # a fine-tune's positional.scaling; an eval-time one: rotation()
         inv_freq, self.pos_scale, self.cos_scale = self.frequencies(self.scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         plain = self.arrange(rope_scaling.base_inv_freq(self.freq_dim(), self.base)).float()
@@ -129,17 +127,16 @@ class RoPE(Positional):
         return self.arrange(inv_freq).float(), pos_scale, cos_scale
 
     def rotation(self, pos, scaling=None):
-        """(cos, sin), each (T, Dh/2), under a Scaling (None: the one built in). An eval-time scaling replaces the
-        built-in one, never composes with it."""
+        """(cos, sin), each (T, Dh/2), under a Scaling (None: the one built in, which an eval-time one replaces)."""
         if scaling is None or scaling == self.scaling:
             scaling, (inv_freq, pos_scale, cos_scale) = self.scaling, (self.inv_freq, self.pos_scale, self.cos_scale)
         else:
             inv_freq, pos_scale, cos_scale = self.frequencies(scaling)
             inv_freq = inv_freq.to(self.inv_freq.device)
         if scaling.kind == "dynamic_ntk":
-            dims, length = self.freq_dim(), pos.max() + 1
-            inv_freq = rope_scaling.dynamic_inv_freq(dims, self.base, scaling.original_length, length, scaling.alpha)
-            inv_freq = self.arrange(inv_freq)
+            length = pos.max() + 1
+            dims, original = self.freq_dim(), scaling.original_length
+            inv_freq = self.arrange(rope_scaling.dynamic_inv_freq(dims, self.base, original, length, scaling.alpha))
         angles = self.angles(pos.float() * pos_scale, inv_freq)
         cos, sin = angles.cos() * cos_scale, angles.sin() * cos_scale
         if scaling.start_tokens:  # LongRoPE: the first positions rotate as in training, unscaled (as its release)

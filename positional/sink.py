@@ -40,13 +40,10 @@ class Sink(Positional):
             raise ValueError(f"positional=sink wraps a relative scheme (rope, alibi, nope, t5), not {inner.name}")
         self.inner, self.n_prefix = inner, int(n_sink)
         self.sink = nn.Parameter(torch.randn(self.n_prefix, d_model))
-        self.rotary, self.axes = inner.rotary, inner.axes
-        if inner.score_bias is not None:
-            self.score_bias = inner.score_bias
-        if inner.content_bias is not None:  # Shaw, FoX: their bias reads queries or the layer input
-            self.content_bias, self.state_dim = inner.content_bias, inner.state_dim
-        if inner.content_weights is not None:  # CoPE, stick-breaking, PaTH: they give the weights
-            self.content_weights, self.state_dim = inner.content_weights, inner.state_dim
+        self.rotary, self.axes, self.state_dim = inner.rotary, inner.axes, inner.state_dim
+        for hook in ("score_bias", "content_bias", "content_weights"):  # the ones the inner scheme gives
+            if getattr(inner, hook) is not None:
+                setattr(self, hook, getattr(inner, hook))
 
     def layer_module(self):
         return self.inner.layer_module()
