@@ -80,20 +80,16 @@ def select_axes(ids: np.ndarray, axes: int) -> np.ndarray | None:
     raise UserError(f"a scheme of {axes} position axes cannot read data with {len(ids)}; pick another positional")
 
 
-def check_whole_documents(split: TokenSplit, seq_len: int):
-    lengths = sorted(set(np.diff(np.append(split.doc_starts, split.n_tokens)).tolist()))
-    if lengths != [seq_len + 1]:
-        raise UserError(
-            f"train.seq_len={seq_len}: this dataset has position ids and is read one whole document per row, and its "
-            f"documents hold {lengths[0] - 1} tokens after BOS; pass train.seq_len={lengths[0] - 1}"
-        )
-
-
 class RowSampler:
     def __init__(self, split: TokenSplit, seq_len: int, seed: int, bos_aligned: bool = False, axes: int = 1):
         self.split, self.seq_len, self.seed, self.axes = split, seq_len, seed, axes
         if split.position_axes:  # rows are whole documents
-            check_whole_documents(split, seq_len)
+            lengths = sorted(set(np.diff(np.append(split.doc_starts, split.n_tokens)).tolist()))
+            if lengths != [seq_len + 1]:
+                raise UserError(
+                    f"train.seq_len={seq_len}: this dataset has position ids and is read one whole document per row, "
+                    f"and its documents hold {lengths[0] - 1} tokens after BOS; pass train.seq_len={lengths[0] - 1}"
+                )
             select_axes(np.zeros((split.position_axes, 1)), axes)  # a scheme that cannot read them fails here
             bos_aligned = True
         self.bos, self.starts = None, None  # plain tiling: row j starts at j * seq_len
@@ -176,7 +172,6 @@ def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) 
             buf.clear()
             pos_buf.clear()
 
-    in_buf = 0
     for doc in docs:
         if isinstance(doc, tuple):
             doc, ids = doc
@@ -186,10 +181,8 @@ def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) 
         starts.append(n_total)
         buf.append(doc)
         n_total += doc.size
-        in_buf += doc.size
-        if in_buf >= shard_tokens:
+        if n_total - sum(s["tokens"] for s in shards) >= shard_tokens:  # the tokens not yet in a shard
             flush()
-            in_buf = 0
     flush()
     np.save(folder / f"{split}_docs.npy", np.asarray(starts, dtype=np.int64))
     return {"shards": shards, "n_docs": len(starts), "n_tokens": n_total}

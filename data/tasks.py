@@ -51,10 +51,8 @@ from utils.schema import MAX_COUNT, Corpus, Source, folder_name, seed
 
 LOWER, UPPER, DIGITS = string.ascii_lowercase, string.ascii_uppercase, string.digits
 CHARS = LOWER + UPPER + DIGITS + "|.+=;:,?"  # BOS is id len(CHARS), PAD the next one
-BOS_ID, PAD = len(CHARS), len(CHARS) + 1
-VOCAB_SIZE = len(CHARS) + 2
+BOS_ID, PAD, VOCAB_SIZE = len(CHARS), len(CHARS) + 1, len(CHARS) + 2
 BAR, DOT = CHARS.index("|"), CHARS.index(".")
-PAD_TOKEN = "<|pad|>"
 HOPS, NEEDLES = 4, 4  # vt's chain length (at most), needle's keys
 _IDS = np.full(128, 255, dtype=np.uint8)  # ASCII code -> token id
 _IDS[[ord(c) for c in CHARS]] = np.arange(len(CHARS))
@@ -64,7 +62,7 @@ _LETTERS, _UPPER, _DIGITS = (np.array(list(s)) for s in (LOWER, UPPER, DIGITS))
 def tokenizer_spec() -> dict:
     """A tiktoken spec of one token per character of CHARS, plus BOS and PAD (data/tokenizer.py loads it)."""
     ranks = {base64.b64encode(c.encode()).decode(): i for i, c in enumerate(CHARS)}
-    return {"kind": "tasks", "pattern": r"[\s\S]", "ranks": ranks, "special": {BOS: BOS_ID, PAD_TOKEN: PAD}}
+    return {"kind": "tasks", "pattern": r"[\s\S]", "ranks": ranks, "special": {BOS: BOS_ID, "<|pad|>": PAD}}
 
 
 def letters(rng: np.random.Generator, n: int, alphabet=_LETTERS) -> str:
@@ -91,13 +89,8 @@ def reverse(rng: np.random.Generator, n: int) -> tuple[str, str]:
 
 
 def add(rng: np.random.Generator, n: int) -> tuple[str, str]:
-    a, b = rng.integers(0, 10, n), rng.integers(0, 10, n)  # digits, least significant first
-    out, carry = [], 0
-    for x, y in zip(a.tolist(), b.tolist(), strict=True):  # school addition, in the order the answer is written
-        carry, digit = divmod(x + y + carry, 10)
-        out.append(digit)
-    out.append(carry)
-    return "".join(map(str, a)) + "+" + "".join(map(str, b)), "".join(map(str, out))
+    a, b = ("".join(map(str, rng.integers(0, 10, n))) for _ in range(2))  # digits, least significant first
+    return f"{a}+{b}", str(int(a[::-1]) + int(b[::-1])).zfill(n + 1)[::-1]
 
 
 def mqar(rng: np.random.Generator, n: int) -> tuple[str, str]:
@@ -283,9 +276,6 @@ class TaskRows:
             self._order, self._epoch = self.order(epoch), epoch
         return int(self._order[i])
 
-    def _doc(self, k: int) -> np.ndarray:
-        return self.split.document(self._sample(k))
-
     def inputs(self, first_row: int, n: int) -> int:
         """The input tokens of the batch's longest sample, from the recorded lengths: no sample is read."""
         return int(max(self.lengths[self._sample(first_row + j)] for j in range(n))) - 1
@@ -302,7 +292,7 @@ class TaskRows:
         x = np.full((n, width + 1), PAD, dtype=np.int64)
         y = np.full((n, width), -1, dtype=np.int64)
         for j in range(n):
-            doc = self._doc(first_row + j)
+            doc = self.split.document(self._sample(first_row + j))
             x[j, : len(doc)] = doc
             span = answer_span(doc)
             y[j, span.start - 1 : span.stop - 1] = doc[span]  # token t is predicted at position t - 1
