@@ -22,11 +22,8 @@ def run_config(scheme: str, overrides: list[str]) -> dict:
     return utils.schema.plain(cfg)
 
 
-def gpt_keywords(run: dict, vocab: int | None = None) -> dict:
-    """GPTConfig keywords of a resolved run config (vocab: the tokenizer's unless given)."""
-    return utils.schema.model_config(run, vocab or run["tokenizer"]["vocab_size"])
-
-
 def model_config(scheme: str, size: str, seq_len: int, vocab: int | None = None, extra=()) -> dict:
-    """GPTConfig keywords for model=<size> positional=<scheme> at train.seq_len=<seq_len> (and extra overrides)."""
-    return gpt_keywords(run_config(scheme, [f"model={size}", f"train.seq_len={seq_len}", *extra]), vocab)
+    """GPTConfig keywords for model=<size> positional=<scheme> at train.seq_len=<seq_len> (and extra overrides);
+    vocab: the tokenizer's unless given."""
+    run = run_config(scheme, [f"model={size}", f"train.seq_len={seq_len}", *extra])
+    return utils.schema.model_config(run, vocab or run["tokenizer"]["vocab_size"])

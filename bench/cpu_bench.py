@@ -15,9 +15,10 @@ import time
 import torch
 import torch._dynamo
 
-from bench.configs import SCHEMES, gpt_keywords, run_config
+import utils.schema
+from bench.configs import SCHEMES, run_config
 from bench.plain_gpt import PlainGPT
-from bench.table import fmt, publish
+from bench.table import fmt, graph_count, publish, show
 from utils.checkpoint import build_model
 from utils.runtime import keep_freed_memory
 
@@ -46,33 +47,22 @@ class Runner:
     """One model with its optimizer; step() times forward, backward and AdamW."""
 
     def __init__(self, model, lr: float, compiled: bool):
-        self.model = model
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), foreach=True)
         self.fn = torch.compile(model, fullgraph=True) if compiled else model
         self.times = []
 
-    def step(self, x, y, record: bool = True) -> float:
+    def step(self, x, y) -> float:
         t = time.perf_counter()
-        loss = self.fn(x, y)
-        loss.backward()
+        self.fn(x, y).backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        dt = time.perf_counter() - t
-        if record:
-            self.times.append(dt)
-        return dt
-
-
-def graphs_compiled() -> int:
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
+        return time.perf_counter() - t
 
 
 def bench_scheme(scheme: str, overrides: list[str], compiled: bool, steps: int, peak: float) -> dict:
     run = run_config(scheme, overrides)
     tr, vocab = run["train"], run["tokenizer"]["vocab_size"]
-    model_cfg = gpt_keywords(run)
+    model_cfg = utils.schema.model_config(run, vocab)
     torch.manual_seed(0)
     if compiled:
         torch._dynamo.reset()  # every scheme starts from an empty cache: no version limit shared across rows
@@ -82,39 +72,36 @@ def bench_scheme(scheme: str, overrides: list[str], compiled: bool, steps: int, 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, vocab, (tr["batch_size"], tr["seq_len"] + 1), generator=g)
     x, y = x[:, :-1], x[:, 1:]
-    first = [r.step(x, y, record=False) for r in (ours, plain)]  # compiles, when compiled
+    first = [r.step(x, y) for r in (ours, plain)]  # compiles, when compiled
     for _ in range(2):  # warm caches and allocator
         for r in (ours, plain):
-            r.step(x, y, record=False)
-    before = graphs_compiled() if compiled else 0
+            r.step(x, y)
+    before = graph_count() if compiled else 0
     for _ in range(steps):
         for r in (ours, plain):
-            r.step(x, y)
+            r.times.append(r.step(x, y))
     tokens = tr["batch_size"] * tr["seq_len"]
     tok_s = [tokens / statistics.median(r.times) for r in (ours, plain)]
     fpt = flops_per_token(run["model"], tr["seq_len"], vocab)
+    # step i of each model ran back to back, at the same moment of a noisy machine: compare them pair by pair
+    ratios = [p / o for o, p in zip(ours.times, plain.times, strict=True)]
     return {
         "scheme": scheme,
         "mode": "compiled" if compiled else "eager",
         "nanopos tok/s": tok_s[0],
         "plain tok/s": tok_s[1],
-        "ratio": statistics.median(pair_ratios(ours.times, plain.times)),
-        "95% interval": ratio_interval(ours.times, plain.times),
+        "ratio": statistics.median(ratios),
+        "95% interval": ratio_interval(ratios),
         "nanopos %peak": 100 * fpt * tok_s[0] / peak,
         "plain %peak": 100 * fpt * tok_s[1] / peak,
         "first step s": f"{first[0]:.1f} / {first[1]:.1f}",
-        "graphs while timing": graphs_compiled() - before if compiled else "-",
+        "graphs while timing": graph_count() - before if compiled else "-",
     }
 
 
-def pair_ratios(ours: list[float], plain: list[float]) -> list[float]:
-    """Step i of each model ran back to back, at the same moment of a noisy machine: compare them pair by pair."""
-    return [p / o for o, p in zip(ours, plain, strict=True)]
-
-
-def ratio_interval(ours: list[float], plain: list[float], reps: int = 2000) -> str:
+def ratio_interval(ratios: list[float], reps: int = 2000) -> str:
     """A 95% bootstrap interval of the median per-pair ratio (pairs resampled with replacement, fixed seed)."""
-    ratios, rng = pair_ratios(ours, plain), random.Random(0)
+    rng = random.Random(0)
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(reps))
     return f"{medians[int(0.025 * reps)]:.2f}-{medians[int(0.975 * reps) - 1]:.2f}"
 
@@ -138,7 +125,7 @@ def main():
     for compiled in modes:
         for scheme in args.schemes.split(","):
             rows.append(bench_scheme(scheme, args.overrides, compiled, args.steps, peak))
-            print("  ".join(f"{k}={fmt(v)}" for k, v in rows[-1].items()), flush=True)
+            show(rows[-1], fmt)
     run = run_config("rope", args.overrides)
     m, tr = run["model"], run["train"]
     details = (

@@ -38,6 +38,18 @@ def publish(rows: list[dict], fmt, details: str, device: torch.device, record: b
         write_text(path, recorded(path.read_text(), Path(sys.argv[0]).stem, note, table, summary))
 
 
+def show(row: dict, fmt):
+    """One row as key=value words, as it is measured."""
+    print("  ".join(f"{k}={fmt(v)}" for k, v in row.items()), flush=True)
+
+
+def graph_count() -> int:
+    """Graphs torch.compile has made so far: more while timing means a recompile was timed."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
 def sync(device: torch.device):
     """Wait for the device's queued work, so a clock read after it counts that work."""
     if device.type == "cuda":

@@ -17,7 +17,7 @@ import traceback
 import torch
 
 from bench.configs import SCHEMES, SIZES, model_config
-from bench.table import fmt, print_profile, publish, sync
+from bench.table import fmt, graph_count, print_profile, publish, show, sync
 from model.attention import make_plan
 from model.gpt import GPT, GPTConfig
 from utils.runtime import datasheet_peak, keep_freed_memory
@@ -37,12 +37,6 @@ def peak_flops(device, dtype) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
-def graph_count() -> int:
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
-
-
 def bench_one(name, args, device, dtype, peak, extra=()):
     torch.manual_seed(0)
     if args.compile:
@@ -55,28 +49,24 @@ def bench_one(name, args, device, dtype, peak, extra=()):
     x = torch.randint(0, args.vocab, (batch, args.seq), device=device)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
-    def step():
-        with autocast:
-            loss = runner(x, x)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def steps(n: int) -> float:
+        """Seconds for n training steps, the device's queue drained."""
+        t = time.perf_counter()
+        for _ in range(n):
+            with autocast:
+                loss = runner(x, x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync(device)
+        return time.perf_counter() - t
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    t = time.perf_counter()
-    step()
-    sync(device)
-    compile_s = time.perf_counter() - t
-    for _ in range(args.warmup):
-        step()
-    sync(device)
+    compile_s = steps(1)
+    steps(args.warmup)
     graphs = graph_count()
-    t = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    sync(device)
-    dt = (time.perf_counter() - t) / args.steps
+    dt = steps(args.steps) / args.steps
     tok_s = batch * args.seq / dt
     pos = torch.arange(args.seq + model.pe.n_prefix, device=device)
     flops = model.flops_per_token(args.seq) * tok_s
@@ -97,25 +87,21 @@ def bench_one(name, args, device, dtype, peak, extra=()):
         row["eval tok/s"] = eval_speed(model, args, device, autocast)
     if args.profile:  # after the clock: where this row's steps spend their time
         print(f"profile of {args.profile} steps: {row['scheme']}, T={args.seq}")
-        print_profile(lambda: [step() for _ in range(args.profile)], device)
+        print_profile(lambda: steps(args.profile), device)
     return row
 
 
 def bench_row(name, args, device, dtype, peak, extra) -> dict:
-    """bench_one's row, or its error: one failure must not hide the other schemes' figures."""
+    """bench_one's row, or its error as one short cell: one failure must not hide the other schemes' figures."""
     try:
         return bench_one(name, args, device, dtype, peak, extra)
     except Exception as e:
         traceback.print_exc()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        return {"scheme": " ".join([name, *extra]), "T": args.seq, "error": error_line(e)}
-
-
-def error_line(e: Exception) -> str:
-    """An exception as one short table cell."""
-    first = (str(e).strip().splitlines() or [""])[0]
-    return f"{type(e).__name__}: {first[:100]}".replace("|", "/")
+        first = (str(e).strip().splitlines() or [""])[0]
+        error = f"{type(e).__name__}: {first[:100]}".replace("|", "/")
+        return {"scheme": " ".join([name, *extra]), "T": args.seq, "error": error}
 
 
 @torch.no_grad()
@@ -163,10 +149,9 @@ def main():
             names = args.schemes.split(",")
             for name, extra in zip(names, args.set or [""] * len(names), strict=True):
                 rows.append(bench_row(name, args, device, dtype, peak, extra.split()))
-                print("  ".join(f"{k}={fmt(v)}" for k, v in rows[-1].items()), flush=True)
+                show(rows[-1], fmt)
     except KeyboardInterrupt:  # Ctrl-C (or timeout -s INT) keeps the rows measured so far, and says so
         stopped = f"; stopped by an interrupt after {len(rows)} rows"
-    args.seq = [r["T"] for r in rows]
     details = (
         f"model={args.model}, {dtype}, compile={args.compile}; MFU against the datasheet dense bf16 peak "
         f"({(datasheet_peak(device) or 0) / 1e12:.0f} TFLOP/s; n/a if unknown) and a measured "
