@@ -12,12 +12,11 @@ cache should stay flat, the dense cache grows, re-computation pays a full forwar
 
 import argparse
 import time
-from functools import partial
 
 import torch
 
 from bench.configs import SIZES, model_config
-from bench.table import print_profile, publish, sync
+from bench.table import print_profile, publish, show, sync
 from model.gpt import GPT, GPTConfig
 from model.kv_cache import DenseCache, SinkCache, hold_matrices
 from model.static_decode import StaticDecoder
@@ -27,40 +26,42 @@ from utils.runtime import keep_freed_memory, peak_memory_mb
 WARM_STATIC = 3  # untimed tokens before a compiled step's clock starts
 
 
-@torch.no_grad()
 def run_cached(model, cache, n_tokens, block, device, autocast, static=False):
     """Yield (tokens so far, tokens/s over the last block, cache MiB) every `block` tokens."""
-    tok = torch.zeros(1, 1, dtype=torch.long, device=device)
     step = StaticDecoder(model, cache) if static else (lambda tok: model.decode(tok, cache)[:, -1])
-    start = 1
-    if static:  # before the clock: token 1 decodes eagerly, 2 compiles the step, 3 records the CUDA graph
-        for _ in range(WARM_STATIC):
-            with autocast:
-                tok = step(tok).argmax(-1, keepdim=True)
-        start = WARM_STATIC + 1
-    t, since = time.perf_counter(), start
-    for i in range(start, n_tokens + 1):
+    # before the clock, static: token 1 decodes eagerly, 2 compiles the step, 3 records the CUDA graph
+    yield from timed(step, n_tokens, block, device, autocast, WARM_STATIC if static else 0, cache.nbytes)
+
+
+def recompute(model, window: int):
+    """A decoding step without a cache: a full forward of the last `window` tokens."""
+    ids = None
+
+    def step(tok):
+        nonlocal ids
+        ids = tok if ids is None else torch.cat((ids, tok), dim=1)[:, -window:]
+        return model(ids)[:, -1]
+
+    return step
+
+
+@torch.no_grad()
+def timed(step, n_tokens, block, device, autocast, warm=0, nbytes=lambda: 0):
+    """Decode greedily from token 0 with step (last token -> next logits), `warm` tokens before the clock starts;
+    yield (tokens so far, tokens/s over the last block, nbytes() in MiB) every `block` tokens."""
+    tok = torch.zeros(1, 1, dtype=torch.long, device=device)
+    for _ in range(warm):
+        with autocast:
+            tok = step(tok).argmax(-1, keepdim=True)
+    t, since = time.perf_counter(), warm + 1
+    for i in range(warm + 1, n_tokens + 1):
         with autocast:
             logits = step(tok)
         tok = logits.argmax(-1, keepdim=True)
         if i % block == 0:
             sync(device)
-            yield i, (i - since + 1) / (time.perf_counter() - t), cache.nbytes() / 2**20
+            yield i, (i - since + 1) / (time.perf_counter() - t), nbytes() / 2**20
             t, since = time.perf_counter(), i + 1
-
-
-@torch.no_grad()
-def run_recompute(model, window, n_tokens, block, device, autocast):
-    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
-    t = time.perf_counter()
-    for i in range(1, n_tokens + 1):
-        with autocast:
-            logits = model(ids[:, -window:])
-        ids = torch.cat((ids[:, -window:], logits[:, -1].argmax(-1, keepdim=True)), dim=1)
-        if i % block == 0:
-            sync(device)
-            yield i, block / (time.perf_counter() - t), 0.0
-            t = time.perf_counter()
 
 
 def profile(model, cache, n_steps, device, autocast, static: bool):
@@ -75,15 +76,6 @@ def profile(model, cache, n_steps, device, autocast, static: bool):
 
 def fmt(v) -> str:
     return f"{v:,.2f}" if isinstance(v, float) else str(v)
-
-
-def load(args, device):
-    if args.checkpoint:
-        model, ckpt = checkpoint.load_model(args.checkpoint, device)
-        return model, ckpt["seq_len"], f"checkpoint {args.checkpoint}"
-    torch.manual_seed(0)
-    cfg = GPTConfig(**model_config(args.positional, args.model, args.train_len, args.vocab))
-    return GPT(cfg).to(device).eval(), args.train_len, f"random {args.model} {args.positional}"
 
 
 def main():
@@ -113,18 +105,24 @@ def main():
         keep_freed_memory()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    model, train_len, what = load(args, device)
+    if args.checkpoint:
+        model, ckpt = checkpoint.load_model(args.checkpoint, device)
+        train_len, what = ckpt["seq_len"], f"checkpoint {args.checkpoint}"
+    else:
+        torch.manual_seed(0)
+        cfg = GPTConfig(**model_config(args.positional, args.model, args.train_len, args.vocab))
+        model, train_len, what = GPT(cfg).to(device).eval(), args.train_len, f"random {args.model} {args.positional}"
     hold_matrices(model, dtype)  # as sample.py decodes: bf16 weights on CUDA, read once a token
     n = max(args.tokens)
     window = train_len - args.sinks
     n_dense = min(n, args.dense_limit)
+    sink = f"sink {args.sinks}+{window}"
     caches = {
-        f"sink {args.sinks}+{window}": (lambda: SinkCache(model, 1, args.sinks, window, dtype), n),
+        sink: (lambda: SinkCache(model, 1, args.sinks, window, dtype), n),
         "dense": (lambda: DenseCache(model, 1, n_dense + 1, dtype), n_dense),
     }
     if args.profile:
-        sink = caches[f"sink {args.sinks}+{window}"][0]()
-        return profile(model, sink, args.profile, device, autocast, args.static_only)
+        return profile(model, caches[sink][0](), args.profile, device, autocast, args.static_only)
     statics = [True] if args.static_only else [False, True] if args.static else [False]
 
     def cached(make, count, static):  # the cache is built only when its turn comes, so memory reads true
@@ -136,8 +134,9 @@ def main():
         for name, (make, count) in caches.items()
     }
     if not args.static_only:
-        methods[f"recompute {train_len}"] = partial(
-            run_recompute, model, train_len, min(n, args.recompute_limit), args.block, device, autocast
+        count = min(n, args.recompute_limit)
+        methods[f"recompute {train_len}"] = lambda: timed(
+            recompute(model, train_len), count, args.block, device, autocast
         )
     rows = []
     for name, make in methods.items():
@@ -145,20 +144,9 @@ def main():
         for done, speed, cache_mb in make():
             first = first or speed
             if done in args.tokens or done == args.block:
-                rows.append(
-                    {
-                        "method": name,
-                        "tokens": done,
-                        "tok/s": speed,
-                        "vs first block": speed / first,
-                        "cache MiB": cache_mb,
-                        "memory MiB": peak_memory_mb(device),
-                    }
-                )
-                print(
-                    "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()),
-                    flush=True,
-                )
+                row = {"method": name, "tokens": done, "tok/s": speed, "vs first block": speed / first}
+                rows.append({**row, "cache MiB": cache_mb, "memory MiB": peak_memory_mb(device)})
+                show(rows[-1], lambda v: f"{v:.3g}" if isinstance(v, float) else str(v))
     mem = "peak allocated GPU memory" if device.type == "cuda" else "process peak RSS"
     details = f"{what}, {dtype}; tok/s of the {args.block}-token block ending at each mark; memory = {mem}"
     publish(rows, fmt, details, device, args.record)
