@@ -21,11 +21,9 @@ class PlainBlock(nn.Module):
 
     def forward(self, x):
         B, T, C = x.shape
-        sizes = [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim]
-        q, k, v = self.c_attn(self.ln_1(x)).split(sizes, dim=-1)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        kv = self.n_kv_head * self.head_dim
+        qkv = self.c_attn(self.ln_1(x)).split([C, kv, kv], dim=-1)
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in qkv)  # (B, heads, T, head_dim)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_head != self.n_kv_head)
         x = x + self.c_proj(y.transpose(1, 2).reshape(B, T, C))
         return x + self.mlp(self.ln_2(x))
