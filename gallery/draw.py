@@ -8,6 +8,7 @@ never stops at a scheme that does not fit, and a test can gather every scheme's 
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -153,8 +154,9 @@ def draw_decay(s: Subject, o: Options, data, path: Path):
     save(fig, path, title, axes.flat[0], "outside lower center")
 
 
-def draw_layers(s: Subject, d: torch.Tensor, per_layer, path: Path, log: bool, ylabel: str, title: str):
-    """A panel per layer, a curve per head against distance d (log: on distance_axis)."""
+def draw_layers(log: bool, ylabel: str, title: str, s: Subject, o: Options, data, path: Path):
+    """data = (distances d, per layer a curve per head): a panel per layer (log: d on distance_axis)."""
+    d, per_layer = data
     n = len(per_layer)
     fig, axes = plt.subplots(1, n, figsize=(2.6 * n + 1, 3), sharey=True, squeeze=False, layout="constrained")
     colors = head_colors(s.pe.n_head)
@@ -166,14 +168,6 @@ def draw_layers(s: Subject, d: torch.Tensor, per_layer, path: Path, log: bool, y
         ax.set(title=f"layer {layer}", xlabel="distance (log scale)" if log else "distance")
     axes[0, 0].set_ylabel(ylabel)
     save(fig, path, f"{s.label} ({s.state}): {title}", axes[0, -1])
-
-
-def draw_decay_trained(s: Subject, o: Options, data, path: Path):
-    draw_layers(s, *data, path, True, "logit of mean q, mean k", "trained mean query against mean key by distance")
-
-
-def draw_content_bias(s: Subject, o: Options, data, path: Path):
-    draw_layers(s, *data, path, False, "mean bias over the text", "content bias by distance, mean over held-out text")
 
 
 def draw_bias(s: Subject, o: Options, data, path: Path):
@@ -211,13 +205,13 @@ PICTURES = {  # name -> (numbers or why not, draw, what the index says it shows)
     ),
     "decay_trained": (
         decay_trained_numbers,
-        draw_decay_trained,
+        partial(draw_layers, True, "logit of mean q, mean k", "trained mean query against mean key by distance"),
         "q.k against distance for the trained mean query and mean key on held-out text, per layer and head",
     ),
     "bias": (bias_numbers, draw_bias, "the score bias against distance per head (trained values from a checkpoint)"),
     "content_bias": (
         content_bias_numbers,
-        draw_content_bias,
+        partial(draw_layers, False, "mean bias over the text", "content bias by distance, mean over held-out text"),
         "a bias that reads the text (Shaw, FoX): its mean over held-out text against distance",
     ),
     "attention": (attention_numbers, draw_attention, "attention maps of chosen heads over a held-out window"),
