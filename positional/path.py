@@ -62,8 +62,7 @@ class PaTH(Positional):
         return q @ k.transpose(-2, -1) - u.transpose(-2, -1) @ (beta[..., None] * wk)
 
     def content_weights(self, q, k, bias, state, layer, plan):
-        order = plan.key_order
-        k_pos = plan.k_pos
+        order, k_pos = plan.key_order, plan.k_pos
         if order is not None:  # a cache's slots: the product runs in order of position
             k, state, k_pos = k[:, :, order[0]], state[..., order[0]], k_pos[order[0]]
         z = self.transformed_scores(q, k, state, plan.q_pos, k_pos)

@@ -10,35 +10,22 @@ Cost against RoPE: attention 18 L H Dh T FLOPs per token instead of 12 (GPT.flop
 a dense KV cache 1.5x (the sink cache stores keys at Dh and expands them at read).
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from settings import setting
-
-from .base import PositionalOptions
-from .rope import RoPE
+from .rope import BaseOptions, RoPE
 
 WIDTH_SCALE = 2**0.25  # q' . k' / sqrt(2 Dh) = sum_c |q_c||k_c| cos(...) / sqrt(Dh)
 
 
-@dataclass
-class PoPEOptions(PositionalOptions):
-    base: float = setting(10000.0, "pass a positive rotary base", gt=0)
-
-
 class PoPE(RoPE):
     about = "PoPE: magnitude from content, phase from position (Gopalakrishnan et al. 2025)"
-    Options = PoPEOptions
+    Options = BaseOptions
 
     def __init__(self, n_head, head_dim, d_model, base=10000.0, scaling=None):
         super().__init__(n_head, head_dim, d_model, base, scaling=scaling)
         self.delta = nn.Parameter(torch.zeros(n_head, head_dim))
-
-    def n_frequencies(self) -> int:
-        return self.head_dim  # one per component, not per pair
 
     def freq_dim(self) -> int:
         return 2 * self.head_dim  # RoPE's frequencies of a 2Dh head are base^(-c/Dh), c = 0..Dh-1

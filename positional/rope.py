@@ -76,6 +76,13 @@ class _Rotate(torch.autograd.Function):
 
 
 @dataclass
+class BaseOptions(PositionalOptions):
+    """The options of a rotary scheme that takes its base alone."""
+
+    base: float = setting(10000.0, "pass a positive rotary base", gt=0)
+
+
+@dataclass
 class RoPEOptions(PositionalOptions):
     base: float = setting(10000.0, "pass a positive rotary base", gt=0)
     rotary_fraction: float = setting(  # < 1: partial rotary (GPT-NeoX)
@@ -110,16 +117,13 @@ class RoPE(Positional):
         plain = self.arrange(rope_scaling.base_inv_freq(self.freq_dim(), self.base)).float()
         self.register_buffer("plain_inv_freq", plain, persistent=False)  # LongRoPE's first start_tokens positions
 
-    def n_frequencies(self) -> int:
-        return self.head_dim // 2
-
     def freq_dim(self) -> int:
         """The head width whose RoPE frequencies this scheme turns at (partial rotary: the rotated dims only)."""
         return 2 * self.n_rotated
 
     def arrange(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        """Those frequencies laid out over this head's pairs: the pairs past them stand still (frequency 0)."""
-        return F.pad(inv_freq, (0, self.n_frequencies() - len(inv_freq)))
+        """Those frequencies laid out over the rotated pairs: the pairs past them stand still (frequency 0)."""
+        return F.pad(inv_freq, (0, self.rotated_dim() // 2 - len(inv_freq)))
 
     def frequencies(self, scaling) -> tuple[torch.Tensor, float, float]:
         """(inv_freq (pairs,) fp32, position scale, cos/sin scale) under a Scaling (rope_scaling.py)."""

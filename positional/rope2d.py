@@ -7,24 +7,14 @@ A score depends only on the (dy, dx) offset: a grid larger than any trained on b
 positions. A (T,) position (a text token) sits on the diagonal (p, p). Rotation, caches and scaling are RoPE's.
 """
 
-from dataclasses import dataclass
-
 import torch
 
-from settings import setting
-
-from .base import PositionalOptions
-from .rope import RoPE
-
-
-@dataclass
-class RoPE2DOptions(PositionalOptions):
-    base: float = setting(10000.0, "pass a positive rotary base", gt=0)
+from .rope import BaseOptions, RoPE
 
 
 class RoPE2D(RoPE):
     about = "axial 2D RoPE over (row, column) positions (Heo et al. 2024)"
-    Options = RoPE2DOptions
+    Options = BaseOptions
     axes = 2
 
     def __init__(self, n_head, head_dim, d_model, base: float = 10000.0, scaling=None):
