@@ -80,7 +80,7 @@ class PositionalOptions:
 
 def key_order(q_pos, k_pos):
     """(order, inverse) sorting the keys by position and back, for schemes that sum over keys in order (FoX, CoPE,
-    stick-breaking, PaTH); None in a full forward (q_pos is k_pos), whose keys are in order."""
+    stick-breaking, PaTH); None in a full forward (q_pos is k_pos), whose keys are in order, unlike a cache's."""
     if q_pos is k_pos:
         return None
     order = k_pos.argsort()
@@ -173,7 +173,7 @@ class Positional(nn.Module):
 
     def fit_state(self, state: dict, prefix: str) -> None:
         """Fit a saved state dict's entries under prefix to this instance's sizes, in place (init_from at another
-        length: Learned resizes its table)."""
+        length: Learned resizes its table). Default: nothing depends on the length."""
 
     def check_length(self, n_positions: int) -> None:
         """Raise PositionLimitError if positions 0..n_positions-1 are not all covered."""

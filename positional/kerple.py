@@ -44,8 +44,7 @@ class KERPLE(Positional):
         ones = torch.ones(n_head)
         r1, r2 = (ones, slopes) if variant == "log" else (slopes, ones.clamp(max=self.r2_max / 2))
         self.r1_raw = nn.Parameter(softplus_inverse(r1))
-        raw2 = softplus_inverse(r2) if variant == "log" else torch.logit(r2 / self.r2_max)
-        self.r2_raw = nn.Parameter(raw2)
+        self.r2_raw = nn.Parameter(softplus_inverse(r2) if variant == "log" else torch.logit(r2 / self.r2_max))
 
     # indexed by head before the transform: flex's backward scatters a captured tensor's gradient where score_mod
     # indexes it, and refuses one it transforms first (tests/test_flex_gradients.py)

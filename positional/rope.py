@@ -3,10 +3,10 @@
 python train.py positional=rope positional.base=10000
 python train.py positional=rope positional.rotary_fraction=0.25      (partial rotary, GPT-NeoX style)
 python train.py experiment=gemma3      (positional.global_base: the full-attention layers at base 1M, as Gemma 3)
-Scores then depend only on q_pos - k_pos. Context extensions (rope_scaling.py) are passed to rotation(pos, scaling),
-or built in at construction (a fine-tune's positional.scaling). rotary_fraction < 1 rotates the first fraction of each
-head's pairs at the frequencies of a head that many dims wide; the other pairs get frequency 0 (cos 1, sin 0), so
-every backend and cache serves it unchanged.
+Scores then depend only on q_pos - k_pos. Context extensions (rope_scaling.py, rerope.py) are passed to
+rotation(pos, scaling), or built in at construction (a fine-tune's positional.scaling). rotary_fraction < 1 rotates
+the first fraction of each head's pairs at the frequencies of a head that many dims wide; the other pairs get
+frequency 0 (cos 1, sin 0), so every backend and cache serves it unchanged.
 """
 
 from dataclasses import dataclass
@@ -138,9 +138,9 @@ class RoPE(Positional):
             inv_freq, pos_scale, cos_scale = self.frequencies(scaling)
             inv_freq = inv_freq.to(self.inv_freq.device)
         if scaling.kind == "dynamic_ntk":
-            length = pos.max() + 1
-            dims, original = self.freq_dim(), scaling.original_length
-            inv_freq = self.arrange(rope_scaling.dynamic_inv_freq(dims, self.base, original, length, scaling.alpha))
+            dims, length = self.freq_dim(), pos.max() + 1
+            inv_freq = rope_scaling.dynamic_inv_freq(dims, self.base, scaling.original_length, length, scaling.alpha)
+            inv_freq = self.arrange(inv_freq)
         angles = self.angles(pos.float() * pos_scale, inv_freq)
         cos, sin = angles.cos() * cos_scale, angles.sin() * cos_scale
         if scaling.start_tokens:  # LongRoPE: the first positions rotate as in training, unscaled (as its release)

@@ -42,7 +42,7 @@ SCALED = ("yarn", "yarn_released")  # cos, sin multiplied by 0.1 ln s + 1 unless
 
 @dataclass(frozen=True)
 class Scaling:
-    """A rope scaling kind and its options: each kind's own, refused by the others."""
+    """A rope scaling kind and its options: each kind's own, refused by the others; None: resolved here."""
 
     kind: str = "none"
     factor: float = 1.0  # s
@@ -58,7 +58,7 @@ class Scaling:
     leak: float | None = None  # rerope's k
     chunk: int | None = None  # dca's S
 
-    def __post_init__(self):  # each option checked, then resolved where None
+    def __post_init__(self):
         if self.kind not in ALL_KINDS:
             raise ValueError(f"unknown rope scaling '{self.kind}'; choose one of: {', '.join(ALL_KINDS)}")
         if self.start_tokens and self.kind not in SEARCHED:
@@ -91,11 +91,11 @@ class Scaling:
         """How a split kind scores through several rotations (rerope.Far, dca.Chunks), or None."""
         if self.kind in rerope.KINDS:
             return rerope.Far(self.window, self.leak)
-        if self.kind not in DCA_KINDS:
-            return None
-        from . import dca
+        if self.kind in DCA_KINDS:
+            from . import dca
 
-        return dca.Chunks(self.chunk, self.window)
+            return dca.Chunks(self.chunk, self.window)
+        return None
 
     def frequencies(self, head_dim: int, base: float) -> tuple[torch.Tensor, float, float]:
         """(inv_freq float64 (head_dim/2,), position scale, cos/sin scale) of the static frequencies (dynamic_ntk,
@@ -203,7 +203,7 @@ def check_rescale(rescale, pairs: int) -> torch.Tensor:
 
 
 def static_frequencies(kind: str, head_dim: int, base: float, factor: float, original_length: int, **options):
-    """Scaling(kind, ...).frequencies for a kind other than the splits."""
+    """Scaling(kind, ...).frequencies for a kind other than the splits; options: Scaling's."""
     if kind not in KINDS + SEARCHED:
         raise ValueError(f"unknown rope scaling '{kind}'; choose one of: {', '.join(KINDS + SEARCHED)}")
     return Scaling(kind, factor, original_length, **options).frequencies(head_dim, base)
@@ -230,8 +230,8 @@ def scheme_factors(pe, kind: str, factor: float, original_length: int) -> torch.
 
 
 def refusal(key: str, kind: str, pe, trained: str | None, off: str | None = None) -> str | None:
-    """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None. trained: the
-    model's built-in positional.scaling; off: how to ask for none instead."""
+    """Why the extension `kind`, set by config key `key`, cannot be applied to this model, or None (eval.py's and
+    sample.py's wording). trained: the model's built-in positional.scaling; off: how to ask for none instead."""
     if kind != "none" and trained:
         return (
             f"{key}={kind}: this model was trained with positional.scaling={trained}, built into it; another scaling "
