@@ -21,12 +21,6 @@ from settings import setting
 from .base import Positional, PositionalOptions
 
 
-def temperature(pos: torch.Tensor, floor_scale: float, attn_scale: float) -> torch.Tensor:
-    """The temperature at each position (T,), fp32; 1 before position 0."""
-    steps = torch.floor((pos.float() + 1).clamp(min=0) / floor_scale)
-    return 1 + attn_scale * torch.log1p(steps)
-
-
 @dataclass
 class NoPEOptions(PositionalOptions):
     attn_scale: float = setting(0.0, "pass the temperature's slope, 0 for none (Llama 4: 0.1)", ge=0)
@@ -44,10 +38,11 @@ class NoPE(Positional):
         self.attn_scale, self.floor_scale = float(attn_scale), float(floor_scale)
 
     def rotation(self, pos, scaling=None):
-        """The queries' temperature (T, 1) at these positions, or None without one (attn_scale 0)."""
+        """The queries' temperature (T, 1) fp32 at these positions (1 before position 0), or None without one."""
         if not self.attn_scale:
             return None
-        return temperature(pos, self.floor_scale, self.attn_scale)[:, None]
+        steps = torch.floor((pos.float() + 1).clamp(min=0) / self.floor_scale)
+        return (1 + self.attn_scale * torch.log1p(steps))[:, None]
 
     def rotate(self, x, pos, rotation=None):
         scale = self.rotation(pos) if rotation is None else rotation
