@@ -103,8 +103,7 @@ def plot(runs: list[Path], path: Path, key0: dict[str, str] | None = None):
         ax1.plot(tokens, shares, marker="o", color=colour, label=f"{run.name}: {what}")
         uniform = "uniform share (1 / keys a query sees)" if i == 0 else None
         ax1.plot(tokens, [r["first_token_uniform"] for r in rows], color="grey", ls="--", lw=1, label=uniform)
-        final = final_stream(run)
-        if final:
+        if final := final_stream(run):
             first = "BOS" if final["first_token"] == "the stream's first token" else final["first_token"]
             star = f"{run.name}: {first}, final model on stream windows"
             ax1.plot(tokens[-1], max(final["max_head"]), marker="*", ms=14, color=colour, ls="none", label=star)
