@@ -35,7 +35,9 @@ def replacing(path):
     except BaseException as e:
         with suppress(OSError):
             tmp.unlink(missing_ok=True)
-        cause = os_error(e)
+        cause = e  # the OSError behind e (itself or its cause/context), if any
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
         if cause is None:
             raise
         raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from None
@@ -71,26 +73,15 @@ def save_figure(fig, path, **savefig):
         plt.close(fig)
 
 
-def os_error(e: BaseException) -> OSError | None:
-    """The OSError behind e (itself or its cause/context), if any."""
-    while e is not None and not isinstance(e, OSError):
-        e = e.__cause__ or e.__context__
-    return e
-
-
 def remove_stale_temps(path):
     """Remove path's temp files whose writer is gone (a reused pid keeps its file: a leftover, never a loss)."""
     path = Path(path)
     ours = re.compile(rf"\.{re.escape(path.name)}\.tmp(\d+)(?:{re.escape(path.suffix)})?")
-    for tmp in path.parent.glob(f".{glob_escape(path.name)}.tmp*"):
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.tmp*"):
         found = ours.fullmatch(tmp.name)
         if found and not alive(int(found.group(1))):
             with suppress(FileNotFoundError):  # another process may clean up too
                 tmp.unlink()
-
-
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def alive(pid: int) -> bool:
