@@ -23,12 +23,10 @@ LENGTH_KEYS = ("max_positions",)  # positional options that follow train.seq_len
 WIDENING = {"model.qk_norm": ("rms", "learned", ("q_gain", "k_gain"))}
 
 
-def read_init(cfg) -> dict | None:
-    """init_from's checkpoint (memory-mapped) or None; fills in a scaling's null positional.original_length."""
+def read_init(cfg) -> dict:
+    """init_from's checkpoint (memory-mapped); fills in a scaling's null positional.original_length."""
     pos = cfg.positional
     scaled = pos.get("scaling", "none") != "none" and pos.get("original_length") is None
-    if not cfg.init_from:
-        return None  # a scaling with no original length is refused by checks.check
     ckpt = checkpoint.load(cfg.init_from, mmap=True)
     if scaled:
         saved = ckpt["model_config"]["positional"]
