@@ -101,7 +101,7 @@ def prepare_data(resolved: dict, rt, say) -> tuple[Path, dict, int]:
     """Rank 0 prepares the dataset (once per dataset and tokenizer); the others wait, then find it ready."""
     if rt.master:
         prepare(resolved["data"], resolved["tokenizer"], log=say)
-    runtime.barrier()
+    rt.barrier()
     data_dir = prepare(resolved["data"], resolved["tokenizer"], log=say)
     return data_dir, tokenizer.read_spec(data_dir), load_meta(data_dir)["vocab_size"]
 
@@ -125,7 +125,7 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
         "tokenizer": tok_spec,
         "seq_len": tr.seq_len,
         "bos_aligned": bos_aligned,  # another row order: another run
-        "optimizer_format": runtime.optimizer_format(rt, tr.parallel),
+        "optimizer_format": "fsdp" if rt.sharded else "plain",  # how optimizer state is keyed
         "data": checkpoint.corpus(resolved["data"]),  # other documents (data.tasks): another run
     }
     config = checks.checked_model(cfg, vocab_size)  # the config preflight checked, its length included
@@ -144,12 +144,12 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
             f"{init['seq_len']}); fresh optimizer, step 0"
         )
     model.to(rt.device)
-    runner = runtime.wrap(model, rt, tr.parallel, resolved["optim"]["name"])
+    runner = rt.wrap(model, resolved["optim"]["name"])
     fused = rt.device.type == "cuda" and match["optimizer_format"] == "plain"
     opts = optim.build(model, resolved["optim"], fused=fused)
     scaler = grad_scaler(rt)
     if tr.resume:
-        state = resume(out_dir, match, model, opts, scaler, tr.parallel, say)
+        state = resume(out_dir, match, model, opts, scaler, rt, say)
     if runtime.should_compile(cfg.compile, rt.device, say):
         # a fresh cache: the recompile limit is per code object, and an in-process sweep's (-m) earlier models
         # would use it up; past the limit, an error rather than a run left eager with a warning
@@ -180,12 +180,12 @@ def row_sampler(cfg, data_dir: Path, split: str, seed: int, aligned: bool, axes:
     return RowSampler(TokenSplit(data_dir, split), cfg.train.seq_len, seed, aligned, axes)
 
 
-def resume(out_dir: Path, match: dict, model, opts, scaler, parallel_mode: str, say) -> TrainState:
+def resume(out_dir: Path, match: dict, model, opts, scaler, rt, say) -> TrainState:
     """Weights, optimizer moments, loss scale and data position from out_dir's checkpoint, which must match the run."""
     ckpt = checkpoint.load(out_dir)
     checkpoint.check_resume(ckpt, match, out_dir / checkpoint.NAME)
     checkpoint.check_weights(model, ckpt)
-    runtime.load_state(model, opts, ckpt["model"], ckpt["optimizer"], parallel_mode, out_dir / checkpoint.NAME)
+    checkpoint.resume_state(ckpt, model, opts, rt)
     if ckpt.get("scaler"):  # empty where the run had no fp16 loss scaling
         scaler.load_state_dict(ckpt["scaler"])
     say(f"resuming {out_dir} at step {ckpt['step']}")
@@ -215,7 +215,7 @@ def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, 
         first = rows + (micro * rt.world + rt.rank) * tr.batch_size
         x, y = batches.batch(first, tr.batch_size, rt.device)
         pos = batches.positions(first, tr.batch_size, rt.device)  # (axes, T) ids for a grid; None for text
-        with runtime.sync_grads(runner, tr.parallel, micro == accum - 1), rt.autocast():
+        with rt.sync_grads(runner, micro == accum - 1), rt.autocast():
             loss = runner(x, y, pos=pos) / accum
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
@@ -228,7 +228,7 @@ def train_step(runner, model, opts, batches: RowSampler, rows: int, accum: int, 
         scaler.step(opt)
         opt.zero_grad(set_to_none=True)
     scaler.update()
-    loss, norm = torch.stack((runtime.all_reduce_mean(loss_sum), norm.float())).tolist()
+    loss, norm = torch.stack((rt.all_reduce_mean(loss_sum), norm.float())).tolist()
     return loss, norm
 
 
@@ -277,7 +277,7 @@ def evaluate(model, sampler: RowSampler, n_batches: int, batch_size: int, rt) ->
             loss = model(x, y, pos=sampler.positions(first, batch_size, rt.device)).float()
         total += loss if j < n_batches else 0.0
     model.train()
-    return (runtime.all_reduce_mean(total) * rt.world / n_batches).item()
+    return (rt.all_reduce_mean(total) * rt.world / n_batches).item()
 
 
 def kept(out_dir: Path, state: TrainState) -> str:
@@ -304,8 +304,8 @@ def save(s: Setup, state: TrainState) -> TrainState:
     tr = s.cfg.train
     if lost(state.val_loss, s.vocab_size, state.step, tr.warmup_steps):
         raise diverged(f"validation loss {state.val_loss:.4f}: {no_better(s.vocab_size)}", state.step, s, state)
-    model_state, opt_states = runtime.full_state(s.model, s.opts, tr.parallel)
-    if runtime.any_rank(s.rt.master and not all(t.isfinite().all() for t in model_state.values()), s.rt.device):
+    model_state, opt_states = s.rt.full_state(s.model, s.opts)
+    if s.rt.any_rank(s.rt.master and not all(t.isfinite().all() for t in model_state.values())):
         raise diverged("weights became non-finite", state.step, s, state)
     failed = None
     if s.rt.master:
@@ -313,9 +313,9 @@ def save(s: Setup, state: TrainState) -> TrainState:
             write(s, state, model_state, opt_states)
         except OSError as e:  # utils/checkpoint.py removed its temp file: the checkpoint before it stays
             failed = e
-    if runtime.any_rank(failed is not None, s.rt.device):
+    if s.rt.any_rank(failed is not None):
         raise cannot_write(failed or OSError(errno.EIO, "failed on rank 0", None), s.out_dir, state, s.rt)
-    runtime.barrier()
+    s.rt.barrier()
     return replace(state, saved=state.step)
 
 
@@ -354,7 +354,7 @@ def print_sample(model, tok_spec, n_tokens: int, rt):
 def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stopped: str | None):
     """Once the ranks agree on the weights (DDP), rank 0's closing lines: the validation loss, for text the sample
     of the saved model, where the run's files are, and the next command (stopped: what stopped the run early)."""
-    runtime.check_ranks_agree(s.model, s.rt, s.cfg.train.parallel)
+    s.rt.check_ranks_agree(s.model)
     if not s.rt.master:
         return
     tr = s.cfg.train
@@ -365,7 +365,7 @@ def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stop
         # the weights the last step saved: the model in memory, or under FSDP (whose shards cannot decode alone)
         # the whole model from the checkpoint
         model = s.model
-        if runtime.fsdp(tr.parallel):
+        if s.rt.sharded:
             model, _ = checkpoint.load_model(s.out_dir, s.rt.device)
         print_sample(model.eval(), s.match["tokenizer"], tr.sample_tokens, s.rt)
     wandb_files = wandb_where(logger.wandb)
@@ -398,7 +398,11 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
         from evaluation.probes import SinkProbe
 
         probes = [*(probes or []), SinkProbe()]
-    rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed)
+    rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed, tr.parallel)
+    if rt.distributed:  # a torchrun job: DDP or FSDP share the model and the work over the ranks
+        from utils import parallel
+
+        rt = parallel.ranks(rt)
     stop, lock, state = runtime.StopFlag(), None, TrainState()
     try:
         lock = checkpoint.lock_out_dir(out_dir, rt)
@@ -414,7 +418,7 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
             state = step(s, state)
             last = state.step == tr.max_steps
             out_of_time = tr.time_limit_min is not None and time.time() - t_start > 60 * tr.time_limit_min
-            halt = runtime.any_rank(stop.requested or out_of_time, rt.device)
+            halt = rt.any_rank(stop.requested or out_of_time)
             saving = state.step % tr.ckpt_interval == 0 or last or halt
             measured, probed = None, ""
             if state.step % tr.eval_interval == 0 or saving:  # a checkpoint holds, and the log shows, its own val loss

@@ -208,8 +208,8 @@ def lock_out_dir(out_dir: Path, rt):
             holder = e.pid
         except OSError as e:
             raise UserError(f"out_dir={out_dir} cannot be written ({e.strerror}); pass another out_dir") from None
-    busy = runtime.any_rank(holder is not None, rt.device)
-    pid = int(runtime.max_over_ranks(int(holder) if holder and holder.isdigit() else 0, rt.device))
+    busy = rt.any_rank(holder is not None)
+    pid = int(rt.max_over_ranks(int(holder) if holder and holder.isdigit() else 0))
     if busy:
         raise UserError(
             f"out_dir={out_dir} is in use by another run (pid {pid or 'unknown'}); wait for it to end, or pass "
@@ -255,6 +255,34 @@ def check_resume(ckpt: dict, run: dict, path):
 
     if message := resume_mismatch({k: saved(k) for k in MATCH_KEYS}, {k: run[k] for k in MATCH_KEYS}, path):
         raise UserError(message)
+
+
+def resume_state(ckpt: Checkpoint, model, opts, rt):
+    """Load ckpt's weights and optimizer moments, keeping this run's hyperparameters (a resume may lower optim.lr)."""
+    hyper = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in opts]
+    try:
+        rt.load_state(model, opts, ckpt["model"], ckpt["optimizer"])
+        if why := moments_problem(opts):
+            raise ValueError(why)
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise UserError(
+            f"checkpoint {ckpt.path} holds optimizer state that does not fit this run's optimizer "
+            f"({' '.join(str(e).split())[:200]}); resume with the optim= it was trained with, or start afresh in "
+            f"another out_dir"
+        ) from None
+    for opt, groups in zip(opts, hyper, strict=True):
+        for group, kept in zip(opt.param_groups, groups, strict=True):
+            group.update(kept)
+
+
+def moments_problem(opts) -> str | None:
+    """A moment shaped unlike its parameter (torch checks only group sizes), or None."""
+    for opt in opts:
+        for p, state in opt.state.items():
+            for name, t in state.items():
+                if isinstance(t, torch.Tensor) and t.dim() and t.shape != p.shape:
+                    return f"a {name} of shape {list(t.shape)} for a parameter of shape {list(p.shape)}"
+    return None
 
 
 def corpus(data: dict) -> dict:

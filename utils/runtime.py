@@ -1,4 +1,4 @@
-"""Device, precision, signals, and a process's place in a torchrun job (DDP/FSDP).
+"""Device, precision, signals, and a process's place in a torchrun job (utils/parallel.py shares the model over it).
 
 torchrun --nproc_per_node=2 train.py ...     (NCCL on CUDA, gloo on CPU)
 device=auto picks CUDA when present; dtype=auto is bf16 autocast on CUDA, fp32 on CPU.
@@ -10,7 +10,6 @@ compiling; the small model ran 1.04x after 33 s (about 220 steps to pay back). E
 import ctypes
 import fcntl
 import gc
-import hashlib
 import os
 import resource
 import shutil
@@ -31,11 +30,16 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
 class Runtime:
+    """Where this process runs. Alone it shares nothing, and the methods below that share work do nothing; in a
+    torchrun job train.py swaps in utils/parallel.py's DDP or FSDP, which share the model and the work."""
+
     device: torch.device
     dtype: torch.dtype  # autocast dtype; float32 means no autocast
     rank: int = 0
     local_rank: int = 0
     world: int = 1
+    parallel: str = "ddp"  # train.parallel: how a torchrun job shares the model
+    sharded = False  # FSDP: each rank holds a shard of the weights and of the optimizer state
 
     @property
     def master(self) -> bool:
@@ -49,6 +53,45 @@ class Runtime:
         if self.dtype == torch.float32:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def wrap(self, model, optim_name: str):
+        if self.parallel == "fsdp" and optim_name == "muon":
+            raise UserError(
+                "optim=muon orthogonalizes whole matrices, which FSDP shards; use train.parallel=ddp, or FSDP with "
+                "optim=adamw"
+            )
+        return model
+
+    def sync_grads(self, runner, sync: bool):
+        """Skip the gradient all-reduce on all but the last micro-batch."""
+        return nullcontext()
+
+    def all_reduce_mean(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def max_over_ranks(self, value: float) -> float:
+        """The max over ranks, as a float32 (integers exact below 2**24)."""
+        return value
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank if true on any, so all ranks stop together."""
+        return bool(self.max_over_ranks(float(flag)))
+
+    def barrier(self):
+        """Wait until every rank is here."""
+
+    def full_state(self, model, opts) -> tuple[dict, list]:
+        """(model state, optimizer states), whole, on the CPU. Under FSDP a collective: every rank calls it."""
+        return model.state_dict(), [o.state_dict() for o in opts]
+
+    def load_state(self, model, opts, model_state: dict, opt_states: list):
+        """full_state's inverse."""
+        model.load_state_dict(model_state)
+        for opt, state in zip(opts, opt_states, strict=True):
+            opt.load_state_dict(state)
+
+    def check_ranks_agree(self, model):
+        """Under DDP: refuse weights that differ between ranks."""
 
 
 DATASHEET_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s of the SXM parts (nanochat, PaLM count so)
@@ -84,7 +127,7 @@ def from_slurm():
     TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
-def setup(device: str = "auto", dtype: str = "auto", seed: int = 0) -> Runtime:
+def setup(device: str = "auto", dtype: str = "auto", seed: int = 0, parallel: str = "ddp") -> Runtime:
     from_slurm()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -108,7 +151,7 @@ def setup(device: str = "auto", dtype: str = "auto", seed: int = 0) -> Runtime:
         if dev.type == "cpu":  # share the cores between the ranks on this node
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     torch.manual_seed(seed)
-    return Runtime(dev, DTYPES[dtype], rank, local_rank, world)
+    return Runtime(dev, DTYPES[dtype], rank, local_rank, world, parallel)
 
 
 def teardown():
@@ -119,28 +162,6 @@ def teardown():
         gc.collect()
         dist.barrier()  # no rank tears down while another has collectives in flight
         dist.destroy_process_group()
-
-
-def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized():
-        dist.all_reduce(x, op=dist.ReduceOp.AVG if x.device.type == "cuda" else dist.ReduceOp.SUM)
-        if x.device.type != "cuda":  # gloo has no AVG
-            x /= dist.get_world_size()
-    return x
-
-
-def any_rank(flag: bool, device) -> bool:
-    """True on every rank if true on any, so all ranks stop together."""
-    return bool(max_over_ranks(float(flag), device))
-
-
-def max_over_ranks(value: float, device) -> float:
-    """The max over ranks, as a float32 (integers exact below 2**24)."""
-    if not dist.is_initialized():
-        return value
-    t = torch.tensor([float(value)], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 class FolderBusy(Exception):
@@ -165,12 +186,9 @@ def lock_folder(folder: Path, name: str = ".lock"):
             pid = f.read().strip() or "unknown"
             f.close()
             raise FolderBusy(pid) from None
-        try:
-            same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
+        with suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
         f.close()  # removed by its last holder: retry
     f.truncate(0)
     f.write(f"{os.getpid()}\n")
@@ -182,11 +200,6 @@ def unlock_folder(f):
     with suppress(FileNotFoundError):
         os.unlink(f.name)  # while still held: the next to lock it sees it gone
     f.close()
-
-
-def barrier():
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -287,7 +300,7 @@ class StopFlag:
         self.requested = False
         self.name = None
         self.saving = False  # set once the loop runs
-        self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self._old = {s: signal.signal(s, self._handle) for s in SIGNALS}
 
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
@@ -301,122 +314,3 @@ class StopFlag:
     def restore(self):
         for s, h in self._old.items():
             signal.signal(s, h)
-
-
-# ---- many processes: DDP or FSDP ----
-# torchrun --nproc_per_node=8 train.py model=d12                       DDP: every rank holds the whole model
-# torchrun --nproc_per_node=8 train.py model=d12 train.parallel=fsdp   FSDP2: everything sharded over the ranks
-# Checkpoints hold full weights either way, so eval.py and sample.py load them on one device.
-
-
-def wrap(model, rt, parallel: str, optim_name: str):
-    if parallel == "fsdp" and optim_name == "muon":
-        raise UserError(
-            "optim=muon orthogonalizes whole matrices, which FSDP shards; use train.parallel=ddp, or FSDP with "
-            "optim=adamw"
-        )
-    if not rt.distributed:
-        return model
-    if parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        return DistributedDataParallel(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None)
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mixed = rt.dtype != torch.float32  # gather bf16 parameters, reduce gradients in fp32
-    kwargs = {"mp_policy": MixedPrecisionPolicy(param_dtype=rt.dtype, reduce_dtype=torch.float32)} if mixed else {}
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
-    return model
-
-
-def optimizer_format(rt, parallel: str) -> str:
-    """How optimizer state is keyed in a checkpoint; a resume must match it."""
-    return "fsdp" if parallel == "fsdp" and rt.distributed else "plain"
-
-
-def sync_grads(runner, parallel: str, sync: bool):
-    """Skip the gradient all-reduce on all but the last micro-batch."""
-    if not dist.is_initialized():
-        return nullcontext()
-    if parallel == "fsdp":
-        runner.set_requires_gradient_sync(sync)
-        return nullcontext()
-    return nullcontext() if sync else runner.no_sync()
-
-
-def fsdp(parallel: str) -> bool:
-    return parallel == "fsdp" and dist.is_initialized()
-
-
-def full_state(model, opts, parallel: str):
-    """(model state, optimizer states), whole, on the CPU. Under FSDP a collective: every rank calls it."""
-    if not fsdp(parallel):
-        return model.state_dict(), [o.state_dict() for o in opts]
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options), [
-        get_optimizer_state_dict(model, o, options=options) for o in opts
-    ]
-
-
-def load_state(model, opts, model_state: dict, opt_states: list, parallel: str, path=None):
-    """Load weights and optimizer moments, keeping this run's hyperparameters (a resume may lower optim.lr)."""
-    hyper = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in opts]
-    try:
-        _load_state(model, opts, model_state, opt_states, parallel)
-        if why := moments_problem(opts):
-            raise ValueError(why)
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-        raise UserError(
-            f"checkpoint {path} holds optimizer state that does not fit this run's optimizer "
-            f"({' '.join(str(e).split())[:200]}); resume with the optim= it was trained with, or start afresh in "
-            f"another out_dir"
-        ) from None
-    for opt, groups in zip(opts, hyper, strict=True):
-        for group, settings in zip(opt.param_groups, groups, strict=True):
-            group.update(settings)
-
-
-def _load_state(model, opts, model_state: dict, opt_states: list, parallel: str):
-    if not fsdp(parallel):
-        model.load_state_dict(model_state)
-        for opt, state in zip(opts, opt_states, strict=True):
-            opt.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, model_state, options=options)
-    for opt, state in zip(opts, opt_states, strict=True):
-        set_optimizer_state_dict(model, opt, state, options=options)
-
-
-def moments_problem(opts) -> str | None:
-    """A moment shaped unlike its parameter (torch checks only group sizes), or None."""
-    for opt in opts:
-        for p, state in opt.state.items():
-            for name, t in state.items():
-                if isinstance(t, torch.Tensor) and t.dim() and t.shape != p.shape:
-                    return f"a {name} of shape {list(t.shape)} for a parameter of shape {list(p.shape)}"
-    return None
-
-
-def digest(state: dict) -> str:
-    h = hashlib.sha256()
-    for t in state.values():
-        h.update(t.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def check_ranks_agree(model, rt, parallel: str):
-    if not rt.distributed or parallel != "ddp":
-        return
-    digests = [None] * rt.world
-    dist.all_gather_object(digests, digest(model.state_dict()))
-    if len(set(digests)) != 1:
-        raise RuntimeError(f"DDP ranks ended with different weights: {digests}")
-    if rt.master:
-        print(f"weights identical on {rt.world} ranks (sha256 {digests[0]})", flush=True)
