@@ -399,7 +399,7 @@ def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | Non
 
         probes = [*(probes or []), SinkProbe()]
     rt = runtime.setup(cfg.device, cfg.dtype, cfg.seed, tr.parallel)
-    if rt.distributed:  # a torchrun job: DDP or FSDP share the model and the work over the ranks
+    if rt.world > 1:  # a torchrun job: DDP or FSDP share the model and the work over the ranks
         from utils import parallel
 
         rt = parallel.ranks(rt)

@@ -31,17 +31,11 @@ def has_key() -> bool:
     return any(entries.authenticators(host) for host in hosts)
 
 
-def wandb_mode(requested: str | None) -> str:
-    if requested and requested != "auto":
-        return requested
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    return "online" if has_key() else "offline"
-
-
 def check_mode(requested: str | None) -> str:
-    """wandb's mode; online with no API key is refused here (wandb would prompt, or fail later)."""
-    mode = wandb_mode(requested)
+    """wandb's mode: logger.mode, else WANDB_MODE, else online with an API key and offline without; online with no
+    API key is refused here (wandb would prompt, or fail later)."""
+    mode = requested if requested and requested != "auto" else os.environ.get("WANDB_MODE")
+    mode = mode or ("online" if has_key() else "offline")
     if mode == "online" and not has_key():
         raise UserError(
             f"logger.mode={requested or 'auto'} logs online, and no wandb API key is set (WANDB_API_KEY, or wandb "

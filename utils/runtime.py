@@ -45,10 +45,6 @@ class Runtime:
     def master(self) -> bool:
         return self.rank == 0
 
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
     def autocast(self):
         if self.dtype == torch.float32:
             return nullcontext()
