@@ -302,12 +302,10 @@ def resume_mismatch(saved: dict, run: dict, path) -> str | None:
 
     def where(key: str) -> str:  # a model_config key as the run's setting
         head, _, rest = key.partition(".")
-        if head == "model_config":
-            first = rest.partition(".")[0]
-            return (
-                rest if first == "positional" else "tokenizer.vocab_size" if first == "vocab_size" else f"model.{rest}"
-            )
-        return keys.get(head, key)
+        if head != "model_config":
+            return keys.get(head, key)
+        first = rest.partition(".")[0]
+        return rest if first == "positional" else "tokenizer.vocab_size" if first == "vocab_size" else f"model.{rest}"
 
     old, new = flat({k: saved.get(k) for k in run}), flat(run)
     diff = [k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k)]
