@@ -62,13 +62,12 @@ class FSDP(Ranks):
     sharded = True
 
     def wrap(self, model, optim_name: str):
+        super().wrap(model, optim_name)  # refuses Muon
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        super().wrap(model, optim_name)  # refuses Muon
         mixed = self.dtype != torch.float32  # gather bf16 parameters, reduce gradients in fp32
-        kwargs = (
-            {"mp_policy": MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)} if mixed else {}
-        )
+        policy = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
+        kwargs = {"mp_policy": policy} if mixed else {}
         for block in model.blocks:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
