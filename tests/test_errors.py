@@ -256,6 +256,12 @@ def test_resuming_another_scheme_names_the_key_and_the_setting_that_resumes():
     table = {"model_config": {"positional": {"name": "learned", "max_positions": 32}}, "seq_len": 32}
     wider = {"model_config": {"positional": {"name": "learned", "max_positions": 64}}, "seq_len": 64}
     assert checkpoint.resume_mismatch(table, wider, "x").startswith("train.seq_len=64 ")  # what the user set, first
+    sharded = checkpoint.resume_mismatch(
+        {**saved, "optimizer_format": "fsdp"}, {**saved, "optimizer_format": "plain"}, "x"
+    )
+    assert (
+        sharded.startswith("train.parallel=ddp ") and "resume with train.parallel=fsdp," in sharded
+    )  # values it takes
 
 
 def test_a_missing_launcher_plugin_names_the_package():

@@ -312,9 +312,12 @@ def resume_mismatch(saved: dict, run: dict, path) -> str | None:
     diff.sort(key=lambda k: k.startswith("model_config."))  # a run setting first: it sets model ones
     if not diff:
         return None
-    key, was = diff[0], settings.show(old.get(diff[0]))
+    key = diff[0]
+    was, now = (settings.show(d.get(key)) for d in (old, new))
+    if key == "optimizer_format":  # state keyed for FSDP, or plain: an unsharded run, train.parallel's default
+        was, now = (v.replace("plain", "ddp") for v in (was, now))
     setting = "positional" if where(key) == "positional.name" else where(key)  # a scheme is picked by group
     return (
-        f"{where(key)}={settings.show(new.get(key))} does not match this run's checkpoint {path}, trained with "
+        f"{where(key)}={now} does not match this run's checkpoint {path}, trained with "
         f"{was}; resume with {setting}={was}, or start afresh in another out_dir"
     )
