@@ -82,13 +82,19 @@ class AttnPlan:
         """The factor on this plan's queries: SSMax's s_h ln n (model.ssmax: ssmax holds each head's s), or None."""
         return None if ssmax is None else ssmax.float()[:, None, None] * self.log_n
 
-    def windowed(self, window: int, n_head: int, backend: str, sink: bool, k_pos, k_rot) -> "AttnPlan":
-        """The causal plan of a window's layers over the same queries (k_pos None: over this plan's keys)."""
-        same = k_pos is None
-        k_pos, k_rot = (self.k_pos, self.k_rot) if same else (k_pos, k_rot)
-        plan = self.remade(k_pos, n_head, backend, sink, window, (self.q_rot, k_rot), same)
+    def add_window(self, window, n_head: int, backend: str, sink: bool, k_pos=None, k_rot=None):
+        """windows[window]: the causal plan of this window's layers over the same queries and k_pos, default this
+        plan's keys (a cache's ring gives its own k_pos and k_rot; causality hides its unfilled slots, which sit past
+        every query)."""
+        same = k_pos is None or k_pos is self.k_pos
+        rot = self.window_rotation(None if same else k_pos, k_rot)
+        plan = self.remade(self.k_pos if same else k_pos, n_head, backend, sink, window, rot, same)
         plan.log_n = self.log_n  # the same queries: the same query state
-        return plan
+        self.windows = {**(self.windows or {}), window: plan}
+
+    def window_rotation(self, k_pos, k_rot) -> tuple:
+        """(q_rot, k_rot) of a window's layers over k_pos (None: this plan's keys)."""
+        return self.q_rot, self.k_rot if k_pos is None else k_rot
 
     def remade(self, k_pos, n_head, backend, sink, window, rot, same_keys: bool) -> "AttnPlan":
         return make_plan(self.pe, self.q_pos, k_pos, True, n_head, backend, sink, window, rot)
@@ -148,10 +154,9 @@ def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend="auto", sink=
     plain = pe.score_bias is None and pe.content_bias is None and not sink and (not causal or q_pos is k_pos)
     plain = plain and window is None and pe.content_weights is None
     check_backend(pe, backend)
-    if backend == "auto" and pe.content_weights is not None:  # it reads every score: a dense mask
-        backend = "sdpa"
-    if backend == "auto":
-        backend = "flex" if q_pos.is_cuda and not plain and len(q_pos) >= FLEX_MIN_QUERIES else "sdpa"
+    if backend == "auto":  # content weights read every score: a dense mask
+        flex = q_pos.is_cuda and not plain and pe.content_weights is None and len(q_pos) >= FLEX_MIN_QUERIES
+        backend = "flex" if flex else "sdpa"
     if rot is None:
         q_rot = pe.rotation(q_pos)
         rot = (q_rot, q_rot if k_pos is q_pos else pe.rotation(k_pos))
@@ -166,15 +171,6 @@ def make_plan(pe, q_pos, k_pos, causal: bool, n_head: int, backend="auto", sink=
         blocks = diagonal_blocks(len(q_pos)) if backend == "sdpa" and causal and q_pos is k_pos and not own else None
         mask = Mask(bias=dense_bias(pe, q_pos, k_pos, causal, n_head, window), blocks=blocks)
     return AttnPlan(pe, q_pos, k_pos, backend, mask, *rot, window=window)
-
-
-def add_window(plan: AttnPlan, window: int, n_head: int, backend: str, sink: bool, k_pos=None, k_rot=None):
-    """plan.windows[window]: the causal plan of this window's layers over k_pos, default the plan's keys (a cache's
-    ring gives its own k_pos and k_rot; causality hides its unfilled slots, which sit past every query)."""
-    same = k_pos is None or k_pos is plan.k_pos
-    windowed = plan.windowed(window, n_head, backend, sink, None if same else k_pos, k_rot)
-    plan.windows = {**(plan.windows or {}), window: windowed}
-    return plan
 
 
 def diagonal_blocks(n: int) -> list[tuple[int, int]] | None:

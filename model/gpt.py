@@ -23,8 +23,9 @@ import settings
 from positional import PositionAxesError
 from settings import Rule, choices, setting
 
-from .attention import BACKENDS, Chunk, add_window, attend, check_backend, content_attention, make_plan
-from .fused import head_loss, relu_square, rms_norm, softcapped_logits
+from .attention import BACKENDS, Chunk, attend, check_backend, content_attention, make_plan
+from .fused import head_loss, relu_square, softcapped_logits
+from .fused import rms_norm as norm
 
 # rms: gain-free, logits within +-sqrt(head dim) | learned: a gain per head and dim, 1 at init | none
 QKNorm = choices("QKNorm", "rms", "learned", "none")
@@ -84,25 +85,20 @@ class GPTConfig(ModelConfig):
         if message := settings.problem(self, "model."):
             raise ValueError(message)
         self.positional = positional.options(positional.spec_of(self.positional))  # checked once, here
-        if message := self.layers_problem():
-            raise ValueError(message)
-
-    def layers_problem(self) -> str | None:
-        """A per-layer setting that reaches no layer of this network, or None."""
+        # a per-layer setting that reaches no layer of this network
         pattern, base = self.positional.get("layers"), self.positional.get("global_base")
         if pattern and len(pattern) > self.n_layer:
-            return (
+            raise ValueError(
                 f"positional.layers={pattern} is longer than the network, model.n_layer={self.n_layer}: a letter past "
                 f"the last layer reaches none; pass at most {self.n_layer} letters"
             )
         if base is not None and not any(map(self.layer_long, range(self.n_layer))):
-            return (
+            raise ValueError(
                 f"positional.global_base={settings.show(base)} is the base of the full-attention layers of the scheme, "
                 f"and model.window_pattern={self.window_pattern} with model.window={settings.show(self.window)} and "
                 f"model.chunk={settings.show(self.chunk)} leaves none; put an L in the pattern and set a window or "
                 f"chunk, or pass positional.global_base=null"
             )
-        return None
 
     @property
     def head_dim(self) -> int:
@@ -126,10 +122,6 @@ class GPTConfig(ModelConfig):
         """The distinct sliding windows and chunks of the scheme's layers (nope: of the N layers)."""
         layers = [i for i in range(self.n_layer) if self.layer_nope(i) == nope]
         return sorted({w for w in map(self.layer_window, layers) if w is not None})
-
-
-def norm(x):
-    return rms_norm(x)
 
 
 def with_prefix(pos, n_prefix: int):
@@ -212,7 +204,9 @@ class Attention(nn.Module):
             k = plan.keys(k)
         else:
             k, v, state = step.update(self.layer_idx, k, v, state, plan)
-        q = self.scale_queries(plan.queries(q), plan)
+        q = plan.queries(q)
+        if (scale := plan.query_scale(self.ssmax)) is not None:  # on the queries: cached keys stay as they are
+            q = q * scale.to(q.dtype)
         if plan.pe.content_weights is not None:  # CoPE, stick-breaking, PaTH
             y = content_attention(q, k, v, plan, state, self.pe_layer)
         else:
@@ -220,11 +214,6 @@ class Attention(nn.Module):
         if self.gate is not None:  # after the softmax: a head can give out nothing without a sink to park on
             y = y * torch.sigmoid(self.gate(x)).transpose(1, 2).to(y.dtype)[..., None]
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
-
-    def scale_queries(self, q, plan):
-        """q times the plan's query factor: scaling queries leaves the cached keys as they are."""
-        scale = plan.query_scale(self.ssmax)
-        return q if scale is None else q * scale.to(q.dtype)
 
     @staticmethod
     def content(q, state, plan):
@@ -353,7 +342,7 @@ class GPT(nn.Module):
             plan.log_n = log_n  # before add_window, which hands it on
             ring_rot = None if window_k_pos is None else rotation(window_k_pos)
             for w in windows:
-                add_window(plan, w, c.n_head, backend, c.sink_logit, window_k_pos, ring_rot)
+                plan.add_window(w, c.n_head, backend, c.sink_logit, window_k_pos, ring_rot)
             return plan
 
         plan = scheme_plan(self.pe, self.scheme_windows[False])

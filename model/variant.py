@@ -109,18 +109,15 @@ class VariantPlan(AttnPlan):
             return super().attend(q, k, v, sink, content)
         return self.parts.attend(q, k, v, self, self.mask.bias, sink)  # hooks() refused a content bias
 
-    def windowed(self, window, n_head, backend, sink, k_pos, k_rot):
+    def window_rotation(self, k_pos, k_rot):
         """Under full_layers the window's layers rotate as trained (the scheme's own rotation at the ids), the
         log-length factor kept; else as any plan's windows."""
         if self.trained is None:
-            return super().windowed(window, n_head, backend, sink, k_pos, k_rot)
+            return super().window_rotation(k_pos, k_rot)
         rotation, q_ids, k_ids = self.trained
         same = k_pos is None  # else a cache's ring, whose positions are its ids
         q_rot = rotation(q_ids)
-        k_rot = q_rot if same and k_ids is q_ids else rotation(k_ids if same else k_pos)
-        plan = self.remade(self.k_pos if same else k_pos, n_head, backend, sink, window, (q_rot, k_rot), same)
-        plan.log_n = self.log_n
-        return plan
+        return q_rot, q_rot if same and k_ids is q_ids else rotation(k_ids if same else k_pos)
 
     def remade(self, k_pos, n_head, backend, sink, window, rot, same_keys):
         parts = None if self.parts is None else self.parts.over(self.pe, self.q_pos, None if same_keys else k_pos)
