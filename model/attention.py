@@ -196,12 +196,11 @@ def attend(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
 
 
 def attend_plain(q, k, v, plan: AttnPlan, sink=None, content=None) -> torch.Tensor:
-    gqa = q.size(1) != k.size(1)
     if plan.backend == "flex":
         from .flex import attend_flex
 
-        return attend_flex(q, k, v, plan, gqa, sink, content)
-    bias = plan.mask.bias
+        return attend_flex(q, k, v, plan, sink, content)
+    bias, gqa = plan.mask.bias, q.size(1) != k.size(1)
     if content is not None:
         grid = content_grid(content, q.size(0), q.size(1), q.size(2), k.size(2), q.device)
         bias = grid if bias is None else bias + grid
@@ -245,8 +244,7 @@ def content_attention(q, k, v, plan: AttnPlan, state=None, layer=None) -> torch.
         bias = q.new_zeros(1, q.size(2), k.size(2), dtype=torch.float32)
     weights = plan.pe.content_weights(q, k, bias, state, layer, plan)
     out = weighted_values(weights, v, torch.float32)
-    rest = getattr(layer, "rest", None)
-    if rest is not None:
+    if (rest := getattr(layer, "rest", None)) is not None:
         out = out + (1.0 - weights.sum(-1, keepdim=True)) * rest.float()[:, None, :]
     return out.to(q.dtype)
 

@@ -44,7 +44,7 @@ def without_nothing(out, lse, sink):
     return out * torch.sigmoid(lse - sink.float()[:, None]).unsqueeze(-1).to(out.dtype)
 
 
-def attend_flex(q, k, v, plan, gqa: bool, sink=None, content=None):
+def attend_flex(q, k, v, plan, sink=None, content=None):
     """flex_attention under the plan's mask; a content bias reads rows clamped to the real ones (padding is masked)."""
     n_q, n_k = q.size(2), k.size(2)
     score_mod = plan.mask.score_mod

@@ -179,10 +179,8 @@ class Attention(nn.Module):
         """Queries, keys (QK-normed, unrotated) and values in one matmul; the weights stay three parameters (Muon)."""
         B, T, _ = x.shape
         w = torch.cat((self.c_q.weight, self.c_k.weight, self.c_v.weight))
-        q, k, v = F.linear(x, w).split((self.c_q.out_features, self.c_k.out_features, self.c_v.out_features), -1)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        qkv = F.linear(x, w).split((self.c_q.out_features, self.c_k.out_features, self.c_v.out_features), -1)
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in qkv)  # (B, heads, T, Dh)
         if self.qk_norm == "none":
             return q, k, v
         q, k = norm(q), norm(k)
