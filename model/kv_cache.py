@@ -152,15 +152,15 @@ class DenseCache(_Cache):
 
     def _store(self, step: Step, layer: int, x, rows, rings):
         """Write keys or values into a full layer's row or a window layer's ring; return all the layer attends over."""
-        x = x.to(rows.dtype)
+        x, width = x.to(rows.dtype), x.size(-1)  # under a split, a NoPE layer's keys fill the first columns alone
         if layer in self.ring:
             r, kept = self.ring[layer], slice(max(0, x.size(2) - self.window), None)
-            out = torch.cat((rings[r], x), dim=2)
-            rings[r, :, :, step.ring_slots] = x[:, :, kept]
+            out = torch.cat((rings[r, ..., :width], x), dim=2)
+            rings[r, :, :, step.ring_slots, :width] = x[:, :, kept]
             return out
         layer = self.row[layer]
-        rows[layer, :, :, step.slots] = x
-        return rows[layer, :, :, : self.length]
+        rows[layer, :, :, step.slots, :width] = x
+        return rows[layer, :, :, : self.length, :width]
 
 
 class SinkCache(_Cache):

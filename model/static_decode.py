@@ -60,9 +60,10 @@ class StaticDecoder:
         cache = self.cache
         if not cache.raw_keys:
             k = plan.new_keys(k)  # the layer's own scheme (positional.layers), far rotation included
-        cache.k[layer].index_copy_(2, self.slot, k.to(cache.k.dtype))
+        rows = cache.k[layer, ..., : k.size(-1)]  # under a split, a NoPE layer's keys fill the first columns alone
+        rows.index_copy_(2, self.slot, k.to(cache.k.dtype))
         cache.v[layer].index_copy_(2, self.slot, v.to(cache.v.dtype))
-        keys = plan.keys(cache.k[layer]) if cache.raw_keys else cache.k[layer]
+        keys = plan.keys(rows) if cache.raw_keys else rows
         if state is not None:  # FoX's log forget gates: an empty slot's position is HIDDEN, so it sorts last
             cache.state[layer].index_copy_(2, self.slot, state.to(cache.state.dtype))
             state = cache.state[layer]

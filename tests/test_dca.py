@@ -124,12 +124,15 @@ def test_backends_agree(options):
     assert torch.allclose(out["flex"], out["reference"], atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["rope", "rope-window", "sink", "pope", "xpos"])
+@pytest.mark.parametrize("name", ["rope", "rope-window", "rope-nope", "sink", "pope", "xpos"])
 def test_kv_cache_decoding_equals_the_full_forward(name):
     """Token by token, in chunks and by the static step, through the dense cache (each key's three rotations side by
-    side; with model.window=24, in the window layers' rings too, where the static step keeps none)."""
+    side; with model.window=24, in the window layers' rings too, where the static step keeps none; with
+    positional.layers=NP, a NoPE window layer's unsplit keys in a ring as wide as the split's)."""
     name, _, option = name.partition("-")
     kw = {"window": 24, "window_pattern": "SL"} if option else {}
+    if option == "nope":
+        kw["positional"] = {"name": name, "layers": "NP"}
     model, variant = scaled(name, **kw)
     assert model.cfg.window == kw.get("window")
     assert_decoding_equals_full_forward(model, tokens(40), static=not option, variant=variant)  # static: no rings

@@ -115,16 +115,20 @@ def test_auto_leak_keeps_every_distance_trained():
     assert rerope.window(256) == 128
 
 
-@pytest.mark.parametrize("variant", ["rope", "rope-window", "sink", "pope", "xpos"])
+@pytest.mark.parametrize("variant", ["rope", "rope-window", "rope-nope", "sink", "pope", "xpos"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_kv_cache_decoding_equals_the_full_forward(kind, variant):
     """Token by token, in chunks and by the static step, through the dense cache (its far keys beside the near
-    ones; with model.window=24 > w, in the window layers' rings too, where the static step keeps none)."""
+    ones; with model.window=24 > w, in the window layers' rings too, where the static step keeps none; with
+    positional.layers=PN, a NoPE layer's unsplit keys in a row as wide as the split's)."""
     name, _, option = variant.partition("-")
-    kw = {"window": 24, "window_pattern": "SL"} if option else {}
+    kw = {"window": 24, "window_pattern": "SL"} if option == "window" else {}
+    if option == "nope":
+        kw["positional"] = {"name": name, "layers": "PN"}
     model, variant = scaled(kind, name, leak=KINDS[kind], **kw)
     assert model.cfg.window == kw.get("window")
-    assert_decoding_equals_full_forward(model, tokens(40), static=not option, variant=variant)  # static: no rings
+    # static: no rings
+    assert_decoding_equals_full_forward(model, tokens(40), static=option != "window", variant=variant)
 
 
 @pytest.mark.parametrize("kind", KINDS)
