@@ -181,7 +181,7 @@ def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) 
         starts.append(n_total)
         buf.append(doc)
         n_total += doc.size
-        if n_total - sum(s["tokens"] for s in shards) >= shard_tokens:  # the tokens not yet in a shard
+        if n_total - starts[-len(buf)] >= shard_tokens:  # the buffered documents' tokens, from its first start
             flush()
     flush()
     np.save(folder / f"{split}_docs.npy", np.asarray(starts, dtype=np.int64))
