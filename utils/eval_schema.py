@@ -51,37 +51,50 @@ RopeScaling = choices("RopeScaling", *KINDS, *SEARCHED, *SPLITS, "all")
 SampleScaling = choices("SampleScaling", *KINDS, *SEARCHED, *SPLITS)
 
 
-# ---- options these entry points read ----
+# ---- a training-free extension: eval.py's eval node and sample.py's top level ----
 
 
-def leak(key: str):
-    """Leaky ReRoPE's compression k (positional/rerope.py): auto, or a number >= 1."""
-    return setting(
+@dataclass
+class Extension:
+    """A RoPE extension of a rotary checkpoint (positional/rope_scaling.py, rerope.py, dca.py): each key's one home."""
+
+    # training-free decoding past L (sample.py, at factor capacity / L; eval.py: its own kinds, below)
+    rope_scaling: SampleScaling = "none"
+    # a Hugging Face rope_scaling dict, e.g. {rope_type: yarn, factor: 4}, computed as transformers computes it
+    # (positional/hf_rope_scaling.py); its factor is its own. eval.py: one more row, hf_<rope_type>
+    hf_rope_scaling: HFRopeScaling = field(default_factory=HFRopeScaling)
+    # rerope, leaky_rerope: the window w of exact distances
+    rerope_window: int | None = setting(
+        None, "pass the ReRoPE window w in tokens, or null for half the training length", ge=1
+    )
+    # leaky_rerope: far distances w + (d - w) / k; auto: the smallest k >= 1 keeping every distance within the trained
+    # ones (positional/rerope.py)
+    rerope_leak: Any = setting(
         "auto",
-        f"e.g. {key}=16",
+        "e.g. 16",
         test=lambda k: k == "auto" or number(k) and 1 <= k < math.inf,
         must="be auto or a number >= 1 (1: no compression)",
     )
+    # dca: the chunk size S, the largest position a score uses (positional/dca.py)
+    dca_chunk: int | None = setting(
+        None, "pass DCA's chunk size S in tokens, or null for 3/4 of the training length", ge=2
+    )
+    # dca: the local window w; chunks are S - w tokens, and a chunk's first w queries see the previous chunk exactly
+    dca_local: int | None = setting(
+        None, "pass DCA's local window w in tokens, below S, or null for 1/8 of the training length", ge=1
+    )
+    # true: the scaling on the full-attention layers alone (OLMo 3); eval.py: also <kind>_full rows
+    full_layers: bool = False
 
-
-def rerope_window():
-    return setting(None, "pass the ReRoPE window w in tokens, or null for half the training length", ge=1)
-
-
-def dca_chunk():  # S: the largest position a score uses (positional/dca.py)
-    return setting(None, "pass DCA's chunk size S in tokens, or null for 3/4 of the training length", ge=2)
-
-
-def dca_local():  # w: chunks are S - w tokens, and a chunk's first w queries see the previous chunk exactly
-    return setting(None, "pass DCA's local window w in tokens, below S, or null for 1/8 of the training length", ge=1)
-
-
-DCA_SIZES = (  # a rule of both entry points, whose keys are each one's own
-    dca.fits,
-    "{0} and {1}: chunks of S - w tokens need w < S (null: 3/4 and 1/8 of {run}'s training length, {train_length}); "
-    "pass a smaller local window or a larger chunk",
-    ("train_length",),
-)
+    RULES: ClassVar = (
+        Rule(
+            ("dca_chunk", "dca_local"),
+            dca.fits,
+            "{0} and {1}: chunks of S - w tokens need w < S (null: 3/4 and 1/8 of {run}'s training length, "
+            "{train_length}); pass a smaller local window or a larger chunk",
+            ("train_length",),
+        ),
+    )
 
 
 # ---- eval.py and evaluation/longrope_search.py ----
@@ -103,7 +116,7 @@ class Scoring:
 
 
 @dataclass
-class Eval(Scoring):
+class Eval(Scoring, Extension):
     mode: Mode = "length"
     # false: the non-overlapping windows alone, a third of the forwards (sliding windows at stride L/2 read twice
     # the tokens they score); for a scheme whose weights cost T^2 or more per window at the long lengths
@@ -115,25 +128,15 @@ class Eval(Scoring):
     # (searched first) | rerope | leaky_rerope | dca | all (the closed-form ones, and longrope where its search files
     # exist for every length)
     rope_scaling: RopeScaling = "none"
-    # a Hugging Face rope_scaling dict, e.g. {rope_type: yarn, factor: 4}: one more row, hf_<rope_type>, computed as
-    # transformers computes it (positional/hf_rope_scaling.py); its factor is its own, not eval.rope_factor
-    hf_rope_scaling: HFRopeScaling = field(default_factory=HFRopeScaling)
     rope_factor: Any = setting(  # auto: eval length / training length
         "auto",
         "e.g. eval.rope_factor=4",
         test=lambda f: f == "auto" or number(f) and 0 < f < math.inf,
         must="be auto or a positive number",
     )
-    rerope_window: int | None = rerope_window()  # rerope, leaky_rerope: the window w of exact distances
-    # leaky_rerope: far distances w + (d - w) / k; auto: the smallest k >= 1 keeping every distance of the eval length
-    # within the trained ones (positional/rerope.py)
-    rerope_leak: Any = leak("eval.rerope_leak")
     rerope: bool = False  # true: also rerope and leaky_rerope rows (rotary schemes), beside eval.rope_scaling's
     dca: bool = False  # true: also a dca row (rotary schemes), beside eval.rope_scaling's
-    dca_chunk: int | None = dca_chunk()  # dca: the chunk size S (chunks of S - w tokens)
-    dca_local: int | None = dca_local()  # dca: the local window w
     log_scaling: bool = False  # true: also a `log` row, logits x max(1, ln n / ln L) past the training length L
-    full_layers: bool = False  # true: also <kind>_full rows, each scaling on the full-attention layers alone (OLMo 3)
     # stream mode: tokens fed through each cache (default 50 x a 256-token training length)
     stream_tokens: int = setting(12800, "pass how many tokens to stream", ge=1, le=MAX_TOKENS)
     block: int = setting(256, "pass tokens per reported block", ge=1, le=MAX_TOKENS)  # stream: tokens per block
@@ -173,7 +176,7 @@ class Eval(Scoring):
             lambda lengths, mode: lengths is None or mode in ("length", "passkey"),
             "{0} is read in length and passkey modes, and {1} scores at lengths of its own; pass eval.lengths=null",
         ),
-        Rule(("dca_chunk", "dca_local"), *DCA_SIZES),
+        *Extension.RULES,
         Rule(
             ("stride", "sliding"),
             lambda stride, sliding: stride is None or sliding,
@@ -352,7 +355,7 @@ class SinkCache(EvalCache):  # StreamingLLM: the first `sinks` tokens and a ring
 
 
 @dataclass
-class SampleConfig:
+class SampleConfig(Extension):
     checkpoint: str | None = checkpoint_setting()
     # text, or @path/to/file.txt; empty: start from the BOS token
     prompt: str = setting("", "pass the text, or @path/to/file.txt to read it from a file", files=prompt_file)
@@ -374,15 +377,6 @@ class SampleConfig:
     seed: int = seed()
     num_samples: int = setting(1, "pass how many samples to write", ge=1, le=MAX_COUNT)
     static: bool = False  # true: a compiled fixed-shape decode step (CUDA graphs on a GPU); compiles once, first
-    # training-free extension of a rotary model (positional/rope_scaling.py, rerope.py) at factor capacity / L
-    rope_scaling: SampleScaling = "none"
-    # or a Hugging Face rope_scaling dict (positional/hf_rope_scaling.py), e.g. {rope_type: llama3, factor: 8}
-    hf_rope_scaling: HFRopeScaling = field(default_factory=HFRopeScaling)
-    rerope_window: int | None = rerope_window()  # the window w of exact distances
-    rerope_leak: Any = leak("rerope_leak")  # leaky_rerope's k; auto: keeps the cache's longest distance trained
-    dca_chunk: int | None = dca_chunk()  # dca: the chunk size S
-    dca_local: int | None = dca_local()  # dca: the local window w
-    full_layers: bool = False  # true: the scaling on the full-attention layers alone (eval.full_layers)
     device: str = device()
     dtype: DType = "auto"
     cache: Any = group("cache")  # typed by its group: DenseCache, SinkCache
@@ -398,7 +392,7 @@ class SampleConfig:
         Rule(("rope_scaling",), lambda kind: kind != "dynamic_ntk", DYNAMIC_IN_CACHE),
         Rule(("hf_rope_scaling.rope_type",), lambda kind: kind != "dynamic", DYNAMIC_IN_CACHE),
         Rule(("hf_rope_scaling.type",), lambda kind: kind != "dynamic", DYNAMIC_IN_CACHE),
-        Rule(("dca_chunk", "dca_local"), *DCA_SIZES),
+        *Extension.RULES,
         Rule(
             ("full_layers", "rope_scaling", "hf_rope_scaling"),
             lambda full, kind, hf: not full or kind not in ("none", *SPLITS) or hf_rope_scaling.given(hf),
