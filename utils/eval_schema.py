@@ -19,8 +19,7 @@ from positional import dca, hf_rope_scaling
 from positional.hf_rope_scaling import HFRopeScaling
 from positional.rope_scaling import KINDS, SEARCHED, SPLITS
 from settings import Rule, choices, fixed, group, number, setting
-from utils import checkpoint
-from utils.checkpoint import run_checkpoint
+from utils.checkpoint import run_checkpoint, sweep_folder
 from utils.errors import FROM_CHECKPOINT  # an override of one of these names where it is set
 from utils.files import prompt_file, writable_folder
 from utils.schema import (
@@ -208,8 +207,20 @@ def checkpoint_setting():  # a run folder (holding ckpt.pt) or a .pt file
     return setting(None, CHECKPOINT_HINT, nonempty=True, files=run_checkpoint)
 
 
-def sweep_setting():  # a training sweep folder: every run in it
-    return setting(None, "pass a training sweep folder (multirun/<time>)", nonempty=True, files=checkpoint.sweep_folder)
+@dataclass
+class Runs:  # what eval.py and viz.py read: one run, or every run of a training sweep
+    checkpoint: str | None = checkpoint_setting()
+    sweep_dir: str | None = setting(
+        None, "pass a training sweep folder (multirun/<time>)", nonempty=True, files=sweep_folder
+    )
+
+    RULES: ClassVar = (
+        Rule(
+            ("checkpoint", "sweep_dir"),
+            lambda checkpoint, sweep_dir: not (checkpoint and sweep_dir),
+            "{0} and {1} are both given; pass one: checkpoint= (one run) or sweep_dir= (every run of a sweep)",
+        ),
+    )
 
 
 CACHE_ROOM = (  # sinks < capacity, where the window is left to fill the training length
@@ -224,9 +235,7 @@ def room(sinks, window, train_length: int, n_prefix: int) -> bool:
 
 
 @dataclass
-class EvalConfig:
-    checkpoint: str | None = checkpoint_setting()
-    sweep_dir: str | None = sweep_setting()  # or a training sweep folder: evaluate and compare every run in it
+class EvalConfig(Runs):
     device: str = device()
     dtype: DType = "auto"
     eval: Eval = field(default_factory=Eval)
@@ -242,11 +251,7 @@ class EvalConfig:
             "folder>",
             needs=RUN,
         ),
-        Rule(
-            ("checkpoint", "sweep_dir"),
-            lambda checkpoint, sweep_dir: not (checkpoint and sweep_dir),
-            "{0} and {1} are both given; pass one: checkpoint= (one run) or sweep_dir= (every run of a sweep)",
-        ),
+        *Runs.RULES,
         Rule(  # a learned table: a length past it is n/a, and a table of nothing but n/a is refused
             ("eval.lengths", "eval.mode"),
             lambda lengths, mode, table: table is None or not lengths or mode == "stream" or min(lengths) <= table,
@@ -442,9 +447,7 @@ class VizTrain:  # the training length L without a checkpoint (learned table siz
 
 
 @dataclass
-class VizConfig:
-    checkpoint: str | None = checkpoint_setting()  # a run folder or a .pt file: trained values, q and k, attention maps
-    sweep_dir: str | None = sweep_setting()  # or a training sweep folder: every run in it, one gallery
+class VizConfig(Runs):
     viz: Viz = field(default_factory=Viz)
     train: VizTrain = field(default_factory=VizTrain)
     model: ModelSize = field(default_factory=ModelSize)  # its heads and widths (a checkpoint brings its own)
@@ -456,11 +459,7 @@ class VizConfig:
             lambda every, checkpoint: not (every and checkpoint),
             "{0} draws every scheme at init, and {1} is one run; drop checkpoint=, or pass sweep_dir= for every run",
         ),
-        Rule(
-            ("checkpoint", "sweep_dir"),
-            lambda checkpoint, sweep_dir: not (checkpoint and sweep_dir),
-            "{0} and {1} are both given; pass one: checkpoint= (one run) or sweep_dir= (every run of a sweep)",
-        ),
+        *Runs.RULES,
         ODD_HEAD,
         Rule(  # each picture's distance axis holds factor x L distances: bounded, so no picture runs without end
             ("viz.factor", "train.seq_len"),
