@@ -73,6 +73,7 @@ BREADTH = {  # group label in results/study-breadth -> the name the docs give it
     "rope [positional.rotary_fraction=0.25]": "rope, rotary_fraction=0.25",
 }
 CONTENT = ["cope", "stickbreaking", "path", "fox", "alibi", "rope"]  # beside FoX (content gates) and the references
+FREQUENCIES = ["hope", "fope", "rope", "alibi"]  # RoPE's slow pairs stilled or clipped, beside the references
 QK_GAINS = {"rms": "gain-free QK-norm (the default)", "learned": "learned QK gains"}  # model.qk_norm -> its name
 QK_NORM = {f"{s} [model.qk_norm={k}]": f"{s}, {name}" for s in ("rope", "alibi") for k, name in QK_GAINS.items()}
 EXTENSION = {  # (group label, variant) in results/extension -> its row name
@@ -124,12 +125,14 @@ def length_table(study: str, rows: list | dict, lengths=(256, 1024, 4096), first
 core = partial(length_table, "study", CORE)
 breadth = partial(length_table, "study-breadth", BREADTH)
 content = partial(length_table, "study-content", CONTENT)
+frequencies = partial(length_table, "study-2025", FREQUENCIES)
 qk_norm = partial(length_table, "qk-norm", QK_NORM)
 extension = partial(
     length_table, "extension", EXTENSION, (256, 512, 1024, 2048, 4096), "model (tiny RoPE base, seed 1)"
 )
 
-STUDIES = ("study", "study-breadth", "study-content", "study-presets")  # where the scheme table finds each row
+# where the scheme table finds each row
+STUDIES = ("study", "study-breadth", "study-content", "study-presets", "study-2025")
 ON_GRIDS = ("rope2d", "mrope")  # measured on data=grids alone (dev/LOG.md), not in a length study
 # positional/base.py's hooks, in the order a forward meets them (what each gives: base.py)
 HOOKS = ("embed", "prefix", "rotation", "rotate", "rotate_key", "rotated_dim", "score_bias", "layer_module")
@@ -327,6 +330,7 @@ def tasks() -> str:
 
 
 TABLES = {"schemes": schemes, "hooks": hooks, "core": core, "breadth": breadth, "content": content, "qk-norm": qk_norm}
+TABLES["frequencies"] = frequencies
 TABLES |= {"extension": extension, "passkey": passkey, "streams": streams, "sinks": sinks, "tasks": tasks}
 
 
