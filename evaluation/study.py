@@ -5,9 +5,13 @@ Writes study/REPORT.md and study/eval/compare.{json,txt,png} (runs/extension.sh:
 """
 
 import sys
+from collections import defaultdict
+from itertools import combinations
 from pathlib import Path
 
-from evaluation import compare
+import numpy as np
+
+from evaluation import bootstrap, compare
 from evaluation.passkey import passkey_table
 from evaluation.report import label, made_by, model_label, read_result
 from evaluation.stream import stream_table
@@ -45,6 +49,60 @@ def markdown_table(rows: list[dict], train_length: int, mode: str = "nonoverlap"
     return "\n".join(lines)
 
 
+def block_sums(result: dict, method: str) -> tuple[np.ndarray, np.ndarray]:
+    """(summed NLL, tokens) of each block of a stream.json method: `block` tokens each, the last one the rest."""
+    m, size = result["methods"][method], result["block"]
+    tokens = np.full(len(m["nll"]), size, dtype=np.float64)
+    tokens[-1] = m["tokens"] - size * (len(tokens) - 1)
+    return np.asarray(m["nll"]) * tokens, tokens
+
+
+def pooled_streams(streams: list[dict], group_of: dict) -> dict:
+    """The streams of a group's seeds pooled: each method's perplexity with a 95% interval that resamples the stream's
+    blocks and the seeds, and paired differences (the same blocks drawn) between two methods of a group (the same seeds
+    drawn too) and between two groups for one method. Only groups with two seeds or more, on one stream."""
+    by_group = defaultdict(list)
+    for r in streams:
+        by_group[group_of.get(r["checkpoint"], r["scheme"])].append(r)
+    by_group = {g: rs for g, rs in by_group.items() if len(rs) > 1}
+    if len({(r["stream_tokens"], r["block"], str(r.get("works"))) for rs in by_group.values() for r in rs}) > 1:
+        raise UserError("the study's streams score different tokens; stream every run with one eval.stream_tokens")
+    draws, scored, groups = {}, {}, {}
+    for group, rs in by_group.items():
+        groups[group] = {"runs": [r["checkpoint"] for r in rs], "methods": {}}
+        for method in rs[0]["methods"]:
+            full = [block_sums(r, method) for r in rs if r["methods"].get(method, {}).get("nll")]
+            if len(full) < len(rs) or len({len(t) for _, t in full}) > 1:  # n/a or cut short in a seed: not pooled
+                continue
+            sums, tokens = np.stack([s for s, _ in full]), full[0][1]
+            idx = bootstrap.block_draws(len(tokens), ["pooled stream", int(tokens.sum())])
+            draws[group, method] = bootstrap.resample(sums, tokens, idx, run_key=group)
+            scored[group, method] = int(tokens.sum())
+            groups[group]["methods"][method] = {
+                "ppl": round(float(np.exp((sums.sum(axis=1) / tokens.sum()).mean())), 4),
+                "ci": bootstrap.ppl_interval(draws[group, method]),
+                "ppl_runs": [round(float(np.exp(s.sum() / tokens.sum())), 4) for s in sums],
+            }
+    pairs = [
+        {"a": f"{a[0]}: {a[1]}", "b": f"{b[0]}: {b[1]}", **bootstrap.difference(draws[a], draws[b])}
+        for a, b in combinations(draws, 2)
+        if (a[0] == b[0] or a[1] == b[1]) and scored[a] == scored[b]
+    ]
+    return {"groups": groups, "pairs": pairs}
+
+
+def pooled_table(pooled: dict) -> list[str]:
+    methods = list(dict.fromkeys(m for g in pooled["groups"].values() for m in g["methods"]))
+    lines = ["| group (seeds) | " + " | ".join(methods) + " |", "| --- |" + " ---: |" * len(methods)]
+    for group, g in pooled["groups"].items():
+        cells = [g["methods"].get(m) for m in methods]
+        shown = ["-" if c is None else f"{c['ppl']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]" for c in cells]
+        lines.append(f"| {group} ({len(g['runs'])}) | " + " | ".join(shown) + " |")
+    lines += ["", "Paired differences in mean NLL, a - b [95% interval over blocks and seeds]:", ""]
+    lines += [f"- {p['a']} - {p['b']}: {p['diff_nll']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]" for p in pooled["pairs"]]
+    return lines
+
+
 def report(study: Path) -> str:
     lengths = [read_result(p) for p in sorted(study.glob("*/eval/length.json"))]
     if not lengths:
@@ -80,6 +138,11 @@ def report(study: Path) -> str:
         "",
         "## Streaming",
     ]
+    pooled = pooled_streams([r for _, r in streams], group_of)
+    if pooled["groups"]:
+        files.write_json(study / "eval" / "streams.json", pooled)
+        head = "Perplexity over the stream, mean over the seeds [95% interval over its blocks and the seeds]:"
+        lines += ["", "### Seeds pooled (eval/streams.json)", "", head, "", *pooled_table(pooled), ""]
     for path, result in streams:
         rel = path.parent.relative_to(study)
         name = group_of.get(result.get("checkpoint"), result["scheme"])

@@ -278,3 +278,44 @@ def test_sigterm_stops_a_study_without_marking_the_run_done(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "stopped: run the same command again" in err
     assert len(log.read_text().splitlines()) == 1 and not (tmp_path / "study" / "rope-s1" / "DONE").exists()
+
+
+def stream_run(name: str, window: list[float], sinks: list[float], tokens: int = 1000, block: int = 256) -> dict:
+    """A stream.json with per-block mean NLLs for two methods, on one stream of `tokens` tokens."""
+    method = lambda nll: {"nll": nll, "tokens": tokens}  # noqa: E731
+    return {"checkpoint": name, "scheme": "rope", "stream_tokens": tokens, "block": block, "works": [],
+            "methods": {"window 0+256": method(window), "sinks 4+252": method(sinks)}}  # fmt: skip
+
+
+def test_pooled_streams_weigh_tokens_pair_blocks_and_seeds_and_leave_out_single_seeds():
+    import math
+
+    from evaluation.study import pooled_streams
+
+    a1, a2 = [4.0, 5.0, 6.0, 3.0], [4.5, 5.5, 5.0, 3.5]  # two seeds of a; blocks of 256, 256, 256, 232 tokens
+    streams = [
+        stream_run("a1", a1, [x - 0.2 for x in a1]),
+        stream_run("a2", a2, [x - 0.2 for x in a2]),
+        stream_run("b1", a1, a1),  # b: two seeds alike, so which seed a draw picks does not matter
+        stream_run("b2", a1, a1),
+        stream_run("c1", [x + 0.5 for x in a1], a1),
+        stream_run("c2", [x + 0.5 for x in a1], [1.0, 1.0]),  # sinks cut short in one seed: not pooled for c
+        stream_run("d1", a1, a1),  # one seed: left out
+    ]
+    group_of = {"a1": "a", "a2": "a", "b1": "b", "b2": "b", "c1": "c", "c2": "c", "d1": "d"}
+    pooled = pooled_streams(streams, group_of)
+    assert list(pooled["groups"]) == ["a", "b", "c"] and list(pooled["groups"]["c"]["methods"]) == ["window 0+256"]
+    weights = [256, 256, 256, 232]
+    mean = lambda nll: sum(w * x for w, x in zip(weights, nll, strict=True)) / 1000  # noqa: E731
+    got = pooled["groups"]["a"]["methods"]["window 0+256"]
+    assert got["ppl_runs"] == [round(math.exp(mean(a1)), 4), round(math.exp(mean(a2)), 4)]
+    assert got["ppl"] == round(math.exp((mean(a1) + mean(a2)) / 2), 4)
+    assert got["ci"][0] < got["ppl"] < got["ci"][1]
+    pairs = {(p["a"], p["b"]): p for p in pooled["pairs"]}
+    # within a group the same seeds and blocks are drawn for both methods: a constant gap has no spread
+    same = pairs["a: window 0+256", "a: sinks 4+252"]
+    assert math.isclose(same["diff_nll"], 0.2) and math.isclose(same["lo"], 0.2) and math.isclose(same["hi"], 0.2)
+    # between groups the same blocks are drawn: c is b shifted by 0.5 in every block
+    shift = pairs["b: window 0+256", "c: window 0+256"]
+    assert math.isclose(shift["lo"], -0.5) and math.isclose(shift["hi"], -0.5)
+    assert ("a: window 0+256", "b: sinks 4+252") not in pairs  # neither one group nor one method: not compared
