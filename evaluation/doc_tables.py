@@ -73,7 +73,11 @@ BREADTH = {  # group label in results/study-breadth -> the name the docs give it
     "rope [positional.rotary_fraction=0.25]": "rope, rotary_fraction=0.25",
 }
 CONTENT = ["cope", "stickbreaking", "path", "fox", "alibi", "rope"]  # beside FoX (content gates) and the references
-FREQUENCIES = ["hope", "fope", "rope", "alibi"]  # RoPE's slow pairs stilled or clipped, beside the references
+RELEASES = {  # 2025's: RoPE's slow pairs stilled (HoPE) or clipped (FoPE), the head gate, beside the references
+    **{label: label for label in ("hope", "fope")},
+    "rope [model.attn_gate=True]": "rope, model.attn_gate=true",
+    **{label: label for label in ("rope", "alibi")},
+}
 QK_GAINS = {"rms": "gain-free QK-norm (the default)", "learned": "learned QK gains"}  # model.qk_norm -> its name
 QK_NORM = {f"{s} [model.qk_norm={k}]": f"{s}, {name}" for s in ("rope", "alibi") for k, name in QK_GAINS.items()}
 EXTENSION = {  # (group label, variant) in results/extension -> its row name
@@ -125,7 +129,7 @@ def length_table(study: str, rows: list | dict, lengths=(256, 1024, 4096), first
 core = partial(length_table, "study", CORE)
 breadth = partial(length_table, "study-breadth", BREADTH)
 content = partial(length_table, "study-content", CONTENT)
-frequencies = partial(length_table, "study-2025", FREQUENCIES)
+releases = partial(length_table, "study-2025", RELEASES)
 qk_norm = partial(length_table, "qk-norm", QK_NORM)
 extension = partial(
     length_table, "extension", EXTENSION, (256, 512, 1024, 2048, 4096), "model (tiny RoPE base, seed 1)"
@@ -307,9 +311,9 @@ def task_cell(c: dict | None) -> str:
     return marked(accuracy(round(c["accuracy"], 2)), c["mark"]) + sd
 
 
-def tasks() -> str:
+def tasks(folder: str = "tasks") -> str:
     """Exact match per scheme at each task's longest training length, 2x and 8x it: the mean over seeds ±sd."""
-    by_task = load("tasks/eval/tasks.json")["cells"]
+    by_task = load(f"{folder}/eval/tasks.json")["cells"]
     # each task's longest training length (where a scheme must be right first), 2x and 8x it
     columns = [(task, k, k * TASKS[task].train[1]) for task in by_task for k in (1, 2, 8)]
     head = ["scheme"] + [f"{task} {n}" + (f" ({k}x)" if k > 1 else "") for task, k, n in columns]
@@ -323,14 +327,14 @@ def tasks() -> str:
     else:
         samples = f"each on {per_seed} held-out samples of its own"
     note = (
-        f"Exact match ([results/tasks/REPORT.md](results/tasks/REPORT.md)), the mean of {seeds} seeds ±sd, {samples}"
-        "; n/a: past a learned table; **bold**: highest; ~: no paired difference from it detected."
+        f"Exact match ([results/{folder}/REPORT.md](results/{folder}/REPORT.md)), the mean of {seeds} seeds ±sd, "
+        f"{samples}; n/a: past a learned table; **bold**: highest; ~: no paired difference from it detected."
     )
     return markdown(head, [[label] + [task_cell(c) for c in row] for label, row in shown.items()], note)
 
 
 TABLES = {"schemes": schemes, "hooks": hooks, "core": core, "breadth": breadth, "content": content, "qk-norm": qk_norm}
-TABLES["frequencies"] = frequencies
+TABLES |= {"2025": releases, "tasks-2025": partial(tasks, "tasks-2025")}
 TABLES |= {"extension": extension, "passkey": passkey, "streams": streams, "sinks": sinks, "tasks": tasks}
 
 
