@@ -112,7 +112,8 @@ def model_label(result: dict) -> str:
 
 RUN_RESULT = {"checkpoint": str, "scheme": str, "results": list}  # what the comparisons read of a run's result
 RESULT = {"length": RUN_RESULT, "tasks": RUN_RESULT, "grids": RUN_RESULT}
-RESULT |= {"passkey": {"scheme": str, "results": list}, "stream": {"scheme": str, "methods": dict}}
+STREAM = {"checkpoint": str, "scheme": str, "stream_tokens": int, "block": int, "methods": dict}  # what reports read
+RESULT |= {"passkey": {"scheme": str, "results": list}, "stream": STREAM}
 
 
 def write_result(out_dir: Path, stem: str, result: dict, draw=None, text: str | None = None) -> Path:

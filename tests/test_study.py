@@ -141,7 +141,7 @@ def test_the_report_titles_a_variants_stream_by_its_seed_group_not_its_bare_sche
         run["checkpoint"] = f"study/{name}/ckpt.pt"
         (study / name / "eval").mkdir(parents=True)
         (study / name / "eval" / "length.json").write_text(json.dumps(run))
-        stream = {"checkpoint": run["checkpoint"], "scheme": "rope", "methods": {}}
+        stream = {"checkpoint": run["checkpoint"], "scheme": "rope", "stream_tokens": 512, "block": 256, "methods": {}}
         (study / name / "eval" / "stream.json").write_text(json.dumps(stream))
     text = study_module.report(study)
     assert "### rope (rope-s1)" in text and "### rope [train.window=64] (rope-window64-s1)" in text
