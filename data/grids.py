@@ -59,11 +59,6 @@ def positions(height: int, width: int) -> np.ndarray:
     return np.concatenate((np.zeros((AXES, 1), dtype=np.int64), grid), axis=1)
 
 
-def cells_of(doc: np.ndarray, height: int, width: int) -> np.ndarray:
-    """The inverse of tokens."""
-    return doc[1:].reshape(height, width + 2)[:, 1:-1]
-
-
 def write_grids(tmp: Path, data: dict, log):
     """data=grids into tmp: data.train_docs and data.val_docs grids, seeded by (data.seed, split)."""
     height, width, rule = data["height"], data["width"], data["rule"]

@@ -47,10 +47,6 @@ class TokenSplit:
         s, lo, hi = self._locate(i)
         return np.asarray(self.shards[s][lo:hi], dtype=np.int64)
 
-    def document_positions(self, i: int) -> np.ndarray:
-        s, lo, hi = self._locate(i)
-        return np.asarray(self.positions[s][:, lo:hi], dtype=np.int64)
-
     def documents(self) -> list[np.ndarray]:
         return [self.document(i) for i in range(len(self.doc_starts))]
 

@@ -20,11 +20,6 @@ from . import rope_scaling
 from .base import Positional, PositionalOptions
 
 
-def apply_rotary(x: torch.Tensor, angles: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """Rotate x (..., T, Dh) by angles (T, Dh/2): the two halves of Dh form the (real, imaginary) pairs."""
-    return rotate_by(x, angles.cos() * scale, angles.sin() * scale)
-
-
 def rotate_by(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """(x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos) over the halves of the last dim."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)

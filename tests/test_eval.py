@@ -13,12 +13,17 @@ from evaluation.length import score, windows
 from evaluation.pieces import Region, regions, scoring_pieces
 from model.variant import Variant
 from positional import rope_scaling
-from positional.rope import RoPE, apply_rotary
+from positional.rope import RoPE, rotate_by
 from positional.rope_scaling import Scaling
 from train import train
 from utils import runtime
 
 D, BASE, L = 16, 10000.0, 64
+
+
+def apply_rotary(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """x (..., T, Dh) rotated by angles (T, Dh/2), the two halves of Dh the (real, imaginary) pairs: RoPE's formula."""
+    return rotate_by(x, angles.cos(), angles.sin())
 
 
 @pytest.mark.parametrize("kind", rope_scaling.KINDS)

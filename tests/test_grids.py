@@ -162,8 +162,9 @@ def test_grid_data_round_trips(tmp_path):
     for i in range(12):
         doc = split.document(i)
         assert np.array_equal(doc, grids.tokens(grids.random_grid(rng, 4, 5, 30, 0.5)))
-        assert np.array_equal(split.document_positions(i), grids.positions(4, 5)) and len(doc) == n
-        cells = grids.cells_of(doc, 4, 5)
+        s, lo, hi = split._locate(i)  # the document's stored position ids
+        assert np.array_equal(split.positions[s][:, lo:hi], grids.positions(4, 5)) and len(doc) == n
+        cells = doc[1:].reshape(4, 7)[:, 1:-1]  # the grid's cells, less BOS and the two walls of each row
         for r in range(1, 4):  # rule 30, written out: left XOR (centre OR right), dead past the walls
             above = np.pad(cells[r - 1], 1)
             assert np.array_equal(cells[r], above[:-2] ^ (above[1:-1] | above[2:])), (i, r)
