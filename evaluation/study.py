@@ -78,10 +78,11 @@ def pooled_streams(streams: list[dict], group_of: dict) -> dict:
             idx = bootstrap.block_draws(len(tokens), ["pooled stream", int(tokens.sum())])
             draws[group, method] = bootstrap.resample(sums, tokens, idx, run_key=group)
             scored[group, method] = int(tokens.sum())
+            run_nll = sums.sum(axis=1) / tokens.sum()  # each seed's mean NLL over the stream
             groups[group]["methods"][method] = {
-                "ppl": round(float(np.exp((sums.sum(axis=1) / tokens.sum()).mean())), 4),
+                "ppl": round(float(np.exp(run_nll.mean())), 4),
                 "ci": bootstrap.ppl_interval(draws[group, method]),
-                "ppl_runs": [round(float(np.exp(s.sum() / tokens.sum())), 4) for s in sums],
+                "ppl_runs": [round(float(np.exp(x)), 4) for x in run_nll],
             }
     pairs = [
         {"a": f"{a[0]}: {a[1]}", "b": f"{b[0]}: {b[1]}", **bootstrap.difference(draws[a], draws[b])}
