@@ -263,6 +263,59 @@ def sinks() -> str:
     return markdown(head, body, note)
 
 
+SINK_STUDY = {  # seed group in results/sinks-2025 -> its row name
+    "rope": "RoPE, BOS first",
+    "rope [model.attn_gate=True]": "RoPE + head gate (`model.attn_gate=true`)",
+    "rope [model.sink_logit=True]": "RoPE + sink logit (`model.sink_logit=true`)",
+}
+
+
+def spread(values: list[float], digits: int) -> str:
+    """The mean of a group's seeds and each seed's value."""
+    return f"{sum(values) / len(values):.{digits}f} ({', '.join(f'{v:.{digits}f}' for v in values)})"
+
+
+def sink_study() -> str:
+    """The sinks preset at 3 seeds: each group's streams pooled over its seeds (evaluation/study.py), what a plain
+    window costs against 4 sinks, the val loss and where layer 0's attention parks, seed by seed."""
+    pooled, body = load("sinks-2025/eval/streams.json"), []
+    for label, name in SINK_STUDY.items():
+        group = pooled["groups"][label]
+        runs = [Path(run).parent.name for run in group["runs"]]
+        logs = [read_log(RESULTS / "sinks-2025" / run / "metrics.jsonl") for run in runs]
+        last = [[row for row in log if "val_loss" in row][-1] for log in logs]
+        key0 = [load(f"sinks-2025/{run}/eval/stream.json")["first_token_attention"] for run in runs]
+        window, sinks4 = (next(m for m in group["methods"] if m.startswith(k)) for k in ("window", "sinks 4+"))
+        pair = next(p for p in pooled["pairs"] if (p["a"], p["b"]) == (f"{label}: {window}", f"{label}: {sinks4}"))
+        caches = [group["methods"][m] for m in ("dense", window, sinks4)]
+        slot = [max(k["nothing_max_head"]) for k in key0 if "nothing_max_head" in k]
+        cost = [row["nothing_cost"] for row in last if "nothing_cost" in row]
+        body.append(
+            [
+                f"{name} ({len(runs)})",
+                spread([row["val_loss"] for row in last], 3),
+                *(f"{c['ppl']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]" for c in caches),
+                f"{pair['diff_nll']:+.4f} [{pair['lo']:+.4f}, {pair['hi']:+.4f}]",
+                spread([max(k["max_head"]) for k in key0], 3),
+                spread(slot, 2) if slot else "-",
+                spread(cost, 2) if cost else "-",
+            ]
+        )
+    note = (
+        "`experiment=sinks` (1,200 Muon steps of 32 x 256, no QK-norm, every row opening with BOS), seeds 1, 2, 3 (the "
+        "count after each name). Val loss: each run's last eval; the mean (each seed's). Perplexity over a stream of "
+        "12,800 held-out tokens fed one at a time, pooled over the seeds [95% interval resampling the stream's blocks "
+        "of 256 and the seeds]. Window - sinks: window 0+256 minus sinks 4+252 in mean NLL [paired: the same blocks "
+        "and seeds drawn]. Key 0: the largest head's mean attention on the stream's first token (a uniform share is "
+        "0.0054; a sink head is above 0.3). Slot: the largest head's share of the sink logit's slot in the stream; "
+        "without it: the nats per token the model loses when the slot is taken away (`train.sink_metric`, the last "
+        "eval). From `results/sinks-2025/eval/streams.json` and each run's `metrics.jsonl` and `eval/stream.json`; "
+        "every pair: [results/sinks-2025/REPORT.md](results/sinks-2025/REPORT.md)."
+    )
+    head = ["run (seeds)", "val loss", "dense", "window 0+256", "sinks 4+252", "window - sinks, nats", "key 0"]
+    return markdown(head + ["slot", "without it, nats"], body, note)
+
+
 PASSKEY = [  # evaluation/passkey.py's files under results/extension, in the order shown
     *(f"rope-passkey/eval/passkey{v}.json" for v in ("", "-rerope", "-leaky_rerope", "-yarn", "-ntk")),
     *(f"{run}/eval/passkey.json" for run in ("rope-passkey-600", "rope-passkey-rms", "rope-yarn4-passkey")),
@@ -336,6 +389,7 @@ def tasks(folder: str = "tasks") -> str:
 TABLES = {"schemes": schemes, "hooks": hooks, "core": core, "breadth": breadth, "content": content, "qk-norm": qk_norm}
 TABLES |= {"2025": releases, "tasks-2025": partial(tasks, "tasks-2025")}
 TABLES |= {"extension": extension, "passkey": passkey, "streams": streams, "sinks": sinks, "tasks": tasks}
+TABLES |= {"sinks-2025": sink_study}
 
 
 @cache
