@@ -242,10 +242,8 @@ def sinks() -> str:
         methods = result["methods"]
         window, one_sink = (next(m for m in methods if m.startswith(kind)) for kind in ("window", "sinks 1+"))
         pair = next(p for p in result["pairs"] if {p["a"], p["b"]} == {window, one_sink})
-        sign = 1 if pair["a"] == window else -1  # window minus one sink: what evicting the first token costs
-        lo, hi = sorted((sign * pair["lo"], sign * pair["hi"]))
+        evicting = difference(pair, 1 if pair["a"] == window else -1)  # window minus one sink: evicting key 0
         caches = [stream_cell(methods["dense"]), stream_cell(methods[window], 2), stream_cell(methods[one_sink], 2)]
-        evicting = f"{sign * pair['diff_nll']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
         key0 = result["first_token_attention"]
         heads = ["-" if h is None else f"{max(h):.4f}" for h in (key0["max_head"], key0.get("nothing_max_head"))]
         cost = "-" if "nothing_cost" not in logged else f"x{math.exp(logged['nothing_cost']):.1f}"
@@ -268,6 +266,12 @@ SINK_STUDY = {  # seed group in results/sinks-2025 -> its row name
     "rope [model.attn_gate=True]": "RoPE + head gate (`model.attn_gate=true`)",
     "rope [model.sink_logit=True]": "RoPE + sink logit (`model.sink_logit=true`)",
 }
+
+
+def difference(pair: dict, sign: int = 1) -> str:
+    """`a - b [lo, hi]` of a paired difference in mean NLL; sign -1: b - a."""
+    lo, hi = sorted((sign * pair["lo"], sign * pair["hi"]))
+    return f"{sign * pair['diff_nll']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
 
 
 def spread(values: list[float], digits: int) -> str:
@@ -294,23 +298,20 @@ def sink_study() -> str:
             [
                 f"{name} ({len(runs)})",
                 spread([row["val_loss"] for row in last], 3),
-                *(f"{c['ppl']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]" for c in caches),
-                f"{pair['diff_nll']:+.4f} [{pair['lo']:+.4f}, {pair['hi']:+.4f}]",
+                *map(ppl, caches),
+                difference(pair),
                 spread([max(k["max_head"]) for k in key0], 3),
                 spread(slot, 2) if slot else "-",
                 spread(cost, 2) if cost else "-",
             ]
         )
     note = (
-        "`experiment=sinks` (1,200 Muon steps of 32 x 256, no QK-norm, every row opening with BOS), seeds 1, 2, 3 (the "
-        "count after each name). Val loss: each run's last eval; the mean (each seed's). Perplexity over a stream of "
-        "12,800 held-out tokens fed one at a time, pooled over the seeds [95% interval resampling the stream's blocks "
-        "of 256 and the seeds]. Window - sinks: window 0+256 minus sinks 4+252 in mean NLL [paired: the same blocks "
-        "and seeds drawn]. Key 0: the largest head's mean attention on the stream's first token (a uniform share is "
-        "0.0054; a sink head is above 0.3). Slot: the largest head's share of the sink logit's slot in the stream; "
-        "without it: the nats per token the model loses when the slot is taken away (`train.sink_metric`, the last "
-        "eval). From `results/sinks-2025/eval/streams.json` and each run's `metrics.jsonl` and `eval/stream.json`; "
-        "every pair: [results/sinks-2025/REPORT.md](results/sinks-2025/REPORT.md)."
+        "`experiment=sinks`, seeds 1, 2, 3 (the count after each name); val loss: the last eval's, the mean (each "
+        "seed's). Perplexity over a stream of 12,800 held-out tokens, pooled over the seeds [95% interval over its "
+        "blocks of 256 and the seeds]. Window - sinks: in mean NLL [paired over blocks and seeds]. Key 0: the largest "
+        "head's mean attention on the stream's first token (uniform 0.0054; a sink head: above 0.3); slot: on the sink "
+        "logit's slot; without it: the nats lost when the slot is taken away (the last eval). Every pair: "
+        "[results/sinks-2025/REPORT.md](results/sinks-2025/REPORT.md)."
     )
     head = ["run (seeds)", "val loss", "dense", "window 0+256", "sinks 4+252", "window - sinks, nats", "key 0"]
     return markdown(head + ["slot", "without it, nats"], body, note)
