@@ -27,7 +27,12 @@ def train_bpe(texts, vocab_size: int, max_chars: int) -> dict:
 
     logging.getLogger("rustbpe").setLevel(logging.WARNING)  # its progress is a hundred lines
     tok = rustbpe.Tokenizer()
-    tok.train_from_iterator(_limit(texts, max_chars), vocab_size - 1)  # one id left for BOS
+    try:
+        tok.train_from_iterator(_limit(texts, max_chars), vocab_size - 1)  # one id left for BOS
+    except SystemError as e:
+        # rustbpe asks Python's logging for its level as training starts; an exception raised there (a SIGTERM or
+        # Ctrl-C handler's Stopped) is left pending and comes back as a SystemError caused by it: raise the cause
+        raise (e.__cause__ or e) from None
     ranks = {base64.b64encode(bytes(piece)).decode(): rank for piece, rank in tok.get_mergeable_ranks()}
     return {"kind": "bpe", "pattern": tok.get_pattern(), "ranks": ranks, "special": {BOS: len(ranks)}}
 

@@ -9,6 +9,7 @@ import errno
 import fcntl
 import io
 import json
+import logging
 import math
 import os
 import random
@@ -387,6 +388,29 @@ def test_sigterm_while_the_data_is_prepared_stops_at_once_and_leaves_no_half_dat
     assert proc.returncode == 128 + signal.SIGTERM, said + err
     assert "SIGTERM: stopping before the first step, with nothing to save" in said and "step 1/" not in said
     assert [p.name for p in cache.rglob("*") if p.is_file()] == [] and not (out / "ckpt.pt").exists()
+
+
+def test_a_signal_handled_as_rustbpe_starts_training_raises_its_own_stop(monkeypatch):
+    """rustbpe asks Python's logging for its logger as training starts; a SIGTERM handled at that moment raised
+    Stopped inside that call, and rustbpe left it pending. Here the handler's Stopped is raised in that same call:
+    train_bpe raises it, so train.py exits 143. Fails on the code before: a SystemError, exit 1 and a traceback."""
+    from utils.runtime import Stopped
+
+    real, calls = logging.getLogger, []
+
+    def get_logger(name=None):
+        if sys._getframe(1).f_code is tokenizer.train_bpe.__code__:  # train_bpe's line or rustbpe within it
+            calls.append(name)
+            if len(calls) > 1:  # the first is train_bpe's own, before rustbpe starts
+                raise Stopped("SIGTERM")
+        return real(name)
+
+    monkeypatch.setattr(logging, "getLogger", get_logger)
+    with pytest.raises(BaseException) as stop:
+        tokenizer.train_bpe(iter(["to be or not to be"] * 50), 300, 10**6)
+    if len(calls) == 1:
+        pytest.skip("this rustbpe no longer calls Python's logging as it trains")
+    assert type(stop.value) is Stopped and stop.value.code == 128 + signal.SIGTERM
 
 
 def test_ctrl_c_in_a_sweep_evaluation_keeps_the_runs_done(tmp_path, shakespeare_dir):
