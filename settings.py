@@ -200,8 +200,9 @@ def passes(test, value) -> bool:
 
 
 def value_problem(key: str, value, f) -> str | None:
-    """key=value against field f's declared checks (and, for a dataclass instance built in code, its choices)."""
-    meta, hint = f.metadata, f.metadata.get("hint", "")
+    """key=value against field f's declared checks and choices (OmegaConf checks a composed config's choices as it
+    composes; a dataclass instance built in code, a checkpoint's, is checked here)."""
+    meta, hint, kind = f.metadata, f.metadata.get("hint", ""), not_optional(f.type)
     shown = f"{key}={show(value)}"
     if value is None and f.type in (Any, "Any") and f.default is not None:  # of mixed type: null is no value of it
         if "choices" in meta:
@@ -209,6 +210,8 @@ def value_problem(key: str, value, f) -> str | None:
         return f"{shown} must {meta['must']}; {hint}"
     if value is None:
         return None
+    if isinstance(kind, type) and issubclass(kind, enum.Enum) and value not in {m.value for m in kind}:
+        return f"{shown} is not one of {', '.join(m.value for m in kind)}; pick one"
     if "group" in meta and config_type(value) is None:  # a value where an option's settings belong
         return f"{shown} is not an option of {meta['group']}; pick one with {meta['group']}=<option>"
     if "choices" in meta and not any(value == c and type(value) is type(c) for c in meta["choices"]):
@@ -233,14 +236,6 @@ def value_problem(key: str, value, f) -> str | None:
     return None
 
 
-def choice_problem(key: str, value, kind) -> str | None:
-    """A choice field of an instance built in code (a checkpoint's dict) holding a value its enum does not offer."""
-    if isinstance(kind, type) and issubclass(kind, enum.Enum) and value is not None:
-        if value not in {m.value for m in kind}:
-            return f"{key}={show(value)} is not one of {', '.join(m.value for m in kind)}; pick one"
-    return None
-
-
 def lookup(node, key: str):
     """The value at a rule's key (a path from node); a KeyError if there is none, never a silent skip."""
     if isinstance(node, DictConfig):
@@ -254,10 +249,6 @@ def lookup(node, key: str):
             raise KeyError(key)
         node = getattr(node, part)
     return node
-
-
-def rules(cls) -> tuple[Rule, ...]:
-    return getattr(cls, "RULES", ())
 
 
 def unresolved(key: str, raw, e, hint: str) -> str:
@@ -291,7 +282,6 @@ def problem(node, prefix: str = "", only=None, facts: dict | None = None, values
         if isinstance(node, DictConfig):
             return next(filter(None, (problem(node[k], f"{prefix}{k}.", None, facts, values_only) for k in node)), None)
         return None
-    hints = typing.get_type_hints(cls)
     composed = isinstance(node, DictConfig)
     if composed:
         extra = [k for k in node.keys() if field_of(cls, str(k)) is None]
@@ -303,10 +293,9 @@ def problem(node, prefix: str = "", only=None, facts: dict | None = None, values
         key = f"{prefix}{f.name}"
         value, found = read(node, f, key)
         found = found or value_problem(key, value, f)
-        found = found or (None if composed else choice_problem(key, value, hints[f.name]))
         if found or (found := problem(value, f"{key}.", None, facts, values_only)):
             return found
-    for rule in () if values_only else rules(cls):
+    for rule in () if values_only else getattr(cls, "RULES", ()):
         if not set(rule.needs) <= set(facts or ()):
             continue
         values = [lookup(node, k) for k in rule.keys]
@@ -316,20 +305,14 @@ def problem(node, prefix: str = "", only=None, facts: dict | None = None, values
     return None
 
 
-def files_problem(node, prefix: str = "") -> str | None:
+def files_problem(node) -> str | None:
     """The first path setting of node (a composed config) that the filesystem does not hold as it must (its
     files= check), as one line, or None. Run after problem(): every value is in range by then."""
-    cls = config_type(node)
-    if cls is None:
-        return None
-    for f in fields(cls):
-        if isinstance(node, DictConfig) and OmegaConf.is_missing(node, f.name):
-            continue
-        key, value = f"{prefix}{f.name}", getattr(node, f.name)
-        if "files" in f.metadata and value is not None and (why := f.metadata["files"](str(value))):
-            return f"{key}={show(value)} {why}; {f.metadata['hint']}"
-        if found := files_problem(value, f"{key}."):
-            return found
+    for prefix, sub, cls in walk(node):
+        for f in fields(cls):
+            value = None if OmegaConf.is_missing(sub, f.name) else getattr(sub, f.name)
+            if "files" in f.metadata and value is not None and (why := f.metadata["files"](str(value))):
+                return f"{prefix}{f.name}={show(value)} {why}; {f.metadata['hint']}"
     return None
 
 
