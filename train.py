@@ -28,12 +28,12 @@ from data import tokenizer
 from data.loader import RowSampler, TokenSplit, load_meta
 from data.prepare import prepare
 from model.gpt import GPT, sample_next
+from settings import config_type
 from utils import checkpoint, checks, files, optim, runtime, schema
 from utils.errors import UserError, cli, hydra_cli
 from utils.logger import Logger, Meter, log, metrics, start_wandb, wandb_where
 
 LOST_STEPS = 5  # lost steps in a row (lost()) that stop a run as diverged
-EVAL_MODE = {"grids": "eval.mode=grids", "passkey": "eval.mode=passkey", "tasks": "eval.mode=tasks"}  # own ways
 
 
 @dataclass
@@ -377,11 +377,13 @@ def finish(s: Setup, state: TrainState, wall: float, logger: Logger | None, stop
             f"{checkpoint.resume_command(s.out_dir, s.rt)}"
         )
     else:
-        print(" ".join(["next: python eval.py", f"checkpoint={s.out_dir}", *eval_mode(s.cfg.data.source)]))
+        print(" ".join(["next: python eval.py", f"checkpoint={s.out_dir}", *eval_mode(s.cfg.data)]))
 
 
-def eval_mode(source: str) -> list[str]:
-    return [EVAL_MODE[source]] if source in EVAL_MODE else []
+def eval_mode(data) -> list[str]:
+    """How eval.py scores a run trained on this data: its source's eval.mode (data=grids: eval.mode=grids), if any."""
+    mode = config_type(data).eval_mode
+    return [f"eval.mode={mode}"] if mode else []
 
 
 def train(cfg: DictConfig, out_dir, group: str | None = None, probes: list | None = None) -> dict:
@@ -463,7 +465,7 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config, **kwargs):
         sweep = Path(config.hydra.sweep.dir)
         runs = sorted(sweep.glob(f"*/{checkpoint.NAME}"))
-        compare = " ".join(["python eval.py", f"sweep_dir={sweep}", *eval_mode(config.data.source)])
+        compare = " ".join(["python eval.py", f"sweep_dir={sweep}", *eval_mode(config.data)])
         print(f"sweep: {len(runs)} runs in {sweep}; compare them: {compare}")
 
 

@@ -13,12 +13,13 @@ import base64
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
 from data.loader import SPLITS, write_token_split
 from data.tokenizer import BOS
-from settings import setting
+from settings import UserError, setting
 from utils.schema import MAX_COUNT, Corpus, Source, fixed, folder_name, seed
 
 CHARS = ".#|\n"  # dead, alive, left wall, right wall; BOS is id len(CHARS)
@@ -90,3 +91,14 @@ class GridsData(Corpus):
     val_docs: int = setting(256, "pass how many held-out grids to generate", ge=1, le=MAX_COUNT)
     seed: int = seed()  # grids from generators seeded by (seed, split)
     bos_aligned: bool = True  # always: rows with position ids are whole documents (data/loader.py)
+    eval_mode: ClassVar = "grids"
+
+    @staticmethod
+    def check_rows(data, seq_len: int):
+        """A training row holds exactly one grid: BOS, then height rows of width cells between two wall tokens."""
+        tokens = data.height * (data.width + 2)
+        if seq_len != tokens:
+            raise UserError(
+                f"train.seq_len={seq_len}: a row holds one grid, {data.height} rows of {data.width} cells and 2 "
+                f"walls = {tokens} tokens after BOS; pass train.seq_len={tokens}"
+            )

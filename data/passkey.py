@@ -47,6 +47,7 @@ class PasskeyData(Corpus):
     key_digits: int = setting(5, "pass how many digits the pass key has", ge=1, le=100)
     seed: int = seed()  # keys, lengths, depths and filler positions
     bos_aligned: bool = True  # every training row starts at a sample's BOS
+    eval_mode: ClassVar = "passkey"
 
     RULES: ClassVar = (
         Rule(("max_tokens", "min_tokens"), lambda hi, lo: hi >= lo, "{0} is below {1}; pass a range of sample lengths"),

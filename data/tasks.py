@@ -38,7 +38,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -160,6 +160,7 @@ class TasksData(Corpus):
     val_docs: int = setting(512, "pass how many validation samples to generate", ge=1, le=MAX_COUNT)  # for val_loss
     seed: int = seed()  # samples from generators seeded by (seed, split); eval.mode=tasks draws its own
     bos_aligned: bool = True  # always: a row is one sample from its BOS (data/tasks.py TaskRows)
+    eval_mode: ClassVar = "tasks"
     # positions: a sorted random subset of range(random_positions) per batch, in training and eval.mode=tasks
     # (Ruoss et al. 2023: the positions of longer sequences seen in short ones); null: 0..T-1
     random_positions: int | None = setting(

@@ -17,7 +17,7 @@ from evaluation.grids import held_out_grids, score_size, training_first_rows
 from model.kv_cache import DenseCache, SinkCache
 from model.static_decode import StaticDecoder
 from positional import PositionAxesError
-from utils import checks, schema
+from utils import checks
 from utils.errors import UserError
 
 T = 24
@@ -191,7 +191,7 @@ def test_grid_options_fail_with_one_line_naming_the_key():
     with pytest.raises(UserError, match="data.rule=300 must be <= 255"):
         checks.check(cfg)
     with pytest.raises(UserError, match="train.seq_len=28") as e:
-        schema.check_grid_row(OmegaConf.create({**GRID, "height": 5}), 28)
+        grids.GridsData.check_rows(OmegaConf.create({**GRID, "height": 5}), 28)
     assert "\n" not in str(e.value)
     with pytest.raises(UserError, match="cannot read"):
         select_axes(grids.positions(2, 2), 4)

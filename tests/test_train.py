@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import ROOT, SCHEMES, TINY, checkpoint_state, config, random_model, run
 
-from train import grad_scaler, train
+from train import eval_mode, grad_scaler, train
 from utils import checkpoint, runtime
 from utils.errors import UserError
 
@@ -697,3 +697,12 @@ def test_the_final_sample_is_decoded_from_the_last_saved_weights(tmp_path, shake
 def sample_text(out: str) -> str:
     """The text between the sample's opening and closing rules (the closing lines of a run follow it)."""
     return out.split("--- sample ---\n")[1].split("\n--------------\n")[0]
+
+
+@pytest.mark.parametrize("data", ["shakespeare", "text", "fineweb_edu", "grids", "passkey", "tasks"])
+def test_the_next_command_scores_a_run_in_its_data_s_own_eval_mode(data):
+    """A run's closing line (and a sweep's) names eval.py's mode for its data: each generated source its own (the
+    source's class says which), the corpora none, perplexity by length."""
+    cfg = config(f"data={data}", "out_dir=x")
+    own = {"grids": ["eval.mode=grids"], "passkey": ["eval.mode=passkey"], "tasks": ["eval.mode=tasks"]}
+    assert eval_mode(cfg.data) == own.get(data, [])

@@ -28,7 +28,6 @@ from utils.schema import (
     CHECKPOINT_HINT,
     RUN,
     TrainConfig,
-    check_grid_row,
     model_config,
     plain,
 )
@@ -87,8 +86,8 @@ def preflight(cfg):
         check_mode(cfg.logger.mode)
     if "model" in cfg and not (cfg.get("checkpoint") or cfg.get("sweep_dir")):  # a model it builds (train, viz)
         check_model(cfg)
-    if kind is TrainConfig and cfg.data.source == "grids":
-        check_grid_row(cfg.data, cfg.train.seq_len)
+    if kind is TrainConfig:
+        config_type(cfg.data).check_rows(cfg.data, cfg.train.seq_len)
     for path in checkpoints(cfg):
         if message := problem(cfg, facts={**dict.fromkeys(RUN, True), **facts(path)}):
             raise UserError(message)

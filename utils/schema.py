@@ -20,7 +20,6 @@ import settings
 from model.gpt import ModelConfig
 from settings import Rule, choices, fixed, group, setting
 from utils.checkpoint import run_checkpoint
-from utils.errors import UserError
 from utils.files import writable_folder
 
 DType = choices("DType", "auto", "fp32", "bf16", "fp16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
@@ -201,6 +200,12 @@ class Corpus:
     cache_dir: str | None = setting(  # null: $NANOPOS_DATA or .cache/data in the repo
         None, "pass a folder to keep prepared data in, or null for the default", nonempty=True, files=writable_folder
     )
+    # the eval.mode that scores a run trained on it (train.py's next command), where not perplexity by length
+    eval_mode: ClassVar[str | None] = None
+
+    @staticmethod
+    def check_rows(data, seq_len: int):
+        """What the source asks of train.seq_len, raising a UserError (data=grids: a row holds one grid)."""
 
 
 @dataclass
@@ -212,17 +217,6 @@ class ShakespeareData(Corpus):
     val_works: list[str] = setting(  # held out with their Folio twins
         ["hamlet", "othello", "coriolanus", "richard_iii"], "name the works to hold out", nonempty=True
     )
-
-
-def check_grid_row(data, seq_len: int):
-    """A training row holds exactly one grid: BOS, then height rows of width cells between two wall tokens
-    (data/grids.py draws them so)."""
-    tokens = data.height * (data.width + 2)
-    if seq_len != tokens:
-        raise UserError(
-            f"train.seq_len={seq_len}: a row holds one grid, {data.height} rows of {data.width} cells and 2 "
-            f"walls = {tokens} tokens after BOS; pass train.seq_len={tokens}"
-        )
 
 
 @dataclass
