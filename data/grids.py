@@ -60,7 +60,7 @@ def positions(height: int, width: int) -> np.ndarray:
     return np.concatenate((np.zeros((AXES, 1), dtype=np.int64), grid), axis=1)
 
 
-def write_grids(tmp: Path, data: dict, log):
+def write(tmp: Path, data: dict, log, base=None):
     """data=grids into tmp: data.train_docs and data.val_docs grids, seeded by (data.seed, split)."""
     height, width, rule = data["height"], data["width"], data["rule"]
     (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_spec()))

@@ -135,7 +135,7 @@ def samples(template: Template, stream: np.ndarray, bos: int, n: int, lengths: t
         yield template.sample(bos, stream[start:], key, depth, length, start)
 
 
-def write_passkey(tmp: Path, data: dict, base: Path, log):
+def write(tmp: Path, data: dict, log, base: Path):
     """data=passkey into tmp: its train and val samples, both drawn from the training split of the corpus at `base`."""
     spec = tokenizer.read_spec(base)
     enc, meta = tokenizer.load(spec), load_meta(base)

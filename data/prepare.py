@@ -8,6 +8,7 @@ each with a small tokenizer of its own.
 """
 
 import hashlib
+import importlib
 import itertools
 import json
 import os
@@ -39,6 +40,7 @@ def cache_root(data: dict) -> Path:
         ) from None
 
 
+GENERATED = ("grids", "tasks", "passkey")  # data/<source>.py writes them: write(tmp, data, log, base)
 LOADER_KEYS = ("name", "bos_aligned", "random_positions")  # options that leave the documents alone: not in the key
 
 
@@ -65,26 +67,14 @@ def prepare(data: dict, tok: dict, log=print) -> Path:
     log = log or (lambda *args: None)
     if (out / "meta.json").exists():
         return out
-    source = data["source"]
-    if source == "passkey":
-        base = prepare(data["base"], tok, log)  # the corpus it draws from, prepared first
+    base = prepare(data["base"], tok, log) if "base" in data else None  # passkey's corpus, prepared first
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         log(f"preparing {data['name']} with tokenizer {tokenizer_key(tok)} in {out}")
-        if source == "grids":  # a generator (data/<source>.py) is imported only when asked for
-            from data.grids import write_grids
-
-            write_grids(tmp, data, log)
-        elif source == "tasks":
-            from data.tasks import write_tasks
-
-            write_tasks(tmp, data, log)
-        elif source == "passkey":
-            from data.passkey import write_passkey
-
-            write_passkey(tmp, data, base, log)
+        if data["source"] in GENERATED:  # its module, imported only when asked for
+            importlib.import_module(f"data.{data['source']}").write(tmp, data, log, base)
         else:
             write_corpus(tmp, data, tok, log)
         seal(tmp)

@@ -214,7 +214,7 @@ def samples(rng: np.random.Generator, tasks: list[str], count: int):
         yield encode(*task.sample(rng, int(rng.integers(task.train[0], task.train[1] + 1))))
 
 
-def write_tasks(tmp: Path, data: dict, log):
+def write(tmp: Path, data: dict, log, base=None):
     """data=tasks into tmp: data.train_docs and data.val_docs samples, seeded by (data.seed, split)."""
     tasks = list(data["tasks"])
     check_tasks(tasks)

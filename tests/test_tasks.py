@@ -189,7 +189,7 @@ def write(folder, task_names, seed=3, train_docs=400, val_docs=60):
     data = {"name": "tasks", "source": "tasks", "tasks": task_names, "train_docs": train_docs,
             "val_docs": val_docs, "seed": seed, "cache_dir": None}  # fmt: skip
     folder.mkdir()
-    tasks.write_tasks(folder, data, lambda *args: None)
+    tasks.write(folder, data, lambda *args: None)
     return folder
 
 
@@ -208,7 +208,7 @@ def kind(prompt):
     raise AssertionError(prompt)
 
 
-def test_write_tasks_draws_the_mixture_in_its_training_ranges(every_task, tmp_path):
+def test_writing_tasks_draws_the_mixture_in_its_training_ranges(every_task, tmp_path):
     import json
 
     meta = json.loads((every_task / "meta.json").read_text())
