@@ -62,6 +62,12 @@ def difference(a: np.ndarray, b: np.ndarray) -> dict:
     return {"diff_nll": diff, "lo": round(lo, 5), "hi": round(hi, 5), "within_noise": lo <= 0 <= hi}
 
 
+def shown(pair: dict, sign: int = 1) -> str:
+    """`a - b [lo, hi]` of difference()'s pair, in mean NLL; sign -1: b - a."""
+    lo, hi = sorted((sign * pair["lo"], sign * pair["hi"]))
+    return f"{sign * pair['diff_nll']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+
+
 def contiguous_blocks(nll: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """(summed NLL, token count) of each run of `size` consecutive tokens (the last may be shorter)."""
     starts = np.arange(0, len(nll), size)

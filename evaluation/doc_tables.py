@@ -17,6 +17,7 @@ from functools import cache, partial
 from pathlib import Path
 
 from data.tasks import TASKS
+from evaluation.bootstrap import shown
 from utils.files import read_json, write_text
 from utils.logger import read_log
 
@@ -194,6 +195,11 @@ def hooks() -> str:
     return markdown(["hook", "schemes that give their own"], body, text_columns=2)
 
 
+def last_eval(run: str) -> dict:
+    """The last row of results/<run>/metrics.jsonl that holds a val loss."""
+    return [row for row in read_log(RESULTS / run / "metrics.jsonl") if row.get("val_loss") is not None][-1]
+
+
 def stream_cell(method: dict, digits: int = 1) -> str:
     """`ppl [lo, hi]` of one cache in evaluation/stream.py's stream.json."""
     mean = method["mean"]
@@ -235,14 +241,13 @@ def sinks() -> str:
     """The sinks runs: stream perplexity per cache, what evicting the first token costs, and where attention parks."""
     body, steps, tokens = [], set(), set()
     for run, name in SINK_RUNS.items():
-        result, log = load(f"sinks/{run}/stream.json"), read_log(RESULTS / "sinks" / run / "metrics.jsonl")
-        logged = [row for row in log if row.get("val_loss") is not None][-1]  # the last eval
+        result, logged = load(f"sinks/{run}/stream.json"), last_eval(f"sinks/{run}")
         steps.add(f"{logged['step']:,}")
         tokens.add(f"{result['stream_tokens']:,}")
         methods = result["methods"]
         window, one_sink = (next(m for m in methods if m.startswith(kind)) for kind in ("window", "sinks 1+"))
         pair = next(p for p in result["pairs"] if {p["a"], p["b"]} == {window, one_sink})
-        evicting = difference(pair, 1 if pair["a"] == window else -1)  # window minus one sink: evicting key 0
+        evicting = shown(pair, 1 if pair["a"] == window else -1)  # window minus one sink: evicting key 0
         caches = [stream_cell(methods["dense"]), stream_cell(methods[window], 2), stream_cell(methods[one_sink], 2)]
         key0 = result["first_token_attention"]
         heads = ["-" if h is None else f"{max(h):.4f}" for h in (key0["max_head"], key0.get("nothing_max_head"))]
@@ -268,12 +273,6 @@ SINK_STUDY = {  # seed group in results/sinks-2025 -> its row name
 }
 
 
-def difference(pair: dict, sign: int = 1) -> str:
-    """`a - b [lo, hi]` of a paired difference in mean NLL; sign -1: b - a."""
-    lo, hi = sorted((sign * pair["lo"], sign * pair["hi"]))
-    return f"{sign * pair['diff_nll']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
-
-
 def spread(values: list[float], digits: int) -> str:
     """The mean of a group's seeds and each seed's value."""
     return f"{sum(values) / len(values):.{digits}f} ({', '.join(f'{v:.{digits}f}' for v in values)})"
@@ -286,8 +285,7 @@ def sink_study() -> str:
     for label, name in SINK_STUDY.items():
         group = pooled["groups"][label]
         runs = [Path(run).parent.name for run in group["runs"]]
-        logs = [read_log(RESULTS / "sinks-2025" / run / "metrics.jsonl") for run in runs]
-        last = [[row for row in log if "val_loss" in row][-1] for log in logs]
+        last = [last_eval(f"sinks-2025/{run}") for run in runs]
         key0 = [load(f"sinks-2025/{run}/eval/stream.json")["first_token_attention"] for run in runs]
         window, sinks4 = (next(m for m in group["methods"] if m.startswith(k)) for k in ("window", "sinks 4+"))
         pair = next(p for p in pooled["pairs"] if (p["a"], p["b"]) == (f"{label}: {window}", f"{label}: {sinks4}"))
@@ -299,7 +297,7 @@ def sink_study() -> str:
                 f"{name} ({len(runs)})",
                 spread([row["val_loss"] for row in last], 3),
                 *map(ppl, caches),
-                difference(pair),
+                shown(pair),
                 spread([max(k["max_head"]) for k in key0], 3),
                 spread(slot, 2) if slot else "-",
                 spread(cost, 2) if cost else "-",

@@ -100,7 +100,7 @@ def pooled_table(pooled: dict) -> list[str]:
         shown = ["-" if c is None else f"{c['ppl']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]" for c in cells]
         lines.append(f"| {group} ({len(g['runs'])}) | " + " | ".join(shown) + " |")
     lines += ["", "Paired differences in mean NLL, a - b [95% interval over blocks and seeds]:", ""]
-    lines += [f"- {p['a']} - {p['b']}: {p['diff_nll']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]" for p in pooled["pairs"]]
+    lines += [f"- {p['a']} - {p['b']}: {bootstrap.shown(p)}" for p in pooled["pairs"]]
     return lines
 
 
