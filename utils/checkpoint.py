@@ -144,23 +144,15 @@ def problem(ckpt: dict) -> str | None:
     return None
 
 
-def check_weights(model, ckpt: Checkpoint, state: dict | None = None):
+def check_weights(model, ckpt: Checkpoint, state: dict | None = None, most: int = 3):
     """Refuse a checkpoint whose weights (or state, made from them) are not those of model, built from its
-    model_config: the one check that needs the network, made where a reader builds it."""
-    if why := weights_problem(model, ckpt["model"] if state is None else state):
-        raise UserError(
-            f"checkpoint {ckpt.path} holds the weights of another model than its model_config ({model.pe.name}): "
-            f"{why}; {FIX}"
-        )
-
-
-def weights_problem(model, state: dict, most: int = 3) -> str | None:
-    """How state differs from model's weights (the first `most` missing, unexpected, misshapen), or None."""
+    model_config: the one check that needs the network, made where a reader builds it. Names the first `most`
+    missing, unexpected and misshapen weights."""
 
     def few(names):
         return ", ".join(names[:most]) + (f" (+{len(names) - most} more)" if len(names) > most else "")
 
-    want = model.state_dict()
+    state, want = ckpt["model"] if state is None else state, model.state_dict()
     missing, unexpected = [k for k in want if k not in state], [k for k in state if k not in want]
     shapes = [
         f"{k} {list(state[k].shape)} where the model's is {list(want[k].shape)}"
@@ -168,7 +160,11 @@ def weights_problem(model, state: dict, most: int = 3) -> str | None:
         if k in state and state[k].shape != want[k].shape
     ]
     parts = [f"{what} {few(names)}" for what, names in (("missing", missing), ("unexpected", unexpected)) if names]
-    return ", ".join(parts + shapes[:most]) or None
+    if why := ", ".join(parts + shapes[:most]):
+        raise UserError(
+            f"checkpoint {ckpt.path} holds the weights of another model than its model_config ({model.pe.name}): "
+            f"{why}; {FIX}"
+        )
 
 
 def build_model(model_config: dict) -> GPT:
@@ -200,19 +196,18 @@ LOCK = ".lock"  # in out_dir while a run may write there
 
 def lock_out_dir(out_dir: Path, rt):
     """Rank 0 locks out_dir (two runs would interleave checkpoints) and removes stale temp files; returns the lock."""
-    lock, holder = None, None
+    lock, holder = None, -1  # the pid that holds out_dir (0: unknown), -1: none
     if rt.master:
         try:
             lock = runtime.lock_folder(out_dir, LOCK)
         except runtime.FolderBusy as e:
-            holder = e.pid
+            holder = e.args[0]
         except OSError as e:
             raise UserError(f"out_dir={out_dir} cannot be written ({e.strerror}); pass another out_dir") from None
-    busy = rt.any_rank(holder is not None)
-    pid = int(rt.max_over_ranks(int(holder) if holder and holder.isdigit() else 0))
-    if busy:
+    holder = int(rt.max_over_ranks(holder))  # every rank stops
+    if holder >= 0:
         raise UserError(
-            f"out_dir={out_dir} is in use by another run (pid {pid or 'unknown'}); wait for it to end, or pass "
+            f"out_dir={out_dir} is in use by another run (pid {holder or 'unknown'}); wait for it to end, or pass "
             f"another out_dir"
         )
     if rt.master:
@@ -262,8 +257,10 @@ def resume_state(ckpt: Checkpoint, model, opts, rt):
     hyper = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in opts]
     try:
         rt.load_state(model, opts, ckpt["model"], ckpt["optimizer"])
-        if why := moments_problem(opts):
-            raise ValueError(why)
+        held = [(p, name, t) for opt in opts for p, state in opt.state.items() for name, t in state.items()]
+        for p, name, t in held:  # a moment shaped unlike its parameter: torch checks only group sizes
+            if isinstance(t, torch.Tensor) and t.dim() and t.shape != p.shape:
+                raise ValueError(f"a {name} of shape {list(t.shape)} for a parameter of shape {list(p.shape)}")
     except (ValueError, KeyError, TypeError, IndexError) as e:
         raise UserError(
             f"checkpoint {ckpt.path} holds optimizer state that does not fit this run's optimizer "
@@ -273,16 +270,6 @@ def resume_state(ckpt: Checkpoint, model, opts, rt):
     for opt, groups in zip(opts, hyper, strict=True):
         for group, kept in zip(opt.param_groups, groups, strict=True):
             group.update(kept)
-
-
-def moments_problem(opts) -> str | None:
-    """A moment shaped unlike its parameter (torch checks only group sizes), or None."""
-    for opt in opts:
-        for p, state in opt.state.items():
-            for name, t in state.items():
-                if isinstance(t, torch.Tensor) and t.dim() and t.shape != p.shape:
-                    return f"a {name} of shape {list(t.shape)} for a parameter of shape {list(p.shape)}"
-    return None
 
 
 def corpus(data: dict) -> dict:

@@ -25,12 +25,9 @@ WIDENING = {"model.qk_norm": ("rms", "learned", ("q_gain", "k_gain"))}
 
 def read_init(cfg) -> dict:
     """init_from's checkpoint (memory-mapped); fills in a scaling's null positional.original_length."""
-    pos = cfg.positional
-    scaled = pos.get("scaling", "none") != "none" and pos.get("original_length") is None
-    ckpt = checkpoint.load(cfg.init_from, mmap=True)
-    if scaled:
-        saved = ckpt["model_config"]["positional"]
-        pos.original_length = int(saved.get("original_length") or ckpt["seq_len"])
+    ckpt, pos = checkpoint.load(cfg.init_from, mmap=True), cfg.positional
+    if pos.get("scaling", "none") != "none" and pos.get("original_length") is None:
+        pos.original_length = int(ckpt["model_config"]["positional"].get("original_length") or ckpt["seq_len"])
     return ckpt
 
 
@@ -80,9 +77,8 @@ def check_compatible(init: dict, run: dict, path, older: dict) -> tuple[str, ...
     for key, (was, now, weights) in WIDENING.items():
         if (have.get(key), want.get(key)) == (was, now):
             have[key], added = now, added + weights
-    unset = "unset"
     keys = sorted(set(have) | set(want), key=lambda k: (k != "positional.name", k))  # the scheme's name first
-    diff = [f"{k}={want.get(k, unset)} (it has {have.get(k, unset)})" for k in keys if have.get(k) != want.get(k)]
+    diff = [f"{k}={want.get(k, 'unset')} (it has {have.get(k, 'unset')})" for k in keys if have.get(k) != want.get(k)]
     if diff:
         raise UserError(
             f"init_from={path} has another model shape than this run: {', '.join(diff)}; pass the options it was "
@@ -95,8 +91,7 @@ def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
     """Copy init's weights into model; returns what the new checkpoint records of where they came from."""
     added = check_compatible(init, run, path, older)
     state = dict(init["model"])
-    dropped = dropping(init, run)
-    if dropped:
+    if dropped := dropping(init, run):
         for key in scheme_keys({**older["model_config"], **init["model_config"]}):
             state.pop(key, None)
     for name, module in model.named_modules():

@@ -75,22 +75,19 @@ def start_wandb(project: str, out_dir, config: dict, mode=None, group=None, name
 
 def read_log(path) -> list[dict]:
     """Rows of metrics.jsonl; a last line cut short (killed mid-write) is dropped with a warning."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.splitlines()
-    rows = []
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    lines, rows = text.splitlines(), []
     for n, line in enumerate(lines, 1):
         try:
             row = json.loads(line) if line.strip() else None
         except json.JSONDecodeError:
+            if n == len(lines) and not text.endswith("\n"):
+                print(f"warning: {path}: its last line is cut short (line {n}); dropped", file=sys.stderr, flush=True)
+                break
             row = False
-        if row is None:
-            continue
         if isinstance(row, dict) and isinstance(row.get("step"), int):
             rows.append(row)
-        elif n == len(lines) and row is False and not text.endswith("\n"):
-            print(f"warning: {path}: its last line is cut short (line {n}); dropped", file=sys.stderr, flush=True)
-        else:
+        elif row is not None:
             raise UserError(
                 f"{path} line {n} is not a logged step (a JSON object with a step); delete that line, or move the "
                 f"file away to start the log afresh"

@@ -27,28 +27,13 @@ def param_groups(model):
 
 def build(model, optim: dict, fused: bool = False) -> list[torch.optim.Optimizer]:
     matrices, head, rest = param_groups(model)
-    betas, wd = tuple(optim["betas"]), optim["weight_decay"]
-    if optim["name"] == "adamw":
-        groups = [{"params": matrices + head, "weight_decay": wd}, {"params": rest, "weight_decay": 0.0}]
-        opts = [torch.optim.AdamW(groups, lr=optim["lr"], betas=betas, fused=fused)]
-    elif optim["name"] == "muon":
+    muon, wd = optim["name"] == "muon", optim["weight_decay"]  # else adamw (settings allow only the two)
+    groups = [{"params": head if muon else matrices + head, "weight_decay": wd}, {"params": rest, "weight_decay": 0.0}]
+    opts = [torch.optim.AdamW(groups, lr=optim["adam_lr" if muon else "lr"], betas=tuple(optim["betas"]), fused=fused)]
+    if muon:  # Muon first: checkpoints hold [muon, adamw], and the lr logged is Muon's
         on_cpu = matrices[0].device.type == "cpu"  # its bf16 orthogonalization is emulated there, 25x slower
-        muon = (Muon if on_cpu else torch.optim.Muon)(
-            matrices,
-            lr=optim["lr"],
-            momentum=optim["momentum"],
-            weight_decay=wd,
-            adjust_lr_fn=optim.get("adjust_lr_fn"),
-        )
-        adam = torch.optim.AdamW(
-            [{"params": head, "weight_decay": wd}, {"params": rest, "weight_decay": 0.0}],
-            lr=optim["adam_lr"],
-            betas=betas,
-            fused=fused,
-        )
-        opts = [muon, adam]
-    else:
-        raise ValueError(f"unknown optim.name '{optim['name']}'; choose adamw or muon")
+        options = {"momentum": optim["momentum"], "weight_decay": wd, "adjust_lr_fn": optim.get("adjust_lr_fn")}
+        opts.insert(0, (Muon if on_cpu else torch.optim.Muon)(matrices, lr=optim["lr"], **options))
     for opt in opts:
         for g in opt.param_groups:
             g["base_lr"] = g["lr"]
@@ -65,9 +50,7 @@ def lr_factor(step: int, max_steps: int, warmup: int, min_ratio: float, schedule
     progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
     if schedule == "linear":
         return 1.0 - (1.0 - min_ratio) * progress
-    if schedule == "cosine":
-        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    raise ValueError(f"unknown train.schedule '{schedule}'; choose cosine, linear or constant")
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
 
 
 def set_lr(opts, factor: float):

@@ -65,9 +65,8 @@ class FSDP(Ranks):
         super().wrap(model, optim_name)  # refuses Muon
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mixed = self.dtype != torch.float32  # gather bf16 parameters, reduce gradients in fp32
-        policy = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
-        kwargs = {"mp_policy": policy} if mixed else {}
+        policy = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)  # reduce gradients in fp32
+        kwargs = {"mp_policy": policy} if self.dtype != torch.float32 else {}  # gather bf16 parameters
         for block in model.blocks:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)

@@ -36,7 +36,6 @@ class Runtime:
     device: torch.device
     dtype: torch.dtype  # autocast dtype; float32 means no autocast
     rank: int = 0
-    local_rank: int = 0
     world: int = 1
     parallel: str = "ddp"  # train.parallel: how a torchrun job shares the model
     sharded = False  # FSDP: each rank holds a shard of the weights and of the optimizer state
@@ -126,28 +125,27 @@ def from_slurm():
 def setup(device: str = "auto", dtype: str = "auto", seed: int = 0, parallel: str = "ddp") -> Runtime:
     from_slurm()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device={device} but no CUDA GPU is visible; use device=cpu (or device=auto)")
     if device == "cuda":
-        device = f"cuda:{local_rank}"
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     dev = torch.device(device)
     if dtype == "auto":
         dtype = "bf16" if dev.type == "cuda" else "fp32"
-    if dev.type == "cpu":
-        keep_freed_memory()
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    else:
+        keep_freed_memory()
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", device_id=dev if dev.type == "cuda" else None)
         if dev.type == "cpu":  # share the cores between the ranks on this node
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     torch.manual_seed(seed)
-    return Runtime(dev, DTYPES[dtype], rank, local_rank, world, parallel)
+    return Runtime(dev, DTYPES[dtype], rank, world, parallel)
 
 
 def teardown():
@@ -161,9 +159,7 @@ def teardown():
 
 
 class FolderBusy(Exception):
-    def __init__(self, pid: str):
-        super().__init__(f"held by pid {pid}")
-        self.pid = pid
+    """lock_folder's refusal: args[0] is the pid that holds the folder (0: unknown)."""
 
 
 def lock_folder(folder: Path, name: str = ".lock"):
@@ -179,9 +175,9 @@ def lock_folder(folder: Path, name: str = ".lock"):
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            pid = f.read().strip() or "unknown"
+            pid = f.read().strip()
             f.close()
-            raise FolderBusy(pid) from None
+            raise FolderBusy(int(pid) if pid.isdigit() else 0) from None
         with suppress(FileNotFoundError):
             if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
                 break
