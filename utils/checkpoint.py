@@ -92,7 +92,7 @@ class Checkpoint(dict):
         raise UserError(f"checkpoint {self.path} has no {key!r} (damaged, or not written by train.py); {FIX}")
 
 
-def load(path, map_location="cpu", mmap: bool = False) -> Checkpoint:
+def load(path, mmap: bool = False) -> Checkpoint:
     """The checkpoint, checked. mmap=True reads only the tensors used (eval never reads the optimizer state), once per
     process: an entry point's checks and its own reads share one read of each file as it is."""
     path = checkpoint_path(path)
@@ -101,17 +101,17 @@ def load(path, map_location="cpu", mmap: bool = False) -> Checkpoint:
     if mmap:
         stat = path.stat()
         return _mapped(str(path), stat.st_mtime_ns, stat.st_size)
-    return _read(path, map_location)
+    return _read(path)
 
 
 @functools.lru_cache(maxsize=8)  # mapped: the tensors stay on disk
 def _mapped(path: str, mtime_ns: int, size: int) -> Checkpoint:
-    return _read(Path(path), "cpu", mmap=True)
+    return _read(Path(path), mmap=True)
 
 
-def _read(path: Path, map_location, mmap: bool = False) -> Checkpoint:
+def _read(path: Path, mmap: bool = False) -> Checkpoint:
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as e:
         raise UserError(f"checkpoint {path} is corrupt or truncated ({type(e).__name__}); {FIX}") from None
     if not isinstance(ckpt, dict) or ckpt.get("version") != VERSION or "model" not in ckpt:
@@ -296,10 +296,10 @@ def resume_mismatch(saved: dict, run: dict, path) -> str | None:
 
     old, new = flat({k: saved.get(k) for k in run}), flat(run)
     diff = [k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k)]
-    diff.sort(key=lambda k: k.startswith("model_config."))  # a run setting first: it sets model ones
-    if not diff:
+    # the first that differs, a run setting before model ones: it sets them
+    key = min(diff, key=lambda k: k.startswith("model_config."), default=None)
+    if key is None:
         return None
-    key = diff[0]
     was, now = (settings.show(d.get(key)) for d in (old, new))
     if key == "optimizer_format":  # state keyed for FSDP, or plain: an unsharded run, train.parallel's default
         was, now = (v.replace("plain", "ddp") for v in (was, now))

@@ -16,14 +16,13 @@ from pathlib import Path
 from utils.errors import UserError
 from utils.files import write_text
 
-WANDB_HOSTS = ("api.wandb.ai",)  # `wandb login`'s netrc host, besides WANDB_BASE_URL's
-
 
 def has_key() -> bool:
     """Whether a wandb API key is set: WANDB_API_KEY, or a netrc entry."""
     if os.environ.get("WANDB_API_KEY"):
         return True
-    hosts = {os.environ.get("WANDB_BASE_URL", "").split("//")[-1].rstrip("/"), *WANDB_HOSTS} - {""}
+    # `wandb login`'s netrc host, and WANDB_BASE_URL's
+    hosts = {os.environ.get("WANDB_BASE_URL", "").split("//")[-1].rstrip("/"), "api.wandb.ai"} - {""}
     try:
         entries = netrc.netrc()
     except (FileNotFoundError, netrc.NetrcParseError, OSError):
@@ -52,19 +51,9 @@ def start_wandb(project: str, out_dir, config: dict, mode=None, group=None, name
     os.environ["WANDB_MODE"] = mode
     import wandb
 
+    run = dict(project=project, group=group, name=name, config=config, dir=str(out_dir), mode=mode, id=run_id)
     try:
-        return wandb.init(
-            project=project,
-            group=group,
-            name=name,
-            config=config,
-            dir=str(out_dir),
-            mode=mode,
-            id=run_id,
-            resume="allow" if run_id else None,
-            settings=wandb.Settings(silent=True),
-            **kwargs,
-        )
+        return wandb.init(**run, resume="allow" if run_id else None, settings=wandb.Settings(silent=True), **kwargs)
     except wandb.errors.Error as e:  # a refused key, or no network
         why = " ".join(str(e).split())[:200]
         raise UserError(
@@ -140,15 +129,8 @@ class Meter:
 def metrics(state, meter: Meter, elapsed: float, measured: dict | None, seq_len: int) -> dict:
     """A logged step's metrics, with val loss and probes at an evaluation. tokens: the rows read so far (the data
     position, right after a resume with another batch size or process count) times their length."""
-    m = {
-        "step": state.step,
-        "train_loss": state.train_loss,
-        "lr": state.lr,
-        "grad_norm": state.grad_norm,
-        **meter.read(state.step),
-        "tokens": state.rows * seq_len,
-        "elapsed_s": round(elapsed, 2),
-    }
+    m = {"step": state.step, "train_loss": state.train_loss, "lr": state.lr, "grad_norm": state.grad_norm}
+    m |= {**meter.read(state.step), "tokens": state.rows * seq_len, "elapsed_s": round(elapsed, 2)}
     if measured is not None:
         m.update(val_loss=state.val_loss, **measured)
     return m
