@@ -64,7 +64,7 @@ def flat(model_config: dict, positional: bool = True) -> dict:
 
 
 def check_compatible(init: dict, run: dict, path, older: dict) -> tuple[str, ...]:
-    """Refuse an init checkpoint whose weights this run's model cannot take (older: train.py's OLDER). Returns the
+    """Refuse an init checkpoint whose weights this run's model cannot take (older: checkpoint.OLDER). Returns the
     name endings of the weights a WIDENING adds."""
     if init["tokenizer"] != run["tokenizer"]:
         raise UserError(
