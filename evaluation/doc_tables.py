@@ -48,13 +48,14 @@ def marked(value: str, mark: str) -> str:
     return f"**{value}**" if mark == "*" else value + mark
 
 
-def ppl(row: dict | None) -> str:
-    """`ppl ±sd [lo, hi]` of a compare.json row."""
+def ppl(row: dict | None, sd: bool = True) -> str:
+    """`ppl ±sd [lo, hi]` of a compare.json row; sd=False leaves the ±sd out."""
     if row is None or row.get("ppl") is None:
         return "n/a"
     value = marked(f"{row['ppl']:.1f}", row.get("mark", ""))
-    spread = f" ±{row['ppl_sd']:.1f}" if row.get("ppl_sd") is not None else ""
-    return f"{value}{spread} [{row['ci'][0]:.1f}, {row['ci'][1]:.1f}]"
+    spread = f" ±{row['ppl_sd']:.1f}" if sd and row.get("ppl_sd") is not None else ""
+    ci = f" [{row['ci'][0]:.1f}, {row['ci'][1]:.1f}]" if row.get("ci") else ""
+    return value + spread + ci
 
 
 def scored(study: str) -> str:
