@@ -293,17 +293,9 @@ def sink_study() -> str:
         caches = [group["methods"][m] for m in ("dense", window, sinks4)]
         slot = [max(k["nothing_max_head"]) for k in key0 if "nothing_max_head" in k]
         cost = [row["nothing_cost"] for row in last if "nothing_cost" in row]
-        body.append(
-            [
-                f"{name} ({len(runs)})",
-                spread([row["val_loss"] for row in last], 3),
-                *map(ppl, caches),
-                shown(pair),
-                spread([max(k["max_head"]) for k in key0], 3),
-                spread(slot, 2) if slot else "-",
-                spread(cost, 2) if cost else "-",
-            ]
-        )
+        values = [spread([row["val_loss"] for row in last], 3), *map(ppl, caches), shown(pair)]
+        values += [spread([max(k["max_head"]) for k in key0], 3)] + [spread(v, 2) if v else "-" for v in (slot, cost)]
+        body.append([f"{name} ({len(runs)})", *values])
     note = (
         "`experiment=sinks`, seeds 1, 2, 3 (the count after each name); val loss: the last eval's, the mean (each "
         "seed's). Perplexity over a stream of 12,800 held-out tokens, pooled over the seeds [95% interval over its "

@@ -24,10 +24,10 @@ def results(study: Path, kind: str) -> list[tuple[Path, dict]]:
     return [(p, read_result(p)) for p in sorted(study.glob(f"*/eval/{kind}.json"))]
 
 
-def markdown_table(rows: list[dict], train_length: int, mode: str = "nonoverlap") -> str:
-    """The README's table of compare.compare's rows, best at the training length first; ±sd only at the training length
-    and the longest."""
-    rows = [r for r in rows if r["mode"] == mode]
+def markdown_table(rows: list[dict], train_length: int) -> str:
+    """The README's table of compare.compare's nonoverlapping rows, best at the training length first; ±sd only at the
+    training length and the longest."""
+    rows = [r for r in rows if r["mode"] == "nonoverlap"]
     lengths = sorted({r["length"] for r in rows})
     cells = {(label(r), r["length"]): r for r in rows}
     names = list(dict.fromkeys(label(r) for r in rows))
