@@ -45,8 +45,8 @@ def pick_runs(per_run: np.ndarray, run_key=None) -> np.ndarray:
     return per_run[runs, np.arange(per_run.shape[1])[:, None]].mean(axis=1)
 
 
-def interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    lo, hi = np.quantile(samples, [(1 - level) / 2, (1 + level) / 2])
+def interval(samples: np.ndarray) -> tuple[float, float]:
+    lo, hi = np.quantile(samples, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
     return float(lo), float(hi)
 
 
@@ -74,11 +74,11 @@ def contiguous_blocks(nll: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarra
     return np.add.reduceat(nll, starts), np.diff(np.append(starts, len(nll)))
 
 
-def wilson(correct: int, n: int, z: float = Z95) -> list[float]:
+def wilson(correct: int, n: int) -> list[float]:
     """The Wilson score interval for a binomial proportion (Wilson 1927): [lo, hi] around correct / n."""
     if n == 0:
         return [0.0, 1.0]
-    p, z2 = correct / n, z * z
+    p, z2 = correct / n, Z95 * Z95
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    half = Z95 / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
     return [max(0.0, centre - half), min(1.0, centre + half)]

@@ -157,7 +157,7 @@ def compare(results: list[dict], out_dir: Path) -> str:
     return text
 
 
-def legend(groups: list[dict], same_text: bool = True) -> str:
+def legend(groups: list[dict], same_text: bool) -> str:
     how = "paired bootstrap difference in mean NLL, the same pieces drawn for both"
     if not same_text:  # runs of other training lengths scored other pieces: their draws are independent
         how = "bootstrap difference in mean NLL, unpaired between runs that scored different pieces"

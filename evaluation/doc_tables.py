@@ -48,13 +48,14 @@ def marked(value: str, mark: str) -> str:
     return f"**{value}**" if mark == "*" else value + mark
 
 
-def ppl(row: dict | None) -> str:
-    """`ppl ±sd [lo, hi]` of a compare.json row."""
+def ppl(row: dict | None, sd: bool = True, digits: int = 1) -> str:
+    """`ppl ±sd [lo, hi]` of a compare.json row or of a stream.json method's mean; sd=False leaves the ±sd out."""
     if row is None or row.get("ppl") is None:
         return "n/a"
-    value = marked(f"{row['ppl']:.1f}", row.get("mark", ""))
-    spread = f" ±{row['ppl_sd']:.1f}" if row.get("ppl_sd") is not None else ""
-    return f"{value}{spread} [{row['ci'][0]:.1f}, {row['ci'][1]:.1f}]"
+    value = marked(f"{row['ppl']:.{digits}f}", row.get("mark", ""))
+    spread = f" ±{row['ppl_sd']:.1f}" if sd and row.get("ppl_sd") is not None else ""
+    ci = f" [{row['ci'][0]:.1f}, {row['ci'][1]:.1f}]" if row.get("ci") else ""
+    return value + spread + ci
 
 
 def scored(study: str) -> str:
@@ -200,12 +201,6 @@ def last_eval(run: str) -> dict:
     return [row for row in read_log(RESULTS / run / "metrics.jsonl") if row.get("val_loss") is not None][-1]
 
 
-def stream_cell(method: dict, digits: int = 1) -> str:
-    """`ppl [lo, hi]` of one cache in evaluation/stream.py's stream.json."""
-    mean = method["mean"]
-    return "n/a" if mean["ppl"] is None else f"{mean['ppl']:.{digits}f} [{mean['ci'][0]:.1f}, {mean['ci'][1]:.1f}]"
-
-
 def streams() -> str:
     """The breadth study's seed-1 streams: each cache against dense attention, and the largest head on key 0."""
     groups = {run: g["label"] for g in load("study-breadth/eval/compare.json")["groups"] for run in g["runs"]}
@@ -217,7 +212,7 @@ def streams() -> str:
         methods = list(result["methods"].items())  # dense, window 0+W, sinks 1+(W-1), sinks 4+(W-4), recompute
         shown = methods[:2] + methods[3:]  # sinks 1+(W-1) is the sinks table's
         attention = result["first_token_attention"]
-        body.append([name] + [stream_cell(m) for _, m in shown] + [f"{max(attention['max_head']):.4f}"])
+        body.append([name] + [ppl(m["mean"]) for _, m in shown] + [f"{max(attention['max_head']):.4f}"])
         tokens.add(result["stream_tokens"])
         uniform.add(attention["uniform"])
     note = (
@@ -248,7 +243,7 @@ def sinks() -> str:
         window, one_sink = (next(m for m in methods if m.startswith(kind)) for kind in ("window", "sinks 1+"))
         pair = next(p for p in result["pairs"] if {p["a"], p["b"]} == {window, one_sink})
         evicting = shown(pair, 1 if pair["a"] == window else -1)  # window minus one sink: evicting key 0
-        caches = [stream_cell(methods["dense"]), stream_cell(methods[window], 2), stream_cell(methods[one_sink], 2)]
+        caches = [ppl(methods["dense"]["mean"])] + [ppl(methods[m]["mean"], digits=2) for m in (window, one_sink)]
         key0 = result["first_token_attention"]
         heads = ["-" if h is None else f"{max(h):.4f}" for h in (key0["max_head"], key0.get("nothing_max_head"))]
         cost = "-" if "nothing_cost" not in logged else f"x{math.exp(logged['nothing_cost']):.1f}"
@@ -292,17 +287,9 @@ def sink_study() -> str:
         caches = [group["methods"][m] for m in ("dense", window, sinks4)]
         slot = [max(k["nothing_max_head"]) for k in key0 if "nothing_max_head" in k]
         cost = [row["nothing_cost"] for row in last if "nothing_cost" in row]
-        body.append(
-            [
-                f"{name} ({len(runs)})",
-                spread([row["val_loss"] for row in last], 3),
-                *map(ppl, caches),
-                shown(pair),
-                spread([max(k["max_head"]) for k in key0], 3),
-                spread(slot, 2) if slot else "-",
-                spread(cost, 2) if cost else "-",
-            ]
-        )
+        values = [spread([row["val_loss"] for row in last], 3), *map(ppl, caches), shown(pair)]
+        values += [spread([max(k["max_head"]) for k in key0], 3)] + [spread(v, 2) if v else "-" for v in (slot, cost)]
+        body.append([f"{name} ({len(runs)})", *values])
     note = (
         "`experiment=sinks`, seeds 1, 2, 3 (the count after each name); val loss: the last eval's, the mean (each "
         "seed's). Perplexity over a stream of 12,800 held-out tokens, pooled over the seeds [95% interval over its "

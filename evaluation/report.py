@@ -180,7 +180,7 @@ def keep_earlier(path: Path, content: str) -> str:
 def read_result(path) -> dict:
     """A result write_result wrote, checked as it is read: one line naming the file and the command that writes it again
     when it is cut short, empty or lacks what its readers read (RESULT)."""
-    path = Path(path)
+    path = Path(path)  # runs/common.sh passes a str
     mode = path.stem.split("-")[0]  # passkey-<variant>.json: a passkey result
     run = path.parent.parent if path.parent.name == "eval" else "<run>"
     fix = f"delete it and evaluate again (python eval.py checkpoint={run} eval.mode={mode})"

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation import bootstrap, compare
+from evaluation.doc_tables import markdown, ppl
 from evaluation.passkey import passkey_table
 from evaluation.report import label, made_by, model_label, read_result
 from evaluation.stream import stream_table
@@ -23,30 +24,20 @@ def results(study: Path, kind: str) -> list[tuple[Path, dict]]:
     return [(p, read_result(p)) for p in sorted(study.glob(f"*/eval/{kind}.json"))]
 
 
-def markdown_table(rows: list[dict], train_length: int, mode: str = "nonoverlap") -> str:
-    """The README's table of compare.compare's rows, best at the training length first; ±sd only at the training length
-    and the longest."""
-    rows = [r for r in rows if r["mode"] == mode]
+def markdown_table(rows: list[dict], train_length: int) -> str:
+    """The README's table of compare.compare's nonoverlapping rows, best at the training length first; ±sd only at the
+    training length and the longest."""
+    rows = [r for r in rows if r["mode"] == "nonoverlap"]
     lengths = sorted({r["length"] for r in rows})
     cells = {(label(r), r["length"]): r for r in rows}
     names = list(dict.fromkeys(label(r) for r in rows))
     at_train = {n: (cells.get((n, train_length)) or {}).get("ppl") for n in names}
     names.sort(key=lambda n: (at_train[n] is None, at_train[n] or 0.0))
-
-    def cell(r: dict | None, length: int) -> str:
-        if r is None or r.get("ppl") is None:
-            return "n/a"
-        ppl = f"**{r['ppl']:.1f}**" if r.get("mark") == "*" else f"{r['ppl']:.1f}" + r.get("mark", "")
-        sd = f" ±{r['ppl_sd']:.1f}" if r.get("ppl_sd") is not None and length in (train_length, lengths[-1]) else ""
-        ci = f" [{r['ci'][0]:.1f}, {r['ci'][1]:.1f}]" if r.get("ci") else ""
-        return ppl + sd + ci
-
     head = [f"**{n} (trained)**" if n == train_length else str(n) for n in lengths]
     if lengths[-1] > train_length:
         head[-1] += f" ({lengths[-1] / train_length:g}x)"
-    lines = ["| scheme | " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(lengths)]
-    lines += [f"| {n} | " + " | ".join(cell(cells.get((n, m)), m) for m in lengths) + " |" for n in names]
-    return "\n".join(lines)
+    body = [[n] + [ppl(cells.get((n, m)), sd=m in (train_length, lengths[-1])) for m in lengths] for n in names]
+    return markdown(["scheme", *head], body)
 
 
 def block_sums(result: dict, method: str) -> tuple[np.ndarray, np.ndarray]:
@@ -94,18 +85,18 @@ def pooled_streams(streams: list[dict], group_of: dict) -> dict:
 
 def pooled_table(pooled: dict) -> list[str]:
     methods = list(dict.fromkeys(m for g in pooled["groups"].values() for m in g["methods"]))
-    lines = ["| group (seeds) | " + " | ".join(methods) + " |", "| --- |" + " ---: |" * len(methods)]
-    for group, g in pooled["groups"].items():
-        cells = [g["methods"].get(m) for m in methods]
-        shown = ["-" if c is None else f"{c['ppl']:.1f} [{c['ci'][0]:.1f}, {c['ci'][1]:.1f}]" for c in cells]
-        lines.append(f"| {group} ({len(g['runs'])}) | " + " | ".join(shown) + " |")
+    body = [
+        [f"{group} ({len(g['runs'])})"] + [ppl(g["methods"][m]) if m in g["methods"] else "-" for m in methods]
+        for group, g in pooled["groups"].items()
+    ]
+    lines = [markdown(["group (seeds)", *methods], body)]
     lines += ["", "Paired differences in mean NLL, a - b [95% interval over blocks and seeds]:", ""]
     lines += [f"- {p['a']} - {p['b']}: {bootstrap.shown(p)}" for p in pooled["pairs"]]
     return lines
 
 
 def report(study: Path) -> str:
-    lengths = [read_result(p) for p in sorted(study.glob("*/eval/length.json"))]
+    lengths = [r for _, r in results(study, "length")]
     if not lengths:
         raise UserError(f"no */eval/length.json under {study}; run bash runs/study.sh first")
     streams = results(study, "stream")  # all read and checked before anything is written
