@@ -90,13 +90,13 @@ def final_stream(run: Path) -> dict | None:
     return json.loads(path.read_text())["first_token_attention"] if path else None
 
 
-def plot(runs: list[Path], path: Path, key0: dict[str, str] | None = None):
+def plot(runs: list[Path], path: Path, key0: dict[str, str]):
     """Left: each run's first-token share (key0[run name]: what that token was); right: ppl without the nothing slot."""
     fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(12, 4.5), layout="constrained")
     for i, run in enumerate(runs):
         rows, colour = evals(run), f"C{i}"
         tokens, shares = [r["tokens"] for r in rows], [max(r["first_token_max"]) for r in rows]
-        what = (key0 or {}).get(run.name, "first token of each logged row")
+        what = key0.get(run.name, "first token of each logged row")
         ax1.plot(tokens, shares, marker="o", color=colour, label=f"{run.name}: {what}")
         uniform = "uniform share (1 / keys a query sees)" if i == 0 else None
         ax1.plot(tokens, [r["first_token_uniform"] for r in rows], color="grey", ls="--", lw=1, label=uniform)
