@@ -90,8 +90,7 @@ def run(cfg: DictConfig, command: str = "python viz.py") -> Path:
     from gallery.draw import Options, draw, write_index
 
     checks.preflight(cfg)  # every setting, the paths, the model at init or the checkpoints' training lengths
-    heads = None if cfg.viz.heads is None else [list(pair) for pair in cfg.viz.heads]
-    options = Options(cfg.viz.factor, cfg.viz.samples, heads, cfg.viz.seed)
+    options = Options(cfg.viz.factor, cfg.viz.samples, cfg.viz.heads, cfg.viz.seed)
     subjects, folder = subjects_and_folder(cfg)
     out = Path(cfg.viz.out or folder)
     files.check_writable(out, "viz.out")  # made and written to before any picture is drawn

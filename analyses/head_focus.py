@@ -53,11 +53,9 @@ def main(argv=None):
         for i, layer in enumerate(focus(model, windows(ckpt, args.windows))):
             row[f"L{i} top / prev"] = f"{max(layer['top']):.2f} / {max(layer['prev']):.2f}"
         table.append(row)
-    columns = list(dict.fromkeys(k for row in table for k in row))  # models of other depths: "-" where no layer
-    table = [{k: row.get(k, "-") for k in columns} for row in table]
     details = "CPU fp32; per layer: the largest head's mean top weight / the largest head's mean previous-token share"
     details += f", over queries with >= {MIN_KEYS} keys in {args.windows} held-out windows of the training length"
-    show_table(table, "Head focus: how sharp each layer's heads are", details, args.json)
+    show_table(table, "Head focus: how sharp each layer's heads are", details, args.json)  # "-": no such layer
 
 
 if __name__ == "__main__":

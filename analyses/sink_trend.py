@@ -12,6 +12,7 @@ eval/stream.json) is a star at the last eval.
 import argparse
 import json
 import math
+import statistics
 from pathlib import Path
 
 from evaluation.plots import pyplot
@@ -37,14 +38,10 @@ def evals(run: Path) -> list[dict]:
 def power_fit(x: list[float], y: list[float]) -> tuple[float, float] | None:
     """(a, b) of y = a * x^b by least squares in log-log over the points with y > 0; None with fewer than 2."""
     pts = [(math.log(u), math.log(v)) for u, v in zip(x, y, strict=True) if v > 0]
-    if len(pts) < 2:
+    if len(pts) < 2 or len({u for u, _ in pts}) < 2:
         return None
-    mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
-    sxx = sum((p[0] - mx) ** 2 for p in pts)
-    if sxx == 0:
-        return None
-    b = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
-    return math.exp(my - b * mx), b
+    b, log_a = statistics.linear_regression(*zip(*pts, strict=True))
+    return math.exp(log_a), b
 
 
 def crossing(x: list[float], y: list[float], target: float) -> str:
@@ -93,13 +90,13 @@ def final_stream(run: Path) -> dict | None:
     return json.loads(path.read_text())["first_token_attention"] if path else None
 
 
-def plot(runs: list[Path], path: Path, key0: dict[str, str] | None = None):
+def plot(runs: list[Path], path: Path, key0: dict[str, str]):
     """Left: each run's first-token share (key0[run name]: what that token was); right: ppl without the nothing slot."""
     fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(12, 4.5), layout="constrained")
     for i, run in enumerate(runs):
         rows, colour = evals(run), f"C{i}"
         tokens, shares = [r["tokens"] for r in rows], [max(r["first_token_max"]) for r in rows]
-        what = (key0 or {}).get(run.name, "first token of each logged row")
+        what = key0.get(run.name, "first token of each logged row")
         ax1.plot(tokens, shares, marker="o", color=colour, label=f"{run.name}: {what}")
         uniform = "uniform share (1 / keys a query sees)" if i == 0 else None
         ax1.plot(tokens, [r["first_token_uniform"] for r in rows], color="grey", ls="--", lw=1, label=uniform)
@@ -129,12 +126,6 @@ def parse_run(arg: str) -> tuple[Path, str | None]:
     return Path(path), what or None
 
 
-def filled(rows: list[dict]) -> list[dict]:
-    """Every row with every column, "-" where a run has none (a run without a nothing slot)."""
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    return [{k: r.get(k, "-") for k in keys} for r in rows]
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     runs_help = "run folders trained with train.sink_metric=true, each RUN or RUN=what its first token was"
@@ -148,10 +139,10 @@ def main():
     details = (
         "each run's own evals (train.sink_metric: 16 held-out rows of its training length, BOS first if trained so)"
     )
-    table = filled([row for rows, _ in trends for row in rows])
+    table = [row for rows, _ in trends for row in rows]  # a run without a nothing slot: "-" in its columns
     show_table(table, "Attention sink over training", details, json_of("trend"))
     fit = "power law over each run's second half of evals"
-    summaries = filled([summary for _, summary in trends])
+    summaries = [summary for _, summary in trends]
     show_table(summaries, "Attention sink: where the trend reaches a collapse", fit, json_of("fit"))
     if args.plot:
         plot([run for run, _ in args.runs], args.plot, {run.name: what for run, what in args.runs if what})

@@ -22,8 +22,8 @@ def pick_heads(per_head: list[list[float]], n: int = 4) -> list[tuple[int, int]]
 
 
 @torch.no_grad()
-def plot_attention_maps(model, tokens, window, per_head, path, n=4, heads=None, dpi=110, label=None, first=None):
-    """Write the attention maps of n heads (pick_heads), or of `heads`, over `window` tokens from the middle of tokens.
+def plot_attention_maps(model, tokens, window, per_head, path, heads=None, dpi=110, label=None, first=None):
+    """Write the attention maps of 4 heads (pick_heads), or of `heads`, over `window` tokens from the middle of tokens.
     per_head: each layer's mean attention on the first token; first: a token id put first in the window."""
     plt = pyplot()
     start = max(0, (len(tokens) - window) // 2)
@@ -31,7 +31,7 @@ def plot_attention_maps(model, tokens, window, per_head, path, n=4, heads=None, 
     if first is not None:
         row[0] = first
     probs = attention_probs(model, row[None])
-    heads = pick_heads(per_head, n) if heads is None else [tuple(pair) for pair in heads]
+    heads = pick_heads(per_head) if heads is None else [tuple(pair) for pair in heads]
     fig, axes = plt.subplots(1, len(heads), figsize=(3.2 * len(heads) + 1, 3.6), squeeze=False, layout="constrained")
     for ax, (layer, h) in zip(axes[0], heads, strict=True):
         p = probs[layer][0, h].cpu().clamp(min=1e-4)

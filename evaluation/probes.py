@@ -18,24 +18,22 @@ class SinkProbe:
     of sink heads (evaluation/sink_mass.py); with model.sink_logit=true also the nothing slot's share and cost. The rows
     open as the training rows do (BOS first under data.bos_aligned): a sink forms on the token that opens every row."""
 
-    def __init__(self, n_rows: int = 16):
-        self.n_rows = n_rows
+    n_rows = 16
 
     @torch.no_grad()
     def __call__(self, model, rows, rt) -> dict:
         x, y = rows.batch(0, self.n_rows, rt.device)
         model.eval()
         sink = rows_first_token_attention(model, x)
-        cost = nothing_cost(model, x, y) if model.cfg.sink_logit else None
-        model.train()
         metrics = {
             "sink_share": sink["sink_share_all"],
             "first_token_max": sink["max_head"],
             "first_token_uniform": sink["uniform"],
         }
-        if cost is not None:
+        if model.cfg.sink_logit:
             metrics.update(nothing_max=sink["nothing_max_head"], nothing_share=sink["nothing_share_all"])
-            metrics["nothing_cost"] = round(cost, 5)  # nats per token the model loses without its nothing slot
+            metrics["nothing_cost"] = round(nothing_cost(model, x, y), 5)  # nats per token lost without the slot
+        model.train()
         return metrics
 
     @staticmethod

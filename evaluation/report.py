@@ -196,7 +196,9 @@ def markdown(rows: list[dict], fmt=str) -> str:
 
 def show_table(rows: list[dict], title: str, note: str, json_path: Path | None = None):
     """Print rows as a markdown table under its title and note; with json_path, also write {title, note, command, rows}
-    there, so a table can be kept as evidence in results/."""
+    there, so a table can be kept as evidence in results/. A cell a row lacks is "-" in both."""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    rows = [{k: r.get(k, "-") for k in columns} for r in rows]
     print(f"\n{title}: {note}\n\n{markdown(rows)}")
     if json_path is not None:
         result = {"title": title, "note": note, "command": shlex.join(["python", *sys.argv]), "rows": rows}

@@ -49,9 +49,9 @@ def attention_probs(model, idx: torch.Tensor) -> list[torch.Tensor]:
     return probs
 
 
-def sink_shares(per_head: list[list[float]], threshold: float = SINK_THRESHOLD, name: str = "sink") -> dict:
-    """<name>_share(_all): the share of heads whose mean attention is above threshold, per layer (and over all)."""
-    above = [sum(m > threshold for m in layer) for layer in per_head]
+def sink_shares(per_head: list[list[float]], name: str = "sink") -> dict:
+    """<name>_share(_all): the share of heads whose mean attention is above SINK_THRESHOLD, per layer (and over all)."""
+    above = [sum(m > SINK_THRESHOLD for m in layer) for layer in per_head]
     return {
         f"{name}_share": [round(n / len(layer), 4) for n, layer in zip(above, per_head, strict=True)],
         f"{name}_share_all": round(sum(above) / sum(len(layer) for layer in per_head), 4),

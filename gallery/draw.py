@@ -49,9 +49,9 @@ def distances(s: Subject, o: Options) -> torch.Tensor:
     return torch.arange(max(s.length, int(o.factor * s.length)))
 
 
-def windows(s: Subject, max_rows: int = 8) -> torch.Tensor:
-    """(B, L): consecutive training-length windows of the held-out text."""
-    rows = max(1, min(max_rows, len(s.tokens) // s.length))
+def windows(s: Subject) -> torch.Tensor:
+    """(B, L): up to 8 consecutive training-length windows of the held-out text."""
+    rows = max(1, min(8, len(s.tokens) // s.length))
     return s.tokens[: rows * s.length].view(rows, s.length)
 
 
