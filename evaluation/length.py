@@ -179,13 +179,13 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     }
 
 
-def cell_row(row: dict, cell: Cell, draws, rt, done: str = "") -> dict:
+def cell_row(row: dict, cell: Cell, draws, rt, done: str) -> dict:
     """A scored cell's row (perplexity, its interval, the per-piece NLLs a comparison pairs on) and its progress line
     (done: the cells done and the time left)."""
     ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))
     say(
         f"  {row['variant']:>11} {row['mode']:>10} {row['length']:>6}: ppl {cell.ppl:9.2f} [{ci[0]:.2f}, "
-        f"{ci[1]:.2f}] on {cell.tokens:,} tokens ({cell.seconds:.1f} s{'; ' + done if done else ''})"
+        f"{ci[1]:.2f}] on {cell.tokens:,} tokens ({cell.seconds:.1f} s; {done})"
     )
     return {
         **row,
