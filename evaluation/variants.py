@@ -52,8 +52,8 @@ def with_searched(variants: list[str], requested: str, path, factors: list[float
     """`all` also scores the SEARCHED kinds where searched for every factor past 1; else a note leaves them out."""
     if requested != "all" or "linear" not in variants:  # not rotary, or a fine-tune's scaling is built in
         return variants
-    run_dir, past = checkpoint.checkpoint_path(path).parent, [f for f in factors if f > 1]
-    missing = [f for f in past if not (run_dir / longrope.file_name(f)).exists()]
+    run_dir = checkpoint.checkpoint_path(path).parent
+    missing = [f for f in factors if f > 1 and not (run_dir / longrope.file_name(f)).exists()]
     if missing:
         say(f"note: eval.rope_scaling=all leaves out {', '.join(SEARCHED)}: not searched for x{missing[0]:g} here")
         return variants
