@@ -68,16 +68,15 @@ def evaluate_one(path, cfg, rt, which: str = "") -> dict:
     out_dir = run_dir / "eval"
     print(f"evaluating {run_dir}{which}", flush=True)
     ckpt_config = checkpoint.load(path, mmap=True)["config"]
-    source = ckpt_config["data"].get("source")
-    own = source if source in OWN_DATA else None
-    if own != (cfg.eval.mode if cfg.eval.mode in OWN_DATA else None):
-        mode = own or cfg.eval.mode
+    source, mode = ckpt_config["data"].get("source"), cfg.eval.mode
+    if source != mode and (source in OWN_DATA or mode in OWN_DATA):
+        own = source if source in OWN_DATA else mode
         raise UserError(
-            f"eval.mode={cfg.eval.mode} does not fit {run_dir}, trained on data.source={source}: "
-            f"eval.mode={mode} scores the data={mode} models, and they take no other mode"
+            f"eval.mode={mode} does not fit {run_dir}, trained on data.source={source}: "
+            f"eval.mode={own} scores the data={own} models, and they take no other mode"
         )
-    result = getattr(mode_module(cfg.eval.mode), f"run_{cfg.eval.mode}")(path, cfg, rt, out_dir)
-    if cfg.eval.mode == "length":
+    result = getattr(mode_module(mode), f"run_{mode}")(path, cfg, rt, out_dir)
+    if mode == "length":
         log_wandb(cfg, ckpt_config, out_dir, result)
     return result
 
