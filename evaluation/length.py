@@ -202,8 +202,7 @@ def cell_row(row: dict, cell: Cell, draws, rt, done: str) -> dict:
 def run_length(path, cfg, rt, out_dir: Path) -> dict:
     """eval.mode=length: the table, <out_dir>/length.json and length.png."""
     result = evaluate_lengths(path, cfg, rt)
-    slid = any(r["mode"] == "sliding" for r in result["results"])
-    sliding = f"sliding stride {result['stride']}" if slid else "no sliding windows"
+    sliding = f"sliding stride {result['stride']}" if cfg.eval.sliding else "no sliding windows"
     title = (
         f"{result['scheme']} @ step {result['step']}, trained at {result['train_length']} tokens "
         f"({sliding}): perplexity by evaluation length"
