@@ -34,7 +34,8 @@ def mode_module(name: str):
     return importlib.import_module(f"evaluation.{name}")
 
 
-def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict, image: Path, kind: str):
+def log_wandb(cfg, ckpt_config: dict, out_dir: Path, result: dict):
+    """The length table and plot (logger.wandb=true)."""
     if not cfg.logger.wandb:
         return
     import wandb
@@ -44,7 +45,7 @@ def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict
         out_dir,
         {"eval": schema.plain(cfg.eval), "train": ckpt_config},
         cfg.logger.mode,
-        name=f"eval-{kind}-{run_dir.name}",
+        name=f"eval-length-{out_dir.parent.name}",
         job_type="eval",
     )
     if run is None:
@@ -54,11 +55,11 @@ def log_wandb(cfg, ckpt_config: dict, run_dir: Path, out_dir: Path, result: dict
     cell = lambda v: str(v) if isinstance(v, list) else v  # an interval as one table cell
     run.log(
         {
-            f"{kind}/table": wandb.Table(columns=columns, data=[[cell(r.get(c)) for c in columns] for r in rows]),
-            f"{kind}/plot": wandb.Image(str(image)),
+            "length/table": wandb.Table(columns=columns, data=[[cell(r.get(c)) for c in columns] for r in rows]),
+            "length/plot": wandb.Image(str(out_dir / "length.png")),
         }
     )
-    run.summary.update({f"{kind}/{r.get('variant', '')}/{r['mode']}/{r.get('length', '')}": r.get("ppl") for r in rows})
+    run.summary.update({f"length/{r.get('variant', '')}/{r['mode']}/{r.get('length', '')}": r.get("ppl") for r in rows})
     run.finish()
 
 
@@ -67,17 +68,16 @@ def evaluate_one(path, cfg, rt, which: str = "") -> dict:
     out_dir = run_dir / "eval"
     print(f"evaluating {run_dir}{which}", flush=True)
     ckpt_config = checkpoint.load(path, mmap=True)["config"]
-    source = ckpt_config["data"].get("source")
-    own = source if source in OWN_DATA else None
-    if own != (cfg.eval.mode if cfg.eval.mode in OWN_DATA else None):
-        mode = own or cfg.eval.mode
+    source, mode = ckpt_config["data"].get("source"), cfg.eval.mode
+    if source != mode and (source in OWN_DATA or mode in OWN_DATA):
+        own = source if source in OWN_DATA else mode
         raise UserError(
-            f"eval.mode={cfg.eval.mode} does not fit {run_dir}, trained on data.source={source}: "
-            f"eval.mode={mode} scores the data={mode} models, and they take no other mode"
+            f"eval.mode={mode} does not fit {run_dir}, trained on data.source={source}: "
+            f"eval.mode={own} scores the data={own} models, and they take no other mode"
         )
-    result = getattr(mode_module(cfg.eval.mode), f"run_{cfg.eval.mode}")(path, cfg, rt, out_dir)
-    if cfg.eval.mode == "length":
-        log_wandb(cfg, ckpt_config, run_dir, out_dir, result, out_dir / "length.png", "length")
+    result = getattr(mode_module(mode), f"run_{mode}")(path, cfg, rt, out_dir)
+    if mode == "length":
+        log_wandb(cfg, ckpt_config, out_dir, result)
     return result
 
 

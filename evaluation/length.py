@@ -179,13 +179,13 @@ def evaluate_lengths(path, cfg, rt) -> dict:
     }
 
 
-def cell_row(row: dict, cell: Cell, draws, rt, done: str = "") -> dict:
+def cell_row(row: dict, cell: Cell, draws, rt, done: str) -> dict:
     """A scored cell's row (perplexity, its interval, the per-piece NLLs a comparison pairs on) and its progress line
     (done: the cells done and the time left)."""
     ci = bootstrap.ppl_interval(bootstrap.resample(cell.piece_nll, cell.piece_tokens, draws))
     say(
         f"  {row['variant']:>11} {row['mode']:>10} {row['length']:>6}: ppl {cell.ppl:9.2f} [{ci[0]:.2f}, "
-        f"{ci[1]:.2f}] on {cell.tokens:,} tokens ({cell.seconds:.1f} s{'; ' + done if done else ''})"
+        f"{ci[1]:.2f}] on {cell.tokens:,} tokens ({cell.seconds:.1f} s; {done})"
     )
     return {
         **row,
@@ -202,8 +202,7 @@ def cell_row(row: dict, cell: Cell, draws, rt, done: str = "") -> dict:
 def run_length(path, cfg, rt, out_dir: Path) -> dict:
     """eval.mode=length: the table, <out_dir>/length.json and length.png."""
     result = evaluate_lengths(path, cfg, rt)
-    slid = any(r["mode"] == "sliding" for r in result["results"])
-    sliding = f"sliding stride {result['stride']}" if slid else "no sliding windows"
+    sliding = f"sliding stride {result['stride']}" if cfg.eval.sliding else "no sliding windows"
     title = (
         f"{result['scheme']} @ step {result['step']}, trained at {result['train_length']} tokens "
         f"({sliding}): perplexity by evaluation length"

@@ -11,7 +11,7 @@ each work (evaluation/heldout.py: not the First Folio twins); eval.py says so if
 import math
 from pathlib import Path
 
-from evaluation.pieces import equal_shares, read_span, scoring_pieces
+from evaluation.pieces import equal_shares, evenly
 from positional.rope_scaling import Scaling
 from utils import files
 from utils.errors import UserError
@@ -57,14 +57,6 @@ def scaling(record: dict) -> Scaling:
     return Scaling("longrope", record["factor"], record["original_length"], **options)
 
 
-def read_spans(works, max_len: int, tokens: int) -> dict[str, list[tuple[int, int]]]:
-    """Per work name, the [lo, hi) token spans the length table reads at this longest length and token budget."""
-    spans = {}
-    for p in scoring_pieces(works, max_len, tokens):
-        spans.setdefault(p.work, []).append(read_span(p, max_len))
-    return spans
-
-
 def free_windows(doc_len: int, spans: list[tuple[int, int]], length: int) -> list[int]:
     """Starts of back-to-back windows of length + 1 tokens inside [0, doc_len) and outside every span."""
     starts, lo = [], 0
@@ -86,8 +78,7 @@ def search_windows(works, length: int, count: int, spans: dict) -> list[dict]:
         )
     out = []
     for (name, _), starts, k in zip(works, free, equal_shares(count, list(map(len, free))), strict=True):
-        picks = [len(starts) // 2] if k == 1 else [round(i * (len(starts) - 1) / (k - 1)) for i in range(k)]
-        out += [{"work": name, "start": int(starts[i]), "tokens": length} for i in picks]
+        out += [{"work": name, "start": int(starts[i]), "tokens": length} for i in evenly(len(starts), k)]
     return out
 
 

@@ -23,7 +23,7 @@ import utils.eval_schema  # noqa: F401  (registers this entry point's settings)
 from evaluation import longrope
 from evaluation.heldout import held_out_works
 from evaluation.length import score
-from evaluation.pieces import Region, default_lengths
+from evaluation.pieces import Region, default_lengths, read_spans, scoring_pieces
 from model.variant import Variant
 from positional.rope_scaling import Scaling, longrope_scale, scheme_factors
 from utils import checkpoint, checks, runtime
@@ -153,7 +153,7 @@ def search(cfg: DictConfig, rt) -> dict:
 
     works = held_out_works(ckpt, cfg.eval.prepare)
     lengths = default_lengths(train_length) if cfg.eval.lengths is None else list(cfg.eval.lengths)
-    spans = longrope.read_spans(works, max(lengths), cfg.eval.tokens)
+    spans = read_spans(scoring_pieces(works, max(lengths), cfg.eval.tokens), max(lengths))  # what the table reads
     windows = longrope.search_windows(works, target, s.windows, spans)
     docs = dict(works)
     regions = [Region(docs[w["work"]][w["start"] : w["start"] + w["tokens"] + 1], 0) for w in windows]

@@ -40,12 +40,15 @@ def equal_shares(total: int, caps: list[int]) -> list[int]:
     return take
 
 
+def evenly(n: int, k: int) -> list[int]:
+    """k evenly spaced indices of range(n), first and last included; one alone is the middle."""
+    return [n // 2] if k == 1 else [round(i * (n - 1) / (k - 1)) for i in range(k)]
+
+
 def spread(slots: int, k: int) -> list[int]:
     """k distinct slots of 0..slots-1, evenly spaced; slot 0 (no text before it for sliding windows) only if need be."""
     cands = range(1 if slots > k else 0, slots)
-    if k == 1:
-        return [cands[len(cands) // 2]]
-    return [cands[round(i * (len(cands) - 1) / (k - 1))] for i in range(k)]
+    return [cands[i] for i in evenly(len(cands), k)]
 
 
 DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)  # eval.lengths=null: these multiples of the training length
@@ -68,7 +71,7 @@ def scoring_pieces(works: list[tuple[str, np.ndarray]], max_len: int, budget: in
         return []
     wanted = max(math.ceil(budget / max_len), min(len(usable), MIN_WORKS))
     if len(usable) > wanted:
-        usable = [usable[round(j * (len(usable) - 1) / max(1, wanted - 1))] for j in range(wanted)]
+        usable = [usable[j] for j in evenly(len(usable), wanted)]
     wanted = math.ceil(wanted / len(usable)) * len(usable)
     pieces = []
     for i, k in zip(usable, equal_shares(wanted, [slots[i] for i in usable]), strict=True):
@@ -79,6 +82,14 @@ def scoring_pieces(works: list[tuple[str, np.ndarray]], max_len: int, budget: in
 def read_span(p: Piece, max_len: int) -> tuple[int, int]:
     """[lo, hi): the tokens of its document a piece's region holds."""
     return max(0, p.start - max_len), p.start + p.size + 1
+
+
+def read_spans(pieces: list[Piece], max_len: int) -> dict[str, list[tuple[int, int]]]:
+    """Per work name, the [lo, hi) token spans the pieces' regions read."""
+    spans = {}
+    for p in pieces:
+        spans.setdefault(p.work, []).append(read_span(p, max_len))
+    return spans
 
 
 def regions(works: list[tuple[str, np.ndarray]], pieces: list[Piece], max_len: int) -> list[Region]:

@@ -23,7 +23,7 @@ from torch.nn.functional import cross_entropy
 from evaluation import bootstrap, report
 from evaluation.attention_map import plot_attention_maps
 from evaluation.heldout import held_out_works
-from evaluation.pieces import equal_shares
+from evaluation.pieces import equal_shares, evenly
 from evaluation.plots import plot_stream
 from evaluation.sink_mass import describe, first_token_attention
 from model.kv_cache import CacheError, DenseCache, SinkCache
@@ -174,8 +174,8 @@ def stream_table(result: dict, rows: int = 10) -> str:
     """Perplexity [95% interval] at up to `rows` evenly spaced blocks, a column per method; the mean over the stream;
     which methods are within noise of each other."""
     methods = result["methods"]
-    n_blocks = max(len(m["nll"]) for m in methods.values())
-    picks = sorted({round(i * (n_blocks - 1) / (rows - 1)) for i in range(rows)}) if n_blocks > 1 else [0]
+    n_blocks = max(len(m["nll"]) for m in methods.values()) or 1
+    picks = sorted(set(evenly(n_blocks, rows)))
     columns = [_column(m, picks) for m in methods.values()]
     # a row's label: the tokens seen by its block's end (a last, shorter block ends with the stream)
     labels = [f"{min((b + 1) * result['block'], result['stream_tokens']):,}" for b in picks] + ["mean"]

@@ -23,6 +23,7 @@ from data import tasks
 from evaluation import bootstrap, plots, report
 from evaluation.bootstrap import wilson
 from evaluation.compare import group_runs
+from evaluation.doc_tables import markdown
 from utils import checkpoint, files
 from utils.errors import UserError, cli
 from utils.progress import progress, say
@@ -198,10 +199,9 @@ def table(results: list[dict], by_task: dict | None = None) -> str:
     for task, groups in (cells(results) if by_task is None else by_task).items():
         lengths = sorted({n for by_n in groups.values() for n in by_n})
         train = next((r["train"][task] for r in results if task in r["train"]), None)
+        body = [[label] + [shown(by_n.get(n)) for n in lengths] for label, by_n in groups.items()]
         lines += ["", f"{task} (trained on n in {train[0]}..{train[1]})" if train else task]
-        lines += ["| scheme | " + " | ".join(f"n={n}" for n in lengths) + " |", "| --- |" + " ---: |" * len(lengths)]
-        for label, by_n in groups.items():
-            lines.append(f"| {label} | " + " | ".join(shown(by_n.get(n)) for n in lengths) + " |")
+        lines.append(markdown(["scheme"] + [f"n={n}" for n in lengths], body))
     lines.append(LEGEND)
     return "\n".join(lines).lstrip()
 

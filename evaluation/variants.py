@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 
 from evaluation import longrope, report
-from evaluation.pieces import read_span
+from evaluation.pieces import read_spans
 from evaluation.report import FULL
 from model.variant import AS_TRAINED, Variant
 from positional import hf_rope_scaling, rerope
@@ -52,8 +52,8 @@ def with_searched(variants: list[str], requested: str, path, factors: list[float
     """`all` also scores the SEARCHED kinds where searched for every factor past 1; else a note leaves them out."""
     if requested != "all" or "linear" not in variants:  # not rotary, or a fine-tune's scaling is built in
         return variants
-    run_dir, past = checkpoint.checkpoint_path(path).parent, [f for f in factors if f > 1]
-    missing = [f for f in past if not (run_dir / longrope.file_name(f)).exists()]
+    run_dir = checkpoint.checkpoint_path(path).parent
+    missing = [f for f in factors if f > 1 and not (run_dir / longrope.file_name(f)).exists()]
     if missing:
         say(f"note: eval.rope_scaling=all leaves out {', '.join(SEARCHED)}: not searched for x{missing[0]:g} here")
         return variants
@@ -123,9 +123,7 @@ def searched_scalings(path, pe, variants, lengths, factor_of, train_length: int)
 
 def note_search_overlap(searched: dict, pieces, max_len: int):
     """Say so when this table reads text a search scored its candidates on: those cells are not independent of it."""
-    spans = {}
-    for p in pieces:
-        spans.setdefault(p.work, []).append(read_span(p, max_len))
+    spans = read_spans(pieces, max_len)
     for (variant, length), record in searched.items():
         if n := longrope.overlap(record.get("windows", []), spans):
             say(
@@ -150,10 +148,8 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
     variants = with_hf(variants, ev.hf_rope_scaling, pe, trained)
     variants = with_full_layers(variants, ev.full_layers, model.cfg)
     searched = searched_scalings(path, pe, variants, lengths, factor_of, train_length)
-    given = hf_rope_scaling.given(ev.hf_rope_scaling)
-    hf_row, hf = hf_rope_scaling.row_name(ev.hf_rope_scaling), {}
-    if given:
-        hf = hf_scalings(ev.hf_rope_scaling, pe, lengths, train_length)
+    hf_row = hf_rope_scaling.row_name(ev.hf_rope_scaling) if hf_rope_scaling.given(ev.hf_rope_scaling) else None
+    hf = hf_scalings(ev.hf_rope_scaling, pe, lengths, train_length) if hf_row else {}
     leak = None if ev.rerope_leak == "auto" else ev.rerope_leak
 
     def at(variant: str, length: int) -> tuple[Variant, dict]:
@@ -164,18 +160,18 @@ def plan_variants(path, ev, model, ckpt: dict, lengths: list[int]):
             return AS_TRAINED, {}
         if variant == LOG:
             return Variant(log_length=train_length), {}
-        if given and variant == hf_row:
+        if variant == hf_row:
             return Variant(hf[length]), {}
         if (variant, length) in searched:
             return Variant(longrope.scaling(searched[variant, length])), {}
-        split = {"window": ev.rerope_window, "leak": leak} if variant in rerope.KINDS else {}
-        split = {"chunk": ev.dca_chunk, "window": ev.dca_local} if variant in DCA_KINDS else split
-        scaling = Scaling(variant, factor_of(length), train_length, **split)
-        row = {}
+        factor = factor_of(length)
         if variant in rerope.KINDS:  # this cell's w and k (positional/rerope.py); rerope's k = inf is recorded as null
+            scaling = Scaling(variant, factor, train_length, window=ev.rerope_window, leak=leak)
             row = {"window": scaling.window, "leak": None if variant == "rerope" else round(scaling.leak, 4)}
+            return Variant(scaling), row
         if variant in DCA_KINDS:  # its S and w (positional/dca.py)
-            row = {"chunk": scaling.chunk, "window": scaling.window}
-        return Variant(scaling), row
+            scaling = Scaling(variant, factor, train_length, chunk=ev.dca_chunk, window=ev.dca_local)
+            return Variant(scaling), {"chunk": scaling.chunk, "window": scaling.window}
+        return Variant(Scaling(variant, factor, train_length)), {}
 
     return variants, searched, at
