@@ -188,9 +188,8 @@ def write_splits(folder: Path, data: dict, spec: dict, meta: dict, docs, what: s
     """A prepared folder's tokenizer.json, both splits and meta.json (meta gains "splits"); docs(i, split): the
     documents of SPLITS[i], as write_token_split takes them; what: their name in the log."""
     (folder / "tokenizer.json").write_text(json.dumps(spec))
-    meta["splits"] = {}
+    meta["splits"], shard_tokens = {}, int(data.get("shard_tokens", 2**28))
     for i, split in enumerate(SPLITS):
-        shard_tokens = int(data.get("shard_tokens", 2**28))
         info = meta["splits"][split] = write_token_split(folder, split, docs(i, split), meta["dtype"], shard_tokens)
         log(f"  {split}: {info['n_docs']} {what}, {info['n_tokens']:,} tokens")
         if info["n_docs"] == 0:
