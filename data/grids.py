@@ -10,14 +10,13 @@ after text (Qwen2-VL): BOS at (0, 0, 0), row r and column j (0 the left wall) at
 """
 
 import base64
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
-from data.loader import SPLITS, write_token_split
+from data.loader import write_splits
 from data.tokenizer import BOS
 from settings import UserError, setting
 from utils.schema import MAX_COUNT, Corpus, Source, fixed, folder_name, seed
@@ -63,16 +62,15 @@ def positions(height: int, width: int) -> np.ndarray:
 def write(tmp: Path, data: dict, log, base=None):
     """data=grids into tmp: data.train_docs and data.val_docs grids, seeded by (data.seed, split)."""
     height, width, rule = data["height"], data["width"], data["rule"]
-    (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_spec()))
-    meta = {"vocab_size": len(CHARS) + 1, "bos": len(CHARS), "dtype": "uint8", "position_axes": AXES, "splits": {}}
+    meta = {"vocab_size": len(CHARS) + 1, "bos": len(CHARS), "dtype": "uint8", "position_axes": AXES}
     pos = positions(height, width)
-    for i, split in enumerate(SPLITS):
+
+    def docs(i, split):
         rng = np.random.default_rng([int(data["seed"]), i])
-        n = int(data[f"{split}_docs"])
-        docs = ((tokens(random_grid(rng, height, width, rule, data["density"])), pos) for _ in range(n))
-        meta["splits"][split] = write_token_split(tmp, split, docs, np.uint8, int(data.get("shard_tokens", 2**28)))
-        log(f"  {split}: {n} grids of {height} x {width} (rule {rule}), {meta['splits'][split]['n_tokens']:,} tokens")
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        cells = (random_grid(rng, height, width, rule, data["density"]) for _ in range(int(data[f"{split}_docs"])))
+        return ((tokens(c), pos) for c in cells)
+
+    write_splits(tmp, data, tokenizer_spec(), meta, docs, f"grids of {height} x {width} (rule {rule})", log)
 
 
 @dataclass

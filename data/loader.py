@@ -184,6 +184,19 @@ def write_token_split(folder: Path, split: str, docs, dtype, shard_tokens: int) 
     return {"shards": shards, "n_docs": len(starts), "n_tokens": n_total}
 
 
+def write_splits(folder: Path, data: dict, spec: dict, meta: dict, docs, what: str, log):
+    """A prepared folder's tokenizer.json, both splits and meta.json (meta gains "splits"); docs(i, split): the
+    documents of SPLITS[i], as write_token_split takes them; what: their name in the log."""
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    meta["splits"], shard_tokens = {}, int(data.get("shard_tokens", 2**28))
+    for i, split in enumerate(SPLITS):
+        info = meta["splits"][split] = write_token_split(folder, split, docs(i, split), meta["dtype"], shard_tokens)
+        log(f"  {split}: {info['n_docs']} {what}, {info['n_tokens']:,} tokens")
+        if info["n_docs"] == 0:
+            raise UserError(f"data={data['name']}: the {split} split is empty; add documents or change the split")
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
 META = {"vocab_size": int, "bos": int, "dtype": str, "splits": dict}  # read from meta.json
 SPLIT = {"shards": list, "n_docs": int, "n_tokens": int}
 SHARD = {"file": str, "tokens": int}

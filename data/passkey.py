@@ -14,7 +14,6 @@ data=passkey writes such samples as a prepared folder with the tokenizer of the 
 training split only (its held-out works stay unseen, for evaluation).
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,7 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from data import tokenizer
-from data.loader import SPLITS, TokenSplit, load_meta, write_token_split
+from data.loader import TokenSplit, load_meta, write_splits
 from settings import Rule, group, setting
 from utils.errors import UserError
 from utils.schema import MAX_COUNT, MAX_TOKENS, Corpus, Source, fixed, folder_name, seed
@@ -144,11 +143,10 @@ def write(tmp: Path, data: dict, log, base: Path):
     if lo < template.shortest():
         raise UserError(f"data.min_tokens={lo} is shorter than the passkey template; pass >= {template.shortest()}")
     stream = filler_stream(TokenSplit(base, "train").documents())
-    (tmp / "tokenizer.json").write_text(json.dumps(spec))
-    out = {"vocab_size": meta["vocab_size"], "bos": meta["bos"], "dtype": meta["dtype"], "splits": {}}
-    for i, split in enumerate(SPLITS):
-        n = int(data["train_docs"] if split == "train" else data["val_docs"])
-        docs = (s.tokens for s in samples(template, stream, meta["bos"], n, (lo, hi), [int(data["seed"]), i]))
-        out["splits"][split] = write_token_split(tmp, split, docs, meta["dtype"], int(data.get("shard_tokens", 2**28)))
-        log(f"  {split}: {n} passkey samples of {lo}-{hi} tokens, {out['splits'][split]['n_tokens']:,} tokens")
-    (tmp / "meta.json").write_text(json.dumps(out, indent=1))
+    meta = {key: meta[key] for key in ("vocab_size", "bos", "dtype")}
+
+    def docs(i, split):
+        n = int(data[f"{split}_docs"])
+        return (s.tokens for s in samples(template, stream, meta["bos"], n, (lo, hi), [int(data["seed"]), i]))
+
+    write_splits(tmp, data, spec, meta, docs, f"passkey samples of {lo}-{hi} tokens", log)

@@ -20,7 +20,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from data import tokenizer
-from data.loader import SPLITS, seal, write_token_split
+from data.loader import seal, write_splits
 from utils import checks, files, runtime, schema  # schema registers the types that configs/data/*.yaml name
 from utils.errors import UserError, cli, hydra_cli
 
@@ -98,20 +98,15 @@ def write_corpus(tmp: Path, data: dict, tok: dict, log):
         spec = tokenizer.train_bpe(documents(data, "train"), tok["vocab_size"], tok["train_chars"])
     else:
         spec = tokenizer.tiktoken_spec(tok["name"])
-    (tmp / "tokenizer.json").write_text(json.dumps(spec))
     enc = tokenizer.load(spec)
     bos = tokenizer.bos_id(spec, enc)
-    dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
-    meta = {"vocab_size": enc.n_vocab, "bos": bos, "dtype": np.dtype(dtype).name, "splits": {}}
-    shard_tokens = int(data.get("shard_tokens", 2**28))
-    for split in SPLITS:
+    meta = {"vocab_size": enc.n_vocab, "bos": bos, "dtype": "uint16" if enc.n_vocab <= 2**16 else "uint32"}
+
+    def docs(i, split):
         batches = _batched(documents(data, split), 256)
-        docs = (np.array([bos, *ids], dtype=np.int64) for batch in batches for ids in enc.encode_ordinary_batch(batch))
-        info = meta["splits"][split] = write_token_split(tmp, split, docs, dtype, shard_tokens)
-        log(f"  {split}: {info['n_docs']} documents, {info['n_tokens']:,} tokens")
-        if info["n_docs"] == 0:
-            raise UserError(f"data={data['name']}: the {split} split is empty; add documents or change the split")
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        return (np.array([bos, *ids], dtype=np.int64) for batch in batches for ids in enc.encode_ordinary_batch(batch))
+
+    write_splits(tmp, data, spec, meta, docs, "documents", log)
 
 
 def _batched(items, n: int):

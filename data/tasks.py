@@ -32,7 +32,6 @@ range(L) as its positions, so a model trained short sees the positions of long s
 """
 
 import base64
-import json
 import string
 import zlib
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from data.loader import SPLITS, write_token_split
+from data.loader import SPLITS, write_splits
 from data.tokenizer import BOS
 from settings import choices, setting
 from utils.errors import UserError
@@ -218,16 +217,14 @@ def write(tmp: Path, data: dict, log, base=None):
     """data=tasks into tmp: data.train_docs and data.val_docs samples, seeded by (data.seed, split)."""
     tasks = list(data["tasks"])
     check_tasks(tasks)
-    (tmp / "tokenizer.json").write_text(json.dumps(tokenizer_spec()))
     longest = max(token_length(t, TASKS[t].train[1]) for t in tasks)  # every format's length grows with n
-    meta = {"vocab_size": VOCAB_SIZE, "bos": BOS_ID, "pad": PAD, "dtype": "uint8", "tasks": tasks}
-    meta |= {"max_tokens": longest, "splits": {}}
-    for i, split in enumerate(SPLITS):
-        rng = np.random.default_rng([int(data["seed"]), i])
-        n = int(data[f"{split}_docs"])
-        meta["splits"][split] = write_token_split(tmp, split, samples(rng, tasks, n), np.uint8, 2**28)
-        log(f"  {split}: {n} samples of {', '.join(tasks)}, {meta['splits'][split]['n_tokens']:,} tokens")
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    meta = {"vocab_size": VOCAB_SIZE, "bos": BOS_ID, "pad": PAD, "dtype": "uint8"}
+    meta |= {"tasks": tasks, "max_tokens": longest}
+
+    def docs(i, split):
+        return samples(np.random.default_rng([int(data["seed"]), i]), tasks, int(data[f"{split}_docs"]))
+
+    write_splits(tmp, data, tokenizer_spec(), meta, docs, f"samples of {', '.join(tasks)}", log)
 
 
 WIDTH_STEP = 16  # batch widths are multiples of it: at most 7 shapes up to a 98-token row
