@@ -152,7 +152,8 @@ def check_weights(model, ckpt: Checkpoint, state: dict | None = None, most: int 
     def few(names):
         return ", ".join(names[:most]) + (f" (+{len(names) - most} more)" if len(names) > most else "")
 
-    state, want = ckpt["model"] if state is None else state, model.state_dict()
+    state = ckpt["model"] if state is None else state
+    want = model.state_dict()
     missing, unexpected = [k for k in want if k not in state], [k for k in state if k not in want]
     shapes = [
         f"{k} {list(state[k].shape)} where the model's is {list(want[k].shape)}"
