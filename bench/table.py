@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from evaluation.report import markdown
+from evaluation.report import rows_markdown
 from utils.files import write_text
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -31,7 +31,7 @@ def publish(rows: list[dict], fmt, details: str, device: torch.device, record: b
     bench/RESULTS.md, the history row giving each row's first column and its column `figure` (default the last)."""
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     note = f"`python {shlex.join(sys.argv)}` on {device_name}, torch {torch.__version__}, {details}"
-    table = markdown(rows, fmt)
+    table = rows_markdown(rows, fmt)
     print(f"\n{note}\n\n{table}")
     if record:
         summary = "; ".join(f"{fmt(list(r.values())[0])} {fmt(r.get(figure, list(r.values())[-1]))}" for r in rows)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from data.tasks import TASKS
 from evaluation.bootstrap import shown
+from evaluation.report import markdown
 from utils.files import read_json, write_text
 from utils.logger import read_log
 
@@ -34,13 +35,6 @@ def load(path: str) -> dict:
 def cells(study: str) -> dict:
     rows = load(f"{study}/eval/compare.json")["results"]
     return {(r["run_label"], r["variant"], r["length"], r["mode"]): r for r in rows}
-
-
-def markdown(head: list[str], body: list[list[str]], note: str = "", text_columns: int = 1) -> str:
-    """A markdown table, the first text_columns columns aligned left and the numbers right, then its note."""
-    rule = ["---"] * text_columns + ["---:"] * (len(head) - text_columns)
-    lines = ["| " + " | ".join(row) + " |" for row in [head, rule, *body]]
-    return "\n".join(lines + ["", note] if note else lines)
 
 
 def marked(value: str, mark: str) -> str:

@@ -18,7 +18,7 @@ from data import grids
 from data.loader import select_axes
 from evaluation import bootstrap, report
 from evaluation.compare import group_runs
-from evaluation.doc_tables import markdown
+from evaluation.report import markdown
 from utils import checkpoint
 from utils.errors import UserError
 from utils.progress import say

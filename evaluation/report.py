@@ -187,11 +187,17 @@ def read_result(path) -> dict:
     return files.read_json(path, RESULT.get(mode, RESULT["length"]), fix, f"a {mode} result")
 
 
-def markdown(rows: list[dict], fmt=str) -> str:
+def markdown(head: list[str], body: list[list[str]], note: str = "", text_columns: int = 1) -> str:
+    """A markdown table, the first text_columns columns aligned left and the numbers right, then its note."""
+    rule = ["---"] * text_columns + ["---:"] * (len(head) - text_columns)
+    lines = ["| " + " | ".join(row) + " |" for row in [head, rule, *body]]
+    return "\n".join(lines + ["", note] if note else lines)
+
+
+def rows_markdown(rows: list[dict], fmt=str) -> str:
     """rows (dicts; their keys in first-seen order are the columns) as a markdown table; a missing cell is '-'."""
     head = list(dict.fromkeys(k for r in rows for k in r))
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(fmt(r[k]) if k in r else "-" for k in head) + " |" for r in rows])
+    return markdown(head, [[fmt(r[k]) if k in r else "-" for k in head] for r in rows], text_columns=len(head))
 
 
 def show_table(rows: list[dict], title: str, note: str, json_path: Path | None = None):
@@ -199,7 +205,7 @@ def show_table(rows: list[dict], title: str, note: str, json_path: Path | None =
     there, so a table can be kept as evidence in results/. A cell a row lacks is "-" in both."""
     columns = list(dict.fromkeys(k for r in rows for k in r))
     rows = [{k: r.get(k, "-") for k in columns} for r in rows]
-    print(f"\n{title}: {note}\n\n{markdown(rows)}")
+    print(f"\n{title}: {note}\n\n{rows_markdown(rows)}")
     if json_path is not None:
         result = {"title": title, "note": note, "command": shlex.join(["python", *sys.argv]), "rows": rows}
         write_result(Path(json_path).parent, Path(json_path).stem, result)

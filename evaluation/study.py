@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from evaluation import bootstrap, compare
-from evaluation.doc_tables import markdown, ppl
+from evaluation.doc_tables import ppl
 from evaluation.passkey import passkey_table
-from evaluation.report import label, made_by, model_label, read_result
+from evaluation.report import label, made_by, markdown, model_label, read_result
 from evaluation.stream import stream_table
 from utils import files
 from utils.errors import UserError, cli

@@ -23,7 +23,7 @@ from data import tasks
 from evaluation import bootstrap, plots, report
 from evaluation.bootstrap import wilson
 from evaluation.compare import group_runs
-from evaluation.doc_tables import markdown
+from evaluation.report import markdown
 from utils import checkpoint, files
 from utils.errors import UserError, cli
 from utils.progress import progress, say
