@@ -138,7 +138,7 @@ def setup(cfg, out_dir: Path, rt, init: dict | None) -> tuple[Setup, TrainState]
     if init is not None and not tr.resume:  # weights only, before any wrapping: every rank loads the same
         from utils import finetune
 
-        state.init_from = finetune.load_weights(model, init, match, cfg.init_from, checkpoint.OLDER)
+        state.init_from = finetune.load_weights(model, init, match, cfg.init_from)
         say(
             f"starting from the weights of {state.init_from['path']} (step {init['step']}, seq_len "
             f"{init['seq_len']}); fresh optimizer, step 0"

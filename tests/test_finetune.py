@@ -15,7 +15,6 @@ from positional.learned import interpolate_rows
 from positional.rope_scaling import Scaling
 from train import train
 from utils import checkpoint, finetune, schema
-from utils.checkpoint import OLDER
 from utils.errors import UserError
 
 ADAMW = ["optim=adamw", "train.warmup_steps=0", "train.schedule=constant", "train.max_steps=1"]
@@ -74,7 +73,7 @@ def test_every_scheme_takes_a_shorter_checkpoints_weights(name):
     long = random_model(name, seed=1, positional=scheme_spec(name, max_positions=64))
     ckpt = {"model": short.state_dict(), "model_config": asdict(short.cfg), "tokenizer": {}, "step": 5, "seq_len": 32}
     run_ = {"model_config": asdict(long.cfg), "tokenizer": {}}
-    finetune.load_weights(long, ckpt, run_, "short", OLDER)
+    finetune.load_weights(long, ckpt, run_, "short")
     idx = torch.randint(0, 97, (1, 32))
     if name == "learned":
         torch.testing.assert_close(long.pe.table.weight[::2], short.pe.table.weight)
@@ -100,7 +99,7 @@ def test_a_fine_tune_may_learn_qk_gains_from_gain_free_qk_norm(init_runs):
     rms.load_state_dict(init["model"])
     learned = GPT(GPTConfig(**{**init["model_config"], "qk_norm": "learned"}))
     run_ = {"model_config": asdict(learned.cfg), "tokenizer": init["tokenizer"]}
-    finetune.load_weights(learned, init, run_, "rope", OLDER)
+    finetune.load_weights(learned, init, run_, "rope")
     assert torch.equal(learned.blocks[0].attn.q_gain, torch.ones_like(learned.blocks[0].attn.q_gain))
     idx = torch.randint(0, 4096, (2, 32))
     with torch.no_grad():
@@ -111,7 +110,7 @@ def test_a_fine_tune_may_learn_qk_gains_from_gain_free_qk_norm(init_runs):
         model = GPT(GPTConfig(**{**init["model_config"], "qk_norm": qk_norm}))
         run_ = {"model_config": asdict(model.cfg), "tokenizer": init["tokenizer"]}
         with pytest.raises(UserError, match=f"model.qk_norm={qk_norm} \\(it has"):
-            finetune.load_weights(model, source, run_, "x", OLDER)
+            finetune.load_weights(model, source, run_, "x")
 
 
 def test_scaling_is_saved_and_rebuilt_by_eval_and_sample(init_runs, tmp_path):
@@ -167,7 +166,7 @@ def test_drope_drops_exactly_the_schemes_own_weights(name):
     old = random_model(name)
     nope = random_model("nope", seed=1)
     ckpt = {"model": old.state_dict(), "model_config": asdict(old.cfg), "tokenizer": {}, "step": 5, "seq_len": 32}
-    info = finetune.load_weights(nope, ckpt, {"model_config": asdict(nope.cfg), "tokenizer": {}}, "old", OLDER)
+    info = finetune.load_weights(nope, ckpt, {"model_config": asdict(nope.cfg), "tokenizer": {}}, "old")
     assert info.get("dropped") == (name if name != "nope" else None)
     kept, own = nope.state_dict(), finetune.scheme_keys(asdict(old.cfg))
     assert set(old.state_dict()) - own == set(kept)  # nothing else left out, nothing missing

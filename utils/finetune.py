@@ -63,16 +63,21 @@ def flat(model_config: dict, positional: bool = True) -> dict:
     return out
 
 
-def check_compatible(init: dict, run: dict, path, older: dict) -> tuple[str, ...]:
-    """Refuse an init checkpoint whose weights this run's model cannot take (older: checkpoint.OLDER). Returns the
-    name endings of the weights a WIDENING adds."""
+def saved_config(init: dict) -> dict:
+    """init's model config, with checkpoint.OLDER's defaults for the options it predates."""
+    return {**checkpoint.OLDER["model_config"], **init["model_config"]}
+
+
+def check_compatible(init: dict, run: dict, path) -> tuple[str, ...]:
+    """Refuse an init checkpoint whose weights this run's model cannot take; the name endings of the weights a
+    WIDENING adds."""
     if init["tokenizer"] != run["tokenizer"]:
         raise UserError(
             f"init_from={path} was trained with another tokenizer than this run's data and tokenizer; fine-tune "
             f"with the data= and tokenizer= it was trained with (data=passkey uses its corpus's tokenizer)"
         )
     keep = dropping(init, run) is None  # DroPE: the scheme may change (to nope); the model's shape may not
-    have, want = flat({**older["model_config"], **init["model_config"]}, keep), flat(run["model_config"], keep)
+    have, want = flat(saved_config(init), keep), flat(run["model_config"], keep)
     added = ()
     for key, (was, now, weights) in WIDENING.items():
         if (have.get(key), want.get(key)) == (was, now):
@@ -87,12 +92,12 @@ def check_compatible(init: dict, run: dict, path, older: dict) -> tuple[str, ...
     return added
 
 
-def load_weights(model, init: dict, run: dict, path, older: dict) -> dict:
+def load_weights(model, init: dict, run: dict, path) -> dict:
     """Copy init's weights into model; returns what the new checkpoint records of where they came from."""
-    added = check_compatible(init, run, path, older)
+    added = check_compatible(init, run, path)
     state = dict(init["model"])
     if dropped := dropping(init, run):
-        for key in scheme_keys({**older["model_config"], **init["model_config"]}):
+        for key in scheme_keys(saved_config(init)):
             state.pop(key, None)
     for name, module in model.named_modules():
         if isinstance(module, Positional):
