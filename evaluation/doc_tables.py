@@ -17,7 +17,7 @@ from functools import cache, partial
 from pathlib import Path
 
 from data.tasks import TASKS
-from evaluation.bootstrap import shown
+from evaluation import bootstrap
 from evaluation.report import markdown
 from utils.files import read_json, write_text
 from utils.logger import read_log
@@ -236,7 +236,7 @@ def sinks() -> str:
         methods = result["methods"]
         window, one_sink = (next(m for m in methods if m.startswith(kind)) for kind in ("window", "sinks 1+"))
         pair = next(p for p in result["pairs"] if {p["a"], p["b"]} == {window, one_sink})
-        evicting = shown(pair, 1 if pair["a"] == window else -1)  # window minus one sink: evicting key 0
+        evicting = bootstrap.shown(pair, 1 if pair["a"] == window else -1)  # window minus one sink: evicting key 0
         caches = [ppl(methods["dense"]["mean"])] + [ppl(methods[m]["mean"], digits=2) for m in (window, one_sink)]
         key0 = result["first_token_attention"]
         heads = ["-" if h is None else f"{max(h):.4f}" for h in (key0["max_head"], key0.get("nothing_max_head"))]
@@ -281,7 +281,7 @@ def sink_study() -> str:
         caches = [group["methods"][m] for m in ("dense", window, sinks4)]
         slot = [max(k["nothing_max_head"]) for k in key0 if "nothing_max_head" in k]
         cost = [row["nothing_cost"] for row in last if "nothing_cost" in row]
-        values = [spread([row["val_loss"] for row in last], 3), *map(ppl, caches), shown(pair)]
+        values = [spread([row["val_loss"] for row in last], 3), *map(ppl, caches), bootstrap.shown(pair)]
         values += [spread([max(k["max_head"]) for k in key0], 3)] + [spread(v, 2) if v else "-" for v in (slot, cost)]
         body.append([f"{name} ({len(runs)})", *values])
     note = (
